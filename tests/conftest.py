@@ -1,0 +1,25 @@
+"""Session-wide fixtures: one real nats-server for the whole test session.
+
+Each test that needs the bus gets its own namespace (streams, subjects, buckets), so tests
+share the server process without seeing each other's messages.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from broker.names import BusNames
+from broker.server import NatsServer
+
+
+@pytest.fixture(scope="session")
+def nats_server(tmp_path_factory):
+    with NatsServer(tmp_path_factory.mktemp("nats")) as server:
+        yield server
+
+
+@pytest.fixture
+def bus_names() -> BusNames:
+    return BusNames(namespace=f"t{uuid.uuid4().hex[:12]}")

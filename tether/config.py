@@ -1,0 +1,92 @@
+"""One config system for every role: a TOML or YAML file, validated by pydantic, with
+dotted command-line overrides on top.
+
+A single file may hold all roles; each role validates only its own section
+(`[learner]`, `[actor]`, `[envserver]`, `[broker]`, ...) against its own pydantic model, so
+no role imports another's config. This module imports neither torch nor vLLM: a bad config
+must fail in well under a second.
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pydantic
+import yaml
+
+C = TypeVar("C", bound=pydantic.BaseModel)
+
+
+class StrictModel(pydantic.BaseModel):
+    """Base for config sections: unknown keys are errors (a typo must not pass silently)."""
+
+    model_config = pydantic.ConfigDict(extra="forbid", validate_assignment=True)
+
+
+def read_config_file(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"config file {path} does not exist")
+    text = path.read_text()
+    try:
+        if path.suffix == ".toml":
+            data = tomllib.loads(text)
+        elif path.suffix in (".yaml", ".yml"):
+            data = yaml.safe_load(text) or {}
+        else:
+            raise ValueError(f"config file {path} must end in .toml, .yaml or .yml")
+    except (tomllib.TOMLDecodeError, yaml.YAMLError) as e:
+        raise ValueError(f"config file {path} is not valid {path.suffix[1:]}: {e}") from e
+    if not isinstance(data, dict):
+        raise ValueError(f"config file {path} must hold a mapping at the top level")
+    return data
+
+
+def parse_override(item: str) -> tuple[list[str], Any]:
+    """`a.b.c=value` -> (["a", "b", "c"], value); the value is parsed as JSON when it can be
+    (numbers, booleans, lists), else kept as a string."""
+    key, sep, raw = item.partition("=")
+    if not sep or not key:
+        raise ValueError(f"override {item!r} must look like section.field=value")
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError:
+        value = raw
+    return key.split("."), value
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    for item in overrides:
+        keys, value = parse_override(item)
+        node = data
+        for key in keys[:-1]:
+            node = node.setdefault(key, {})
+            if not isinstance(node, dict):
+                raise ValueError(f"override {item!r}: {key!r} is not a section")
+        node[keys[-1]] = value
+    return data
+
+
+def load_section(
+    model: type[C], path: str | Path | None, section: str, overrides: list[str] = ()
+) -> C:
+    """Validate `section` of the config file (plus overrides) as `model`.
+
+    Overrides are dotted from the top of the file (`learner.lr=1e-5`). Errors name the file,
+    the field and the rule broken.
+    """
+    data = read_config_file(path) if path else {}
+    data = apply_overrides(data, list(overrides))
+    raw = data.get(section, {})
+    try:
+        return model.model_validate(raw)
+    except pydantic.ValidationError as e:
+        where = f"{path}" if path else "command line"
+        lines = [
+            f"  {section}.{'.'.join(str(p) for p in err['loc'])}: {err['msg']}"
+            for err in e.errors()
+        ]
+        raise ValueError(f"invalid config ({where}):\n" + "\n".join(lines)) from None
