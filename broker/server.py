@@ -5,7 +5,6 @@ stop it cleanly. Used by `make run`, by `python -m broker serve`, and by the tes
 
 from __future__ import annotations
 
-import os
 import shutil
 import signal
 import socket
@@ -135,16 +134,17 @@ class NatsServer:
 
 def serve_forever(store_dir: str, host: str, port: int | None) -> int:
     """Run a server in the foreground until SIGINT/SIGTERM (`python -m broker serve`)."""
-    server = NatsServer(store_dir, host=host, port=port).start()
-    print(f"nats-server ready at {server.url} (store {server.store_dir})", flush=True)
     stopping = False
 
     def _stop(signum, frame):
         nonlocal stopping
         stopping = True
 
+    # Handlers first: a signal that arrives right after "ready" must still stop cleanly.
     signal.signal(signal.SIGINT, _stop)
     signal.signal(signal.SIGTERM, _stop)
+    server = NatsServer(store_dir, host=host, port=port).start()
+    print(f"nats-server ready at {server.url} (store {server.store_dir})", flush=True)
     try:
         while not stopping and server.process.poll() is None:
             time.sleep(0.2)

