@@ -8,7 +8,6 @@ import asyncio
 import logging
 import time
 
-import nats
 import nats.errors
 from nats.aio.client import Client
 
@@ -32,8 +31,11 @@ async def connect(
     async def on_error(e: Exception) -> None:
         log.warning("nats %s: %s: %s", name, type(e).__name__, e)
 
+    nc = Client()
+
     async def on_disconnected() -> None:
-        log.warning("nats %s: disconnected from %s, reconnecting", name, url)
+        if not nc.is_closed:  # an intentional close() is not worth a warning
+            log.warning("nats %s: disconnected from %s, reconnecting", name, url)
 
     async def on_reconnected() -> None:
         log.info("nats %s: reconnected to %s", name, url)
@@ -41,7 +43,7 @@ async def connect(
     deadline = time.monotonic() + connect_timeout_s
     while True:
         try:
-            return await nats.connect(
+            await nc.connect(
                 servers=[url],
                 name=name,
                 max_reconnect_attempts=-1,
@@ -52,6 +54,7 @@ async def connect(
                 disconnected_cb=on_disconnected,
                 reconnected_cb=on_reconnected,
             )
+            return nc
         # Network boundary: the broker may not be up yet; retry until the deadline.
         except (TimeoutError, nats.errors.NoServersError, OSError) as e:
             if time.monotonic() > deadline:

@@ -6,13 +6,12 @@ import dataclasses
 import msgspec
 import nats.js.errors
 import pytest
-
 from nats.js.api import DiscardPolicy, StorageType
 
 from broker import client
 from broker.codec import encode, token_arrays
 from broker.trajectories import CLAIM_HEADER, MSG_ID_HEADER
-from broker.wire import PolicyVersion, Trajectory
+from broker.wire import PolicyVersion
 from tests.broker.builders import prompt_task, trajectory
 
 # Stream byte limits are reserved on the server: keep each test's small.
@@ -38,11 +37,13 @@ async def _drain(consumer, expected: int, timeout_s: float = 60.0):
 
 async def test_ten_thousand_trajectories_round_trip_identically(bus):
     js, names = bus
-    sent = [trajectory(trajectory_id=f"t{i}", sample_index=i % 4, num_tokens=128, seed=i)
-            for i in range(10_000)]
+    sent = [
+        trajectory(trajectory_id=f"t{i}", sample_index=i % 4, num_tokens=128, seed=i)
+        for i in range(10_000)
+    ]
     publisher = client.TrajectoryPublisher(js, names)
     for start in range(0, len(sent), 500):
-        await publisher.publish_many(sent[start:start + 500])
+        await publisher.publish_many(sent[start : start + 500])
     consumer = client.TrajectoryConsumer(js, names)
     received = await _drain(consumer, len(sent))
     for r in received:
@@ -108,12 +109,13 @@ async def test_corrupt_messages_are_terminated_counted_and_do_not_stop_the_consu
     js, names = bus
     good = trajectory(trajectory_id="good")
     misaligned = msgspec.structs.replace(trajectory(trajectory_id="bad"), loss_mask=b"\x01")
-    await js.publish(names.trajectories_subject, b"\xc1 not msgpack",
-                     headers={MSG_ID_HEADER: "garbage"})
-    await js.publish(names.trajectories_subject, encode(misaligned),
-                     headers={MSG_ID_HEADER: "bad"})
-    await js.publish(names.trajectories_subject, b"", headers={MSG_ID_HEADER: "claim",
-                                                                 CLAIM_HEADER: "nowhere"})
+    await js.publish(
+        names.trajectories_subject, b"\xc1 not msgpack", headers={MSG_ID_HEADER: "garbage"}
+    )
+    await js.publish(names.trajectories_subject, encode(misaligned), headers={MSG_ID_HEADER: "bad"})
+    await js.publish(
+        names.trajectories_subject, b"", headers={MSG_ID_HEADER: "claim", CLAIM_HEADER: "nowhere"}
+    )
     await client.TrajectoryPublisher(js, names).publish(good)
     consumer = client.TrajectoryConsumer(js, names)
     received = await _drain(consumer, 1)
@@ -130,9 +132,7 @@ async def test_corrupt_messages_are_terminated_counted_and_do_not_stop_the_consu
 async def test_ensure_streams_is_idempotent_and_uses_file_storage_with_discard_new(bus):
     js, names = bus
     await client.ensure_streams(js, names, TEST_LIMITS)
-    await client.ensure_streams(
-        js, names, dataclasses.replace(TEST_LIMITS, max_prompt_msgs=10)
-    )
+    await client.ensure_streams(js, names, dataclasses.replace(TEST_LIMITS, max_prompt_msgs=10))
     info = await js.stream_info(names.prompts_stream)
     assert info.config.storage == StorageType.FILE
     assert info.config.discard == DiscardPolicy.NEW
@@ -143,9 +143,7 @@ async def test_ensure_streams_is_idempotent_and_uses_file_storage_with_discard_n
 
 async def test_full_stream_backpressures_instead_of_dropping(bus):
     js, names = bus
-    await client.ensure_streams(
-        js, names, dataclasses.replace(TEST_LIMITS, max_prompt_msgs=2)
-    )
+    await client.ensure_streams(js, names, dataclasses.replace(TEST_LIMITS, max_prompt_msgs=2))
     await client.publish_prompts(js, names, [prompt_task(task_id="p0"), prompt_task(task_id="p1")])
     third = asyncio.create_task(client.publish_prompts(js, names, [prompt_task(task_id="p2")]))
     await asyncio.sleep(0.5)

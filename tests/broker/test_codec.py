@@ -29,8 +29,9 @@ def test_trajectory_round_trip_is_exact():
 
 
 def test_token_bytes_are_little_endian_packed():
-    packed = pack_tokens(token_ids=[1, 256], logprobs=[-0.5, 0.0], loss_mask=[0, 1],
-                         versions=[-1, 2])
+    packed = pack_tokens(
+        token_ids=[1, 256], logprobs=[-0.5, 0.0], loss_mask=[0, 1], versions=[-1, 2]
+    )
     assert packed["token_ids"] == b"\x01\x00\x00\x00\x00\x01\x00\x00"
     assert packed["loss_mask"] == b"\x00\x01"
     assert packed["versions"] == b"\xff\xff\xff\xff\x02\x00\x00\x00"

@@ -1,0 +1,61 @@
+"""Guard the public surface: the wire types' fields (names, types, defaults) are a contract
+between processes that may run different versions. Changing them must be a visible,
+deliberate edit of this file, not an accident."""
+
+import msgspec
+
+from broker.wire import PolicyVersion, PromptTask, Trajectory
+
+
+def _fields(struct: type[msgspec.Struct]) -> list[tuple[str, str]]:
+    info = msgspec.inspect.type_info(struct)
+    return [(f.name, type(f.type).__name__) for f in info.fields]
+
+
+def test_prompt_task_fields():
+    assert _fields(PromptTask) == [
+        ("task_id", "StrType"),
+        ("step", "IntType"),
+        ("group_size", "IntType"),
+        ("env_class", "StrType"),
+        ("data_source", "StrType"),
+        ("prompt", "ListType"),
+        ("reward_spec", "DictType"),
+        ("extra_info", "DictType"),
+        ("is_eval", "BoolType"),
+    ]
+
+
+def test_trajectory_fields():
+    assert _fields(Trajectory) == [
+        ("trajectory_id", "StrType"),
+        ("group_id", "StrType"),
+        ("group_size", "IntType"),
+        ("sample_index", "IntType"),
+        ("step", "IntType"),
+        ("env_class", "StrType"),
+        ("data_source", "StrType"),
+        ("actor_id", "StrType"),
+        ("is_eval", "BoolType"),
+        ("prompt_len", "IntType"),
+        ("token_ids", "BytesType"),
+        ("logprobs", "BytesType"),
+        ("loss_mask", "BytesType"),
+        ("versions", "BytesType"),
+        ("reward", "FloatType"),
+        ("stop_reason", "StrType"),
+        ("num_turns", "IntType"),
+        ("num_tool_calls", "IntType"),
+        ("env_metrics", "DictType"),
+        ("timing", "DictType"),
+    ]
+
+
+def test_policy_version_fields():
+    assert _fields(PolicyVersion) == [
+        ("version", "IntType"),
+        ("published_at", "FloatType"),
+        ("snapshot_path", "StrType"),
+        ("snapshot_version", "IntType"),
+        ("broadcast_addr", "StrType"),
+    ]
