@@ -23,6 +23,9 @@ class PromptTask(msgspec.Struct, frozen=True, kw_only=True):
     """Unique per release (dataset key + step + epoch); the group id of its trajectories."""
     step: int
     """Training step this prompt is meant for; the staleness bound is computed from it."""
+    min_version: int = 0
+    """Oldest policy version allowed to generate it (step - max_staleness): an actor whose
+    weights are older waits for newer ones first. This makes max_staleness=0 synchronous."""
     group_size: int
     """Number of samples to generate for this prompt (GRPO group size)."""
     env_class: str

@@ -16,6 +16,7 @@ def test_prompt_task_fields():
     assert _fields(PromptTask) == [
         ("task_id", "StrType"),
         ("step", "IntType"),
+        ("min_version", "IntType"),
         ("group_size", "IntType"),
         ("env_class", "StrType"),
         ("data_source", "StrType"),
