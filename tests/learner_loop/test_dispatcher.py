@@ -1,0 +1,65 @@
+"""Admission arithmetic of the dispatcher, on hand-worked cases."""
+
+import pytest
+
+from learner.dispatcher import PromptStream, eval_tasks, num_releasable, step_of_release
+
+
+def _rows(n):
+    return [
+        {
+            "data_source": "calculator",
+            "env_class": "calculator",
+            "prompt": [{"role": "user", "content": f"What is {i} + 1?"}],
+            "reward_spec": {"ground_truth": str(i + 1)},
+            "extra_info": {"task_key": f"k{i}"},
+        }
+        for i in range(n)
+    ]
+
+
+def test_synchronous_bound_releases_one_step_at_a_time():
+    # max_staleness 0, P = 4: at v=0 exactly step 0's four prompts; nothing more until v=1.
+    kw = dict(num_dropped_groups=0, prompts_per_step=4, max_staleness=0)
+    assert num_releasable(version=0, num_released=0, **kw) == 4
+    assert num_releasable(version=0, num_released=4, **kw) == 0
+    assert num_releasable(version=1, num_released=4, **kw) == 4
+
+
+def test_staleness_two_allows_three_steps_ahead():
+    kw = dict(num_dropped_groups=0, prompts_per_step=8, max_staleness=2)
+    assert num_releasable(version=0, num_released=0, **kw) == 24
+    assert num_releasable(version=5, num_released=56, **kw) == 8  # (5+2+1)*8 - 56
+
+
+def test_each_dropped_group_is_replaced_once():
+    kw = dict(prompts_per_step=4, max_staleness=1)
+    assert num_releasable(version=3, num_released=20, num_dropped_groups=0, **kw) == 0
+    assert num_releasable(version=3, num_released=20, num_dropped_groups=2, **kw) == 2
+
+
+def test_step_tags_never_exceed_the_admitted_horizon():
+    kw = dict(prompts_per_step=4, max_staleness=1)
+    assert [step_of_release(i, version=0, **kw) for i in range(10)] == [0] * 4 + [1] * 6
+
+
+def test_prompt_stream_is_deterministic_and_covers_each_epoch():
+    stream = PromptStream(_rows(5), run_id="r", group_size=8, prompts_per_step=2, max_staleness=1)
+    again = PromptStream(_rows(5), run_id="r", group_size=8, prompts_per_step=2, max_staleness=1)
+    tasks = [stream.task(i, version=10) for i in range(10)]
+    assert tasks == [again.task(i, version=10) for i in range(10)]
+    first_epoch = {t.extra_info["task_key"] for t in tasks[:5]}
+    assert first_epoch == {f"k{i}" for i in range(5)}
+    assert [t.task_id for t in tasks[:2]] == ["r-0", "r-1"]
+    assert tasks[2].step == 1 and tasks[2].min_version == 0
+    assert all(t.group_size == 8 and not t.is_eval for t in tasks)
+
+
+def test_eval_tasks_pin_the_version():
+    tasks = eval_tasks(_rows(3), run_id="r", version=7, samples_per_prompt=4)
+    assert [(t.is_eval, t.min_version, t.group_size) for t in tasks] == [(True, 7, 4)] * 3
+
+
+def test_empty_dataset_is_a_clear_error():
+    with pytest.raises(ValueError, match="empty"):
+        PromptStream([], run_id="r", group_size=2, prompts_per_step=1, max_staleness=0)
