@@ -1,0 +1,41 @@
+"""The `[broker]` config section every role reads: where the bus is and which run it is."""
+
+from __future__ import annotations
+
+import pydantic
+
+from broker.names import BusNames
+
+
+class BrokerConfig(pydantic.BaseModel):
+    model_config = pydantic.ConfigDict(extra="forbid")
+
+    url: str = "nats://127.0.0.1:4222"
+    """NATS server URL. `make run` starts an embedded server and sets this."""
+    namespace: str = "tether"
+    """Prefix of every stream, subject and bucket of this run; runs sharing a server differ here."""
+    prompt_ack_wait_s: float = 60.0
+    """A prompt not heart-beaten for this long is redelivered to another actor replica."""
+    trajectory_ack_wait_s: float = 600.0
+    """A trajectory the learner has not acknowledged for this long is redelivered."""
+    max_trajectory_bytes: int = 4 * 1024**3
+    """Disk bound of the trajectory stream; publishers wait when it is full."""
+
+    @pydantic.field_validator("namespace")
+    @classmethod
+    def _valid_namespace(cls, namespace: str) -> str:
+        BusNames(namespace)  # raises ValueError naming the rule
+        return namespace
+
+    @property
+    def names(self) -> BusNames:
+        return BusNames(self.namespace)
+
+    def stream_limits(self):
+        from broker.streams import StreamLimits
+
+        return StreamLimits(
+            max_trajectory_bytes=self.max_trajectory_bytes,
+            prompt_ack_wait_s=self.prompt_ack_wait_s,
+            trajectory_ack_wait_s=self.trajectory_ack_wait_s,
+        )
