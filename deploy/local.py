@@ -1,0 +1,205 @@
+"""The single-machine launcher behind `make run`: every real part as its own process.
+
+    nats-server ── envserver ── learner ── actor (N replicas, one vLLM engine each)
+
+It builds (or reuses) the tiny model and the calculator dataset, starts the broker, the env
+server, the learner and the actors with their addresses wired through config overrides,
+streams their logs to `runs/<id>/logs/`, prints one progress line per training step, and at
+the end writes `summary.json` and `progress.png` and points `runs/latest` at the run.
+Ctrl-C (or any process failing) stops everything by PID; nothing is left running.
+
+    python -m deploy.local [--config configs/demo.toml] [section.key=value ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pydantic
+
+from broker.server import NatsServer, free_port
+from deploy import progress
+from deploy.processes import ProcessGroup
+from tether.config import StrictModel, apply_overrides, read_config_file
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_CONFIG = REPO_ROOT / "configs" / "demo.toml"
+
+
+class LocalRunConfig(StrictModel):
+    """The `[local]` section: how the single-machine launcher lays out a run."""
+
+    runs_dir: str = "runs"
+    """Parent directory of run directories; `<runs_dir>/latest` points at the newest."""
+    actor_replicas: int = pydantic.Field(2, ge=1)
+    """Actor replicas (one vLLM engine each)."""
+    num_train_rows: int = 10_000
+    """Calculator training prompts generated for the run (seeded)."""
+    num_eval_rows: int = 100
+    """Fixed eval prompts (held out from training)."""
+    dataset_seed: int = 0
+    """Seed of the training prompts."""
+    warm_start: bool = True
+    """Start RL from the supervised warm start (False: random weights, for quick checks)."""
+    timeout_s: float = 3600.0
+    """Stop everything if the run has not finished after this long."""
+
+
+def _run_id() -> str:
+    return time.strftime("%Y%m%d-%H%M%S")
+
+
+def _point_latest(runs_dir: Path, run_dir: Path) -> None:
+    latest = runs_dir / "latest"
+    tmp = runs_dir / f".latest-{os.getpid()}"
+    tmp.unlink(missing_ok=True)
+    tmp.symlink_to(run_dir.name)
+    os.replace(tmp, latest)  # atomic: `latest` always names a whole run
+
+
+def _prepare_inputs(local: LocalRunConfig, run_dir: Path) -> tuple[Path, Path, Path]:
+    from tether import demo_data
+    from tether.tinymodel import build_random_tiny_model, build_tiny_model
+
+    print("preparing the tiny model (built once, then cached in .cache/tinymodel) ...", flush=True)
+    build = build_tiny_model if local.warm_start else build_random_tiny_model
+    model_dir = build()
+    train, evals = demo_data.write_dataset(
+        run_dir / "data",
+        num_train=local.num_train_rows,
+        num_eval=local.num_eval_rows,
+        seed=local.dataset_seed,
+    )
+    return model_dir, train, evals
+
+
+def launch(config_path: Path, overrides: list[str]) -> int:
+    raw = apply_overrides(read_config_file(config_path), overrides)
+    local = LocalRunConfig.model_validate(raw.get("local", {}))
+    total_steps = int(raw.get("learner", {}).get("total_steps", 0))
+    runs_dir = (REPO_ROOT / local.runs_dir).resolve()
+    run_dir = runs_dir / _run_id()
+    run_dir.mkdir(parents=True)
+    _point_latest(runs_dir, run_dir)
+    print(f"run directory: {run_dir}  (runs/latest)", flush=True)
+
+    model_dir, train_path, eval_path = _prepare_inputs(local, run_dir)
+    env_port, learner_metrics, actor_metrics, env_metrics = (free_port() for _ in range(4))
+    (run_dir / "logs").mkdir()
+    children = ProcessGroup(run_dir / "logs")
+    nats = NatsServer(run_dir / "nats", log_file=run_dir / "logs" / "nats-server.log")
+    ports = {"learner": learner_metrics, "actor": actor_metrics, "envserver": env_metrics}
+    (run_dir / "metrics_ports.json").write_text(json.dumps(ports, indent=2) + "\n")
+
+    stopping = False
+
+    def _on_signal(signum, frame):
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGINT, _on_signal)
+    signal.signal(signal.SIGTERM, _on_signal)
+    metrics_path = run_dir / "metrics.jsonl"
+    records: list[dict] = []
+    try:
+        nats.start()
+        wiring = [
+            f"broker.url={nats.url}",
+            f"learner.model_path={model_dir}",
+            f"learner.train_data={train_path}",
+            f"learner.eval_data={eval_path}",
+            f"learner.run_dir={run_dir}",
+            f"learner.metrics_port={learner_metrics}",
+            f"actor.model_path={model_dir}",
+            f'actor.env_addresses=["127.0.0.1:{env_port}"]',
+            f"actor.metrics_port={actor_metrics}",
+            f"envserver.port={env_port}",
+            f"envserver.metrics_port={env_metrics}",
+        ]
+        args = wiring + list(overrides)
+        cfg = ["--config", str(config_path)]
+        bin_dir = Path(sys.executable).parent
+        children.start("envserver", [str(bin_dir / "envserver"), *cfg, *args])
+        children.start("learner", [str(bin_dir / "learner"), *cfg, *args])
+        children.start(
+            "actor",
+            [str(bin_dir / "actor"), *cfg, "--replicas", str(local.actor_replicas), *args],
+        )
+        print(
+            f"started nats-server ({nats.url}), envserver, learner, {local.actor_replicas} actor "
+            f"replicas; logs in {children.log_dir}; metrics on ports {ports}",
+            flush=True,
+        )
+        code = _follow(
+            children, metrics_path, records, total_steps, local.timeout_s, lambda: stopping
+        )
+    finally:
+        children.stop_all()
+        nats.stop()
+    if code == 0:
+        _finish(run_dir, records)
+    return code
+
+
+def _follow(children, metrics_path, records, total_steps, timeout_s, stopping) -> int:
+    """Print progress until the learner exits; 0 on success, non-zero otherwise."""
+    offset, last_eval = 0, None
+    deadline = time.monotonic() + timeout_s
+    learner = next(c for c in children.children if c.name == "learner")
+    while True:
+        new, offset = progress.read_records(metrics_path, offset)
+        for record in new:
+            records.append(record)
+            if record["kind"] == "eval":
+                last_eval = record
+                print(progress.eval_line(record), flush=True)
+            elif record["kind"] == "train":
+                print(
+                    progress.progress_line(record, total_steps=total_steps, last_eval=last_eval),
+                    flush=True,
+                )
+        if learner.returncode == 0:
+            new, offset = progress.read_records(metrics_path, offset)
+            records.extend(new)
+            return 0
+        failed = children.failed()
+        if failed is not None:
+            print(
+                f"\n{failed.name} exited with code {failed.returncode}; last log lines:\n"
+                f"{failed.log_tail()}",
+                file=sys.stderr,
+            )
+            return 1
+        if stopping():
+            print("\ninterrupted: stopping every process", file=sys.stderr)
+            return 130
+        if time.monotonic() > deadline:
+            print(f"\nrun did not finish within {timeout_s:.0f}s: stopping", file=sys.stderr)
+            return 1
+        time.sleep(0.5)
+
+
+def _finish(run_dir: Path, records: list[dict]) -> None:
+    summary = progress.summarize(records)
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    plot_path = progress.plot(records, run_dir / "progress.png")
+    print("\n" + progress.summary_table(summary))
+    print(f"\nsummary: {run_dir / 'summary.json'}\nplot:    {plot_path}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m deploy.local", description=__doc__)
+    parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG)
+    parser.add_argument("overrides", nargs="*", help="section.key=value")
+    args = parser.parse_args(argv)
+    return launch(args.config.resolve(), args.overrides)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

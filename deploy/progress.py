@@ -1,0 +1,130 @@
+"""What a user sees of a run: one progress line per learner record, and at the end a summary
+table, `summary.json` and `progress.png`. Pure functions over the learner's `metrics.jsonl`
+records (see docs/running.md for their fields), plus the plot.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+
+def read_records(path: Path, offset: int = 0) -> tuple[list[dict], int]:
+    """Complete JSON lines of `path` from byte `offset`; returns (records, new offset).
+    A half-written last line is left for the next call."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            data = f.read()
+    except FileNotFoundError:
+        return [], offset
+    end = data.rfind(b"\n") + 1
+    records = [json.loads(line) for line in data[:end].splitlines() if line.strip()]
+    return records, offset + end
+
+
+def _fmt_duration(seconds: float) -> str:
+    seconds = max(0, int(seconds))
+    return f"{seconds // 60:02d}:{seconds % 60:02d}"
+
+
+def progress_line(record: dict, *, total_steps: int, last_eval: dict | None) -> str:
+    """One line per training step: step, version, reward, eval, staleness, speed, time left."""
+    step, wall = record["step"], record["wall_s"]
+    left = wall / step * (total_steps - step) if step else 0.0
+    eval_text = (
+        f"eval pass@1 {last_eval['pass_at_1']:.2f} (v{last_eval['version']})"
+        if last_eval
+        else "eval pass@1 --"
+    )
+    return (
+        f"step {step:>3}/{total_steps} | v {record['version']:>3} | "
+        f"reward {record['reward_mean']:.2f} | {eval_text} | "
+        f"staleness max {record['max_staleness_seen']} | "
+        f"{record['tokens_per_s']:,.0f} tok/s | "
+        f"{_fmt_duration(wall)} elapsed, ~{_fmt_duration(left)} left"
+    )
+
+
+def eval_line(record: dict) -> str:
+    return (
+        f"  eval at v{record['version']}: pass@1 {record['pass_at_1']:.3f} over "
+        f"{record['num_prompts']} prompts x {record['samples_per_prompt']} samples"
+    )
+
+
+def summarize(records: list[dict]) -> dict:
+    """The run's summary: eval pass@1 at start and end, counts, staleness, wall time."""
+    train = [r for r in records if r["kind"] == "train"]
+    evals = [r for r in records if r["kind"] == "eval"]
+    done = next((r for r in records if r["kind"] == "done"), {})
+    if not train or not evals:
+        raise ValueError("the run produced no training step or no eval: nothing to summarize")
+    last = train[-1]
+    return {
+        "eval_pass1_start": evals[0]["pass_at_1"],
+        "eval_pass1_end": evals[-1]["pass_at_1"],
+        "eval_pass1_gain": evals[-1]["pass_at_1"] - evals[0]["pass_at_1"],
+        "steps": last["step"],
+        "final_version": last["version"],
+        "wall_s": done.get("wall_s", last["wall_s"]),
+        "max_staleness_seen": max(r["max_staleness_seen"] for r in train),
+        "published": done.get("published", last["published"]),
+        "trained": done.get("trained", last["trained"]),
+        "dropped": done.get("dropped", last["dropped"]),
+        "dropped_by_reason": done.get("dropped_by_reason", {}),
+        "reward_mean_first": train[0]["reward_mean"],
+        "reward_mean_last": last["reward_mean"],
+        "tokens_per_s_mean": sum(r["tokens_per_s"] for r in train) / len(train),
+    }
+
+
+def summary_table(summary: dict) -> str:
+    rows = [
+        ("eval pass@1 at start", f"{summary['eval_pass1_start']:.3f}"),
+        ("eval pass@1 at end", f"{summary['eval_pass1_end']:.3f}"),
+        ("steps (policy versions)", f"{summary['steps']}"),
+        ("wall time", _fmt_duration(summary["wall_s"])),
+        ("trajectories published", f"{summary['published']}"),
+        ("  trained on", f"{summary['trained']}"),
+        ("  dropped", f"{summary['dropped']} {summary['dropped_by_reason'] or ''}".strip()),
+        ("max staleness seen", f"{summary['max_staleness_seen']}"),
+        ("mean tokens/s (learner)", f"{summary['tokens_per_s_mean']:,.0f}"),
+    ]
+    width = max(len(name) for name, _ in rows)
+    return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)
+
+
+def plot(records: list[dict], path: Path) -> Path:
+    """Reward and eval pass@1 against step and against wall time, side by side."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    train = [r for r in records if r["kind"] == "train"]
+    evals = [r for r in records if r["kind"] == "eval"]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+    for ax, x_key, label in (
+        (axes[0], "step", "step (policy version)"),
+        (axes[1], "wall_s", "wall time (s)"),
+    ):
+        ax.plot(
+            [r[x_key] for r in train],
+            [r["reward_mean"] for r in train],
+            label="train reward (mean)",
+            color="tab:blue",
+            alpha=0.7,
+        )
+        eval_x = [r["version"] if x_key == "step" else r["wall_s"] for r in evals]
+        ax.plot(eval_x, [r["pass_at_1"] for r in evals], "o-", label="eval pass@1", color="tab:red")
+        ax.set_xlabel(label)
+        ax.set_ylim(-0.02, 1.02)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("reward / pass@1")
+    axes[0].legend(loc="lower right")
+    fig.suptitle("Tether: calculator agent, asynchronous GRPO")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
