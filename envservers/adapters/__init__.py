@@ -1,0 +1,1 @@
+"""Adapters that run environments others wrote behind our server: skyrl-gym, OpenEnv."""

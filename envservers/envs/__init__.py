@@ -1,0 +1,1 @@
+"""Built-in environments: calculator (the demo task), noop (benchmarks), sql, python, mcp."""

@@ -1,0 +1,79 @@
+"""`calculator`: the demo task. Four arithmetic tools; the reward is the exact answer from
+`reward_spec.ground_truth` (subject to must_call_tool / tool_sequence). Kept cheap: the tools
+run inline on the event loop, no threads, no processes.
+
+Contract (briefs/contracts.md): results print as numbers, integers without ".0"; any
+failed call is an observation {"role": "tool", "content": "error: ..."}.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from envservers.tool_env import ToolEnv
+from envservers.tools import Tool, ToolError, ToolGroup
+from envservers.types import EnvProvider
+
+_TWO_NUMBERS = {
+    "type": "object",
+    "properties": {
+        "a": {"type": "number", "description": "first operand"},
+        "b": {"type": "number", "description": "second operand"},
+    },
+    "required": ["a", "b"],
+}
+
+
+def format_number(value: float) -> str:
+    """42.0 -> "42", 2.5 -> "2.5"; ToolError for inf/nan."""
+    if isinstance(value, int):
+        return str(value)
+    if not math.isfinite(value):
+        raise ToolError("result is not a finite number")
+    if value.is_integer() and abs(value) < 2**53:
+        return str(int(value))
+    return repr(value)
+
+
+def add(a: float, b: float) -> str:
+    return format_number(a + b)
+
+
+def subtract(a: float, b: float) -> str:
+    return format_number(a - b)
+
+
+def multiply(a: float, b: float) -> str:
+    return format_number(a * b)
+
+
+def divide(a: float, b: float) -> str:
+    if b == 0:
+        raise ToolError("division by zero")
+    return format_number(a / b)
+
+
+CALCULATOR_TOOLS = ToolGroup(
+    [
+        Tool("add", "Add two numbers: a + b.", _TWO_NUMBERS, add),
+        Tool("subtract", "Subtract two numbers: a - b.", _TWO_NUMBERS, subtract),
+        Tool("multiply", "Multiply two numbers: a * b.", _TWO_NUMBERS, multiply),
+        Tool("divide", "Divide two numbers: a / b.", _TWO_NUMBERS, divide),
+    ]
+)
+
+
+class CalculatorEnv(ToolEnv):
+    async def make_tools(self, task: dict[str, Any]) -> ToolGroup:
+        return CALCULATOR_TOOLS  # stateless: one shared group
+
+
+class CalculatorProvider(EnvProvider):
+    description = "arithmetic tools (add, subtract, multiply, divide); exact-answer reward"
+
+    def __init__(self, max_tool_calls_per_step: int = 8):
+        self.max_tool_calls_per_step = max_tool_calls_per_step
+
+    def make(self) -> CalculatorEnv:
+        return CalculatorEnv(max_tool_calls_per_step=self.max_tool_calls_per_step)

@@ -1,0 +1,120 @@
+"""Run model-written Python in a sandbox, asynchronously (server side of the launcher).
+
+    Sandbox(config)       one per session: a scratch dir owned by a uid of its own
+    await sandbox.run(code, timeout_s) -> RunResult(exit_code, output, killed)
+    await sandbox.close() removes the scratch dir
+
+What is enforced (namespaces mode, as root — see sandbox_launcher.py for how): wall-clock
+timeout that SIGKILLs the process group (and the pid namespace with it); RLIMIT_CPU,
+RLIMIT_AS, RLIMIT_FSIZE, RLIMIT_NPROC, RLIMIT_NOFILE; no network namespace devices up; a
+read-only root holding only the interpreter, the system libraries and the scratch dir;
+an unprivileged uid; output capped at `max_output_bytes` (the run is killed past it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import os
+import shutil
+import signal
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from envservers.config import SandboxConfig
+
+LAUNCHER = Path(__file__).with_name("sandbox_launcher.py")
+_uids = itertools.count()
+
+
+@dataclass(frozen=True)
+class RunResult:
+    exit_code: int | None  # None when killed by us
+    output: str  # stdout and stderr, interleaved, capped
+    killed: str | None = None  # why we killed it: "timeout" | "output limit"
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0 and self.killed is None
+
+
+def scratch_root(config: SandboxConfig) -> Path:
+    return Path(config.scratch_root or Path(tempfile.gettempdir()) / "tether-sandbox")
+
+
+class Sandbox:
+    def __init__(self, config: SandboxConfig):
+        self.config = config
+        self.uid = config.uid_base + next(_uids) % config.uid_pool
+        base = scratch_root(config)
+        base.mkdir(parents=True, exist_ok=True)
+        self.dir = Path(tempfile.mkdtemp(prefix="session-", dir=base))
+        self.scratch = self.dir / "scratch"
+        self.root = self.dir / "root"  # empty mount point for the sandbox's own root
+        self.scratch.mkdir(mode=0o700)
+        self.root.mkdir()
+        if os.getuid() == 0:
+            os.chown(self.scratch, self.uid, self.uid)
+
+    def _spec(self, argv: list[str]) -> dict:
+        c = self.config
+        return {
+            "mode": c.isolation,
+            "scratch": str(self.scratch),
+            "root": str(self.root),
+            "uid": self.uid,
+            "python": os.path.realpath(sys.executable),
+            "prefix": os.path.realpath(sys.base_prefix),
+            "ro_paths": [os.path.realpath(p) for p in c.ro_paths],
+            "argv": argv,
+            "limits": {
+                "cpu_s": c.cpu_s,
+                "memory_mb": c.memory_mb,
+                "file_size_mb": c.file_size_mb,
+                "max_processes": c.max_processes,
+                "max_open_files": c.max_open_files,
+            },
+        }
+
+    async def run(self, code: str, timeout_s: float | None = None) -> RunResult:
+        """Write `code` to the scratch dir as main.py and run it confined."""
+        main = self.scratch / "main.py"
+        main.write_text(code)
+        if os.getuid() == 0:
+            os.chown(main, self.uid, self.uid)
+        timeout = min(timeout_s or self.config.timeout_s, self.config.timeout_s)
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-I", "-S", str(LAUNCHER), json.dumps(self._spec(["main.py"])),
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+            start_new_session=True,
+        )
+        killed = None
+        chunks: list[bytes] = []
+        try:
+            async with asyncio.timeout(timeout):
+                size = 0
+                while chunk := await proc.stdout.read(65536):
+                    chunks.append(chunk)
+                    size += len(chunk)
+                    if size > self.config.max_output_bytes:
+                        killed = "output limit"
+                        break
+                if killed is None:
+                    await proc.wait()
+        except TimeoutError:
+            killed = "timeout"
+        finally:  # whatever happened (even cancellation), nothing of the run survives it
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            await proc.wait()
+        output = b"".join(chunks)[: self.config.max_output_bytes].decode("utf-8", "replace")
+        return RunResult(None if killed else proc.returncode, output, killed)
+
+    async def close(self) -> None:
+        await asyncio.to_thread(shutil.rmtree, self.dir, True)

@@ -1,0 +1,257 @@
+"""The gRPC servicer: sessions in a table, requests checked, env calls timed, every failure
+mapped to a status code. It holds no environment logic — that is in the Environment.
+
+    Reset(env_class, task_json) -> provider.make() -> env.reset(task)   -> session table
+    Step(session_id, action)    -> session lock -> env.step(action)     -> cached for retries
+    Close(session_id)           -> env.close(), removed
+    sweeper (every ttl/4)       -> closes sessions idle longer than the TTL
+
+Status codes: unknown env or session NOT_FOUND; bad field INVALID_ARGUMENT naming it;
+too large / too many RESOURCE_EXHAUSTED; step after done or out of sequence
+FAILED_PRECONDITION; anything raised inside one env INTERNAL (only that call fails);
+draining for shutdown UNAVAILABLE (for new sessions).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, NoReturn
+
+import grpc
+
+from envservers import metrics
+from envservers.config import EnvServerConfig
+from envservers.types import Environment, EnvProvider, Observation, StepResult
+from protos import env_pb2, env_pb2_grpc
+
+log = logging.getLogger(__name__)
+Code = grpc.StatusCode
+
+
+@dataclass(eq=False)
+class Session:
+    id: str
+    env_class: str
+    env: Environment
+    reset_response: env_pb2.ResetResponse
+    last_used: float
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    last_seq: int = 0
+    last_response: env_pb2.StepResponse | None = None
+    done: bool = False
+    closed: bool = False
+
+
+def _messages(messages: list[dict[str, Any]]) -> list[env_pb2.ChatMessage]:
+    out = []
+    for m in messages:
+        content = m.get("content", "")
+        out.append(
+            env_pb2.ChatMessage(
+                role=str(m.get("role", "")),
+                content=content if isinstance(content, str) else json.dumps(content),
+                name=str(m.get("name") or ""),
+            )
+        )
+    return out
+
+
+def reset_response(session_id: str, obs: Observation) -> env_pb2.ResetResponse:
+    return env_pb2.ResetResponse(
+        session_id=session_id,
+        messages=_messages(obs.messages),
+        tools=[env_pb2.ToolSpec(json=json.dumps(t)) for t in obs.tools],
+        metadata_json=json.dumps(obs.metadata, default=str),
+    )
+
+
+def step_response(result: StepResult) -> env_pb2.StepResponse:
+    return env_pb2.StepResponse(
+        observations=_messages(result.observations),
+        reward=float(result.reward),
+        done=bool(result.done),
+        metadata_json=json.dumps(result.metadata, default=str),
+    )
+
+
+class EnvService(env_pb2_grpc.EnvServiceServicer):
+    def __init__(self, providers: dict[str, EnvProvider], config: EnvServerConfig):
+        self.providers = providers
+        self.config = config
+        self.sessions: dict[str, Session] = {}
+        self.draining = False
+
+    async def _fail(self, context: Any, method: str, code: Code, message: str) -> NoReturn:
+        metrics.ERRORS.labels(method, code.name).inc()
+        await context.abort(code, message)
+        raise AssertionError("unreachable: abort raises")
+
+    async def ListEnvs(self, request, context):
+        return env_pb2.ListEnvsResponse(
+            envs=[
+                env_pb2.EnvInfo(name=name, description=p.description)
+                for name, p in sorted(self.providers.items())
+            ]
+        )
+
+    async def Reset(self, request, context):
+        fail = self._fail
+        if self.draining:
+            await fail(context, "Reset", Code.UNAVAILABLE, "server is shutting down")
+        if not request.env_class:
+            await fail(context, "Reset", Code.INVALID_ARGUMENT, "env_class: required")
+        provider = self.providers.get(request.env_class)
+        if provider is None:
+            hosted = sorted(self.providers)
+            await fail(
+                context, "Reset", Code.NOT_FOUND,
+                f"env_class: unknown environment {request.env_class!r}; hosted here: {hosted}",
+            )
+        existing = self.sessions.get(request.session_id) if request.session_id else None
+        if existing is not None:  # a retried Reset: same answer, no second episode
+            if existing.env_class != request.env_class:
+                await fail(context, "Reset", Code.INVALID_ARGUMENT, "session_id: already in use")
+            return existing.reset_response
+        if len(self.sessions) >= self.config.max_sessions:
+            await fail(
+                context, "Reset", Code.RESOURCE_EXHAUSTED,
+                f"too many open sessions ({self.config.max_sessions}); close some",
+            )
+        try:
+            task = json.loads(request.task_json or "{}")
+        except json.JSONDecodeError as e:
+            await fail(context, "Reset", Code.INVALID_ARGUMENT, f"task_json: not valid JSON: {e}")
+        if not isinstance(task, dict):
+            await fail(context, "Reset", Code.INVALID_ARGUMENT, "task_json: must be a JSON object")
+
+        env = provider.make()
+        try:
+            async with asyncio.timeout(self._time_left(context)):
+                obs = await env.reset(task)
+        except ValueError as e:  # the row itself is unusable: the caller's fault
+            await self._close_env(env)
+            await fail(context, "Reset", Code.INVALID_ARGUMENT, f"task_json: {e}")
+        except TimeoutError:
+            await self._close_env(env)
+            await fail(context, "Reset", Code.DEADLINE_EXCEEDED, "reset took too long")
+        except Exception as e:  # env failure: this call fails, the server keeps serving
+            log.exception("reset of %s failed", request.env_class)
+            await self._close_env(env)
+            await fail(
+                context, "Reset", Code.INTERNAL,
+                f"reset of {request.env_class} failed: {type(e).__name__}: {e}",
+            )
+        session_id = request.session_id or uuid.uuid4().hex
+        response = reset_response(session_id, obs)
+        self.sessions[session_id] = Session(
+            session_id, request.env_class, env, response, time.monotonic()
+        )
+        metrics.ACTIVE_SESSIONS.labels(request.env_class).inc()
+        return response
+
+    def _time_left(self, context: Any) -> float:
+        remaining = context.time_remaining()
+        cap = self.config.step_timeout_s
+        return cap if remaining is None else min(cap, max(remaining, 0.0))
+
+    async def Step(self, request, context):
+        fail = self._fail
+        start = time.perf_counter()
+        if not request.session_id:
+            await fail(context, "Step", Code.INVALID_ARGUMENT, "session_id: required")
+        session = self.sessions.get(request.session_id)
+        if session is None:
+            await fail(
+                context, "Step", Code.NOT_FOUND,
+                f"session_id: no open session {request.session_id!r} (closed or expired?)",
+            )
+        if len(request.action) > self.config.max_action_chars:
+            await fail(
+                context, "Step", Code.RESOURCE_EXHAUSTED,
+                f"action: {len(request.action)} characters, limit {self.config.max_action_chars}",
+            )
+        async with session.lock:
+            if session.closed:  # closed while this step waited for the lock
+                await fail(context, "Step", Code.NOT_FOUND, "session_id: session was closed")
+            session.last_used = time.monotonic()
+            if request.seq and request.seq == session.last_seq and session.last_response:
+                return session.last_response  # a retried step: replay, do not step twice
+            if request.seq and request.seq != session.last_seq + 1:
+                await fail(
+                    context, "Step", Code.FAILED_PRECONDITION,
+                    f"seq: expected {session.last_seq + 1}, got {request.seq}",
+                )
+            if session.done:
+                await fail(context, "Step", Code.FAILED_PRECONDITION, "episode is done; Reset")
+            try:
+                async with asyncio.timeout(self._time_left(context)):
+                    result = await session.env.step(request.action)
+                response = step_response(result)
+            except TimeoutError:
+                await fail(context, "Step", Code.DEADLINE_EXCEEDED, "step took too long")
+            except Exception as e:  # one env's failure fails only this call
+                log.exception("step of %s session %s failed", session.env_class, session.id)
+                await fail(
+                    context, "Step", Code.INTERNAL,
+                    f"step of {session.env_class} failed: {type(e).__name__}: {e}",
+                )
+            session.last_seq += 1
+            session.last_response = response
+            session.done = response.done
+            session.last_used = time.monotonic()
+        metrics.STEPS.labels(session.env_class).inc()
+        metrics.STEP_SECONDS.labels(session.env_class).observe(time.perf_counter() - start)
+        return response
+
+    async def Close(self, request, context):
+        if not request.session_id:
+            await self._fail(context, "Close", Code.INVALID_ARGUMENT, "session_id: required")
+        if not await self.close_session(request.session_id):
+            await self._fail(
+                context, "Close", Code.NOT_FOUND,
+                f"session_id: no open session {request.session_id!r}",
+            )
+        return env_pb2.CloseResponse()
+
+    async def close_session(self, session_id: str) -> bool:
+        session = self.sessions.pop(session_id, None)
+        if session is None:
+            return False
+        metrics.ACTIVE_SESSIONS.labels(session.env_class).dec()
+        async with session.lock:  # let a step in flight finish before its env goes away
+            session.closed = True
+            await self._close_env(session.env)
+        return True
+
+    async def _close_env(self, env: Environment) -> None:
+        try:
+            await env.close()
+        except Exception:  # a failing close must not take the server down; it is logged
+            log.exception("closing an environment failed")
+
+    async def sweep_idle(self) -> int:
+        """Close sessions idle longer than the TTL (not ones with a step in flight)."""
+        horizon = time.monotonic() - self.config.session_idle_ttl_s
+        stale = [
+            s.id for s in self.sessions.values() if s.last_used < horizon and not s.lock.locked()
+        ]
+        for session_id in stale:
+            await self.close_session(session_id)
+        return len(stale)
+
+    async def run_sweeper(self) -> None:
+        period = max(0.05, self.config.session_idle_ttl_s / 4)
+        while True:
+            await asyncio.sleep(period)
+            closed = await self.sweep_idle()
+            if closed:
+                log.info("closed %d idle sessions", closed)
+
+    async def close_all(self) -> None:
+        for session_id in list(self.sessions):
+            await self.close_session(session_id)

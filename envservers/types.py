@@ -1,0 +1,93 @@
+"""The environment interface in message space, shared by the server, the built-in
+environments, the adapters and the gRPC client.
+
+It has the shape of skyrl-gym's `BaseTextEnv` (`init` -> prompt, `step` -> observations,
+reward, done, metadata) with async methods, because most of our environments wait on
+something (a sandboxed process, an MCP server, an OpenEnv server) and many sessions share
+one event loop:
+
+    obs = await env.reset(task)          # task = one SkyRL dataset row (dict)
+    result = await env.step(action_text) # one assistant message
+    await env.close()
+
+Messages are OpenAI-style dicts ({"role": ..., "content": ...}); tool specs are OpenAI
+function specs ({"type": "function", "function": {"name", "description", "parameters"}}).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class Observation:
+    """What reset returns: the prompt messages, the tools offered, metadata."""
+
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] = field(default_factory=list)
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class StepResult:
+    """What step returns: the messages to append, this step's reward, whether the episode
+    ended, metadata (at least `num_tool_calls` and `tool_errors` for tool environments)."""
+
+    observations: list[dict[str, Any]]
+    reward: float = 0.0
+    done: bool = False
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+class Environment(ABC):
+    """One episode of one environment. A new instance per session."""
+
+    @abstractmethod
+    async def reset(self, task: dict[str, Any]) -> Observation:
+        """Start the episode from a dataset row. Raise ValueError if the row is unusable."""
+
+    @abstractmethod
+    async def step(self, action_text: str) -> StepResult:
+        """Consume one assistant message. Malformed model output is an observation (or a
+        zero reward), never an exception."""
+
+    async def close(self) -> None:  # noqa: B027 (optional hook: most envs hold nothing)
+        """Free what the episode holds. Called once; must not raise on a half-reset env."""
+
+
+class EnvProvider:
+    """Server-wide factory for one environment name: `make()` gives a fresh Environment per
+    session; `start()`/`stop()` hold what sessions share (MCP server processes, ...)."""
+
+    description: str = ""
+
+    async def start(self) -> None:
+        pass
+
+    def make(self) -> Environment:
+        raise NotImplementedError
+
+    async def stop(self) -> None:
+        pass
+
+
+def validate_task(task: Any) -> dict[str, Any]:
+    """Check the parts of a SkyRL dataset row every environment relies on; raise ValueError
+    naming the field. Returns the task."""
+    if not isinstance(task, dict):
+        raise ValueError("task: must be a JSON object (a SkyRL dataset row)")
+    prompt = task.get("prompt", [])
+    if not isinstance(prompt, list):
+        raise ValueError("task.prompt: must be a list of messages")
+    for i, message in enumerate(prompt):
+        if not isinstance(message, dict):
+            raise ValueError(f"task.prompt[{i}]: must be an object with role and content")
+        for key in ("role", "content"):
+            if not isinstance(message.get(key), str):
+                raise ValueError(f"task.prompt[{i}].{key}: must be a string")
+    for key in ("reward_spec", "extra_info"):
+        if task.get(key) is not None and not isinstance(task[key], dict):
+            raise ValueError(f"task.{key}: must be an object")
+    return task

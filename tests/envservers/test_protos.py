@@ -1,0 +1,51 @@
+"""The committed generated code must equal what `python -m protos.generate` makes now, and
+the wire messages' fields are a contract (changing them must be a visible edit here)."""
+
+from pathlib import Path
+
+from protos import env_pb2
+from protos.generate import PROTO_DIR, fix_imports, generate
+
+
+def test_committed_generated_code_matches_a_fresh_generation(tmp_path):
+    written = generate(tmp_path)
+    assert {p.name for p in written} == {"env_pb2.py", "env_pb2.pyi", "env_pb2_grpc.py"}
+    for fresh in written:
+        committed = PROTO_DIR / fresh.name
+        assert committed.read_text() == fresh.read_text(), (
+            f"protos/{fresh.name} is stale: run `python -m protos.generate` and commit"
+        )
+
+
+def test_imports_are_made_package_relative():
+    assert fix_imports("import env_pb2 as env__pb2\nimport grpc\n") == (
+        "from protos import env_pb2 as env__pb2\nimport grpc\n"
+    )
+    text = (PROTO_DIR / "env_pb2_grpc.py").read_text()
+    assert "from protos import env_pb2 as env__pb2" in text
+
+
+def _fields(message) -> list[tuple[str, int]]:
+    return [(f.name, f.type) for f in message.DESCRIPTOR.fields]
+
+
+def test_wire_surface():
+    f = env_pb2.DESCRIPTOR.services_by_name["EnvService"]
+    assert [m.name for m in f.methods] == ["ListEnvs", "Reset", "Step", "Close"]
+    string, double, boolean, uint32, message = 9, 1, 8, 13, 11
+    assert _fields(env_pb2.ChatMessage) == [("role", string), ("content", string), ("name", string)]
+    assert _fields(env_pb2.ResetRequest) == [
+        ("env_class", string), ("task_json", string), ("session_id", string)
+    ]
+    assert _fields(env_pb2.ResetResponse) == [
+        ("session_id", string), ("messages", message), ("tools", message),
+        ("metadata_json", string),
+    ]
+    assert _fields(env_pb2.StepRequest) == [
+        ("session_id", string), ("action", string), ("seq", uint32)
+    ]
+    assert _fields(env_pb2.StepResponse) == [
+        ("observations", message), ("reward", double), ("done", boolean),
+        ("metadata_json", string),
+    ]
+    assert Path(PROTO_DIR / "env.proto").is_file()
