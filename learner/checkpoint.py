@@ -1,0 +1,130 @@
+"""DCP checkpoints of the learner: model, optimizer, scheduler, plus the run's position.
+
+Layout: `<root>/step_XXXXXXXX/` holds the torch.distributed.checkpoint files (each rank
+writes its own shards; the model and optimizer go through `get_state_dict`, so the same
+checkpoint loads on a different number of ranks) and `state.json` (`TrainingState`: step,
+version, dataset cursor, consumer position, trained trajectory ids). `state.json` is
+written last, atomically, by rank 0: a directory without it is an interrupted save and is
+ignored by `latest_checkpoint`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import warnings
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+STATE_FILE = "state.json"
+
+
+@dataclass
+class TrainingState:
+    """What besides tensors a resumed run needs (JSON-serialisable)."""
+
+    step: int = 0
+    """Training steps run (including steps skipped for a non-finite loss)."""
+    version: int = 0
+    """Optimizer steps taken: the policy version."""
+    dataset_cursor: dict[str, Any] = field(default_factory=dict)
+    """Where the dispatcher is in the dataset (epoch, index, seed...)."""
+    consumer_position: dict[str, Any] = field(default_factory=dict)
+    """Where the trajectory consumer is (stream sequence...)."""
+    trained_ids: list[str] = field(default_factory=list)
+    """Trajectory ids already trained on (or dropped), so none is trained twice."""
+
+
+@contextmanager
+def _single_process_quiet():
+    """DCP warns on every single-process save/load; that mode is intended here."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
+
+
+def checkpoint_dir(root: str | Path, step: int) -> Path:
+    return Path(root) / f"step_{step:08d}"
+
+
+def _is_rank0() -> bool:
+    return not dist.is_initialized() or dist.get_rank() == 0
+
+
+def save_checkpoint(
+    root: str | Path,
+    *,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    state: TrainingState,
+) -> Path:
+    """Collective: every rank calls it. Returns the checkpoint directory."""
+    path = checkpoint_dir(root, state.step)
+    model_state, optim_state = get_state_dict(model, optimizer)
+    with _single_process_quiet():
+        dcp.save(
+            {"model": model_state, "optim": optim_state, "scheduler": scheduler.state_dict()},
+            checkpoint_id=path,
+            no_dist=not dist.is_initialized(),
+        )
+    if dist.is_initialized():
+        dist.barrier()
+    if _is_rank0():
+        tmp = path / (STATE_FILE + ".tmp")
+        tmp.write_text(json.dumps(asdict(state)))
+        os.replace(tmp, path / STATE_FILE)
+    if dist.is_initialized():
+        dist.barrier()
+    return path
+
+
+def load_checkpoint(
+    path: str | Path,
+    *,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+) -> TrainingState:
+    """Collective: restore model, optimizer and scheduler in place; return the state."""
+    path = Path(path)
+    if not (path / STATE_FILE).is_file():
+        raise ValueError(f"{path} is not a complete checkpoint (no {STATE_FILE})")
+    model_state, optim_state = get_state_dict(model, optimizer)
+    loaded = {"model": model_state, "optim": optim_state, "scheduler": scheduler.state_dict()}
+    with _single_process_quiet():
+        dcp.load(loaded, checkpoint_id=path, no_dist=not dist.is_initialized())
+    set_state_dict(
+        model, optimizer, model_state_dict=loaded["model"], optim_state_dict=loaded["optim"]
+    )
+    scheduler.load_state_dict(loaded["scheduler"])
+    return TrainingState(**json.loads((path / STATE_FILE).read_text()))
+
+
+def latest_checkpoint(root: str | Path) -> Path | None:
+    """The newest complete checkpoint under `root`, or None."""
+    root = Path(root)
+    if not root.is_dir():
+        return None
+    complete = sorted(p for p in root.glob("step_*") if (p / STATE_FILE).is_file())
+    return complete[-1] if complete else None
+
+
+def prune_checkpoints(root: str | Path, keep: int) -> list[Path]:
+    """Delete all but the `keep` newest complete checkpoints (rank 0 only); return them."""
+    root = Path(root)
+    if not _is_rank0() or not root.is_dir():
+        return []
+    complete = sorted(p for p in root.glob("step_*") if (p / STATE_FILE).is_file())
+    removed = complete[:-keep] if keep > 0 else complete
+    for p in removed:
+        shutil.rmtree(p)
+    return removed

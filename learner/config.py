@@ -1,0 +1,187 @@
+"""The `[learner]` config section: model, optimizer, algorithm, batching, checkpoints.
+
+Pydantic only (no torch import), so `learner --help` and a bad config answer at once. Field
+names follow SkyRL / verl where an equivalent exists (`eps_clip_low`/`high` -> `eps_low`/
+`eps_high`, `clip_ratio_c`, `loss_reduction`, `advantage_estimator`, `max_staleness` as in
+prime-rl's `async_level`). Cross-field rules raise a ValueError that says what to change.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import pydantic
+
+from tether.config import StrictModel
+from tether.weight_sync import WeightSyncConfig
+
+
+class OptimConfig(StrictModel):
+    """AdamW and its learning-rate schedule."""
+
+    lr: float = pydantic.Field(default=1e-6, gt=0)
+    """Peak learning rate."""
+    warmup_steps: int = pydantic.Field(default=0, ge=0)
+    """Linear warmup over this many optimizer steps (from lr/warmup_steps up to lr)."""
+    schedule: Literal["constant", "cosine", "linear"] = "constant"
+    """Shape after warmup: constant, cosine or linear decay to `min_lr_ratio * lr` at
+    `total_steps`."""
+    min_lr_ratio: float = pydantic.Field(default=0.0, ge=0, le=1)
+    """Floor of the decaying schedules, as a fraction of `lr`."""
+    total_steps: int | None = pydantic.Field(default=None, ge=1)
+    """Optimizer steps in the run; required by the decaying schedules; None trains forever."""
+    grad_clip: float | None = pydantic.Field(default=1.0, gt=0)
+    """Clip the global gradient norm to this; None disables clipping (norm still logged)."""
+    weight_decay: float = pydantic.Field(default=0.0, ge=0)
+    """Decoupled weight decay, applied to matrices only (not norms or biases)."""
+    betas: tuple[float, float] = (0.9, 0.999)
+    """AdamW betas."""
+    eps: float = pydantic.Field(default=1e-8, gt=0)
+    """AdamW epsilon."""
+
+    @pydantic.model_validator(mode="after")
+    def _check(self) -> OptimConfig:
+        if not all(0.0 <= b < 1.0 for b in self.betas):
+            raise ValueError(f"betas must both be in [0, 1), got {self.betas}")
+        if self.schedule != "constant" and self.total_steps is None:
+            raise ValueError(f"schedule {self.schedule!r} needs optim.total_steps")
+        if self.total_steps is not None and self.warmup_steps > self.total_steps:
+            raise ValueError(
+                f"warmup_steps ({self.warmup_steps}) exceeds total_steps ({self.total_steps})"
+            )
+        return self
+
+
+class AlgorithmConfig(StrictModel):
+    """Advantages, policy loss, off-policy corrections, regularisers."""
+
+    advantage_estimator: Literal["grpo", "dr_grpo", "rloo"] = "grpo"
+    """Group-relative baseline: GRPO, Dr.GRPO (no std) or RLOO (leave-one-out)."""
+    normalize_std: bool = True
+    """GRPO only: divide by the group's reward std."""
+    std_eps: float = pydantic.Field(default=1e-6, gt=0)
+    """GRPO only: added to the std before dividing."""
+    policy_loss: Literal["ppo", "decoupled_ppo", "gspo"] = "ppo"
+    """ppo: clip against the behaviour logprobs; decoupled_ppo: AReaL's proximal policy;
+    gspo: sequence-level ratio."""
+    loss_reduction: Literal["token_mean", "seq_mean_token_sum", "seq_mean_token_mean"] = (
+        "token_mean"
+    )
+    """How per-token losses become the batch loss."""
+    eps_low: float = pydantic.Field(default=0.2, gt=0, lt=1)
+    """Lower clip: the ratio is clipped at 1 - eps_low."""
+    eps_high: float = pydantic.Field(default=0.2, gt=0)
+    """Upper clip: 1 + eps_high (DAPO's clip-higher uses 0.28)."""
+    clip_ratio_c: float | None = pydantic.Field(default=None, gt=1)
+    """Dual clip for negative advantages (3.0 in verl); None disables it."""
+    tis_cap: float | None = pydantic.Field(default=None, gt=0)
+    """Truncated importance sampling (ppo only): weight min(pi_trainer/pi_engine, cap), with
+    the trainer's logprobs recomputed before the update; None disables it."""
+    behaviour_weight_cap: float | None = pydantic.Field(default=None, gt=0)
+    """decoupled_ppo only: tokens whose pi_prox/pi_behaviour exceeds this get no loss."""
+    kl_coef: float = pydantic.Field(default=0.0, ge=0)
+    """Weight of KL(pi || reference) per token; 0 skips the reference model entirely."""
+    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
+    """Per-token KL estimator."""
+    entropy_coef: float = pydantic.Field(default=0.0, ge=0)
+    """Weight of the entropy bonus per token."""
+
+    @pydantic.model_validator(mode="after")
+    def _check(self) -> AlgorithmConfig:
+        if self.tis_cap is not None and self.policy_loss != "ppo":
+            raise ValueError(
+                f"tis_cap applies to policy_loss 'ppo' only (got {self.policy_loss!r}); "
+                "decoupled_ppo uses behaviour_weight_cap"
+            )
+        if self.behaviour_weight_cap is not None and self.policy_loss != "decoupled_ppo":
+            raise ValueError("behaviour_weight_cap applies to policy_loss 'decoupled_ppo' only")
+        if self.policy_loss == "gspo" and self.loss_reduction != "seq_mean_token_mean":
+            raise ValueError(
+                "gspo's objective is a mean over sequences of sequence losses: set "
+                "loss_reduction = 'seq_mean_token_mean'"
+            )
+        if self.policy_loss == "gspo" and self.clip_ratio_c is not None:
+            raise ValueError("clip_ratio_c (dual clip) is for token-level ppo losses, not gspo")
+        if self.advantage_estimator == "dr_grpo" and self.loss_reduction == "seq_mean_token_mean":
+            raise ValueError(
+                "dr_grpo drops the per-sequence length normalisation: use loss_reduction "
+                "'seq_mean_token_sum' (or 'token_mean'), not 'seq_mean_token_mean'"
+            )
+        return self
+
+
+class CheckpointConfig(StrictModel):
+    """Where and how often DCP checkpoints are written."""
+
+    dir: str = "runs/checkpoints"
+    """Directory holding one step_XXXXXXXX/ subdirectory per checkpoint."""
+    interval: int = pydantic.Field(default=50, ge=1)
+    """Save every this many optimizer steps."""
+    keep: int = pydantic.Field(default=2, ge=1)
+    """Number of newest checkpoints kept on disk."""
+    resume: bool = True
+    """Continue from the newest complete checkpoint in `dir` if there is one."""
+
+
+class LearnerConfig(StrictModel):
+    """The `[learner]` section."""
+
+    model_path: str
+    """HF model directory (config + weights + tokenizer) to start from."""
+    ref_model_path: str | None = None
+    """Reference model for the KL term; None uses `model_path`."""
+    train_data: str | None = None
+    """SkyRL-format training prompts (JSONL or Parquet)."""
+    eval_data: str | None = None
+    """SkyRL-format eval prompts; None disables eval."""
+    dtype: Literal["fp32", "bf16"] = "fp32"
+    """Compute dtype; bf16 keeps fp32 master weights and reduces gradients in fp32."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in backward to save memory."""
+    nproc: int = pydantic.Field(default=1, ge=1)
+    """Number of learner ranks (torchrun processes)."""
+    seed: int = 0
+    """Seed of the dataset order and of torch."""
+    max_staleness: int = pydantic.Field(default=1, ge=0)
+    """Bound on policy lag in optimizer steps; 0 is the synchronous baseline."""
+    prompts_per_step: int = pydantic.Field(default=8, ge=1)
+    """Groups (prompts) per optimizer step."""
+    group_size: int = pydantic.Field(default=8, ge=2)
+    """Samples per prompt (GRPO group size)."""
+    micro_batch_tokens: int = pydantic.Field(default=8192, ge=1)
+    """Token budget of one packed micro-batch (forward + backward)."""
+    eval_interval: int | None = pydantic.Field(default=None, ge=1)
+    """Run eval every this many steps; None never."""
+    nan_skip_limit: int = pydantic.Field(default=3, ge=1)
+    """Stop after this many consecutive steps skipped for a non-finite loss or gradient."""
+    weight_bucket_mb: float = pydantic.Field(default=256.0, gt=0)
+    """Size of one bucket of the weight broadcast."""
+    total_steps: int = pydantic.Field(default=100, ge=1)
+    """Optimizer steps (policy versions) in the run; the learner stops after the last one."""
+    run_dir: str = "runs/learner"
+    """Where the learner writes metrics.jsonl, eval dumps and weight snapshots."""
+    metrics_port: int = pydantic.Field(default=9400, ge=0)
+    """Port of the Prometheus /metrics endpoint (0: a free one)."""
+    eval_samples_per_prompt: int = pydantic.Field(default=4, ge=1)
+    """Samples per eval prompt: pass@1 is their mean success, pass@n any success."""
+    broadcast_weights: bool = True
+    """Broadcast new weights to the actors after every optimizer step."""
+    snapshot_interval: int = pydantic.Field(default=10, ge=1)
+    """Write a full weights snapshot every this many versions, for actors that join late."""
+    weight_sync: WeightSyncConfig = WeightSyncConfig()
+    """The weight broadcast group (the learner serves its TCPStore)."""
+    optim: OptimConfig = OptimConfig()
+    """Optimizer and schedule."""
+    algorithm: AlgorithmConfig = AlgorithmConfig()
+    """Advantages and losses."""
+    checkpoint: CheckpointConfig = CheckpointConfig()
+    """Checkpointing."""
+
+    @pydantic.model_validator(mode="after")
+    def _check(self) -> LearnerConfig:
+        if self.eval_interval is not None and self.eval_data is None:
+            raise ValueError("eval_interval is set but eval_data is not")
+        if self.optim.total_steps is None and self.optim.schedule == "constant":
+            # The schedule's horizon is the run's unless it was set on its own.
+            self.optim = self.optim.model_copy(update={"total_steps": self.total_steps})
+        return self

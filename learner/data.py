@@ -1,0 +1,206 @@
+"""SkyRL-format prompt datasets: load and validate rows, and make train/eval splits.
+
+A row is `{"data_source", "env_class", "prompt", "reward_spec", "extra_info"}`; `prompt` is
+the system message (optional) and the first user message only; `reward_spec` holds at least
+`ground_truth`. Files are JSONL (one row per line) or Parquet (SkyRL's usual format; needs
+`pyarrow`, otherwise only JSONL is read and a Parquet path fails with a clear message). A bad
+row fails loading with the file, the row number (1-based) and the field. Extra keys of a row
+are kept as they are.
+
+Splits follow the seeds' `prepare_dataset.py`: a task goes to eval when the MD5 of its task
+key (`extra_info.task_key`, else a hash of env_class + prompt) falls below the eval
+fraction, so the same task lands in the same split on every run; stratified per
+environment (each one keeps the ratio); an environment expecting fewer than
+`min_eval_per_env` eval rows goes entirely to train; held-out environments go entirely to
+eval. `run_prepare` is the body of a `prepare` subcommand (`add_prepare_arguments` adds its
+flags to an argparse parser).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+from collections import Counter, defaultdict
+from pathlib import Path
+from typing import Any
+
+try:
+    import pyarrow
+    import pyarrow.parquet
+except ImportError:  # Parquet support is optional; JSONL always works.
+    pyarrow = None
+
+Row = dict[str, Any]
+PROMPT_ROLES = ("system", "user")
+
+
+def _row_problem(row: Any) -> str | None:
+    """What is wrong with a row (as 'field: reason'), or None."""
+    if not isinstance(row, dict):
+        return f"row: expected an object, got {type(row).__name__}"
+    for name in ("data_source", "env_class"):
+        if not isinstance(row.get(name), str):
+            return f"{name}: expected a string, got {row.get(name)!r}"
+    if not row["env_class"]:
+        return "env_class: must not be empty"
+    prompt = row.get("prompt")
+    if not isinstance(prompt, list) or not prompt:
+        return "prompt: expected a non-empty list of messages"
+    for k, message in enumerate(prompt):
+        if not isinstance(message, dict) or not isinstance(message.get("content"), str):
+            return f"prompt[{k}]: expected {{'role': ..., 'content': str}}, got {message!r}"
+        if message.get("role") not in PROMPT_ROLES:
+            return f"prompt[{k}].role: expected 'system' or 'user', got {message.get('role')!r}"
+    roles = [m["role"] for m in prompt]
+    if roles not in (["user"], ["system", "user"]):
+        return f"prompt: must be [system,] user (first user message only), got roles {roles}"
+    reward_spec = row.get("reward_spec")
+    if not isinstance(reward_spec, dict) or "ground_truth" not in reward_spec:
+        return f"reward_spec: expected an object with 'ground_truth', got {reward_spec!r}"
+    if not isinstance(row.get("extra_info", {}), dict | None):
+        return f"extra_info: expected an object, got {row.get('extra_info')!r}"
+    return None
+
+
+def validate_row(row: Any, *, where: str) -> Row:
+    """The row with `extra_info` defaulted to {}; ValueError naming `where` and the field."""
+    problem = _row_problem(row)
+    if problem:
+        raise ValueError(f"{where}: {problem}")
+    return {**row, "extra_info": row.get("extra_info") or {}}
+
+
+def _read_raw(path: Path) -> list[tuple[int, Any]]:
+    if path.suffix == ".parquet":
+        if pyarrow is None:
+            raise ValueError(f"{path}: reading Parquet needs pyarrow (pip install pyarrow)")
+        return list(enumerate(pyarrow.parquet.read_table(path).to_pylist(), start=1))
+    if path.suffix not in (".jsonl", ".json"):
+        raise ValueError(f"{path}: dataset files must end in .jsonl or .parquet")
+    rows = []
+    with path.open() as f:
+        for number, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                rows.append((number, json.loads(line)))
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{number}: not valid JSON: {e}") from None
+    return rows
+
+
+def load_dataset(path: str | Path) -> list[Row]:
+    """All rows of one JSONL or Parquet file, validated."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"dataset {path} does not exist")
+    return [validate_row(row, where=f"{path}:{n}") for n, row in _read_raw(path)]
+
+
+def task_key(row: Row) -> str:
+    """`extra_info.task_key`, else a stable hash of the environment and the prompt."""
+    key = row.get("extra_info", {}).get("task_key")
+    if key:
+        return str(key)
+    canonical = json.dumps([row["env_class"], row["prompt"]], sort_keys=True)
+    return "prompt-" + hashlib.md5(canonical.encode()).hexdigest()
+
+
+def hash_fraction(key: str) -> float:
+    """A stable number in [0, 1) from the MD5 of `key` (same rule as tether.demo_data)."""
+    return int(hashlib.md5(key.encode()).hexdigest()[:8], 16) / 0x1_0000_0000
+
+
+def split_rows(
+    rows: list[Row],
+    *,
+    eval_fraction: float = 0.02,
+    min_eval_per_env: int = 5,
+    held_out_envs: tuple[str, ...] | list[str] = (),
+    env_field: str = "env_class",
+) -> tuple[list[Row], list[Row]]:
+    """(train, eval) rows, each in input order; see the module docstring for the rules."""
+    if not 0.0 <= eval_fraction < 1.0:
+        raise ValueError(f"eval_fraction must be in [0, 1), got {eval_fraction}")
+    if env_field not in ("env_class", "data_source"):
+        raise ValueError(f"env_field must be env_class or data_source, got {env_field!r}")
+    env_sizes = Counter(row[env_field] for row in rows)
+    train, eval_ = [], []
+    for row in rows:
+        env = row[env_field]
+        if env in held_out_envs:
+            eval_.append(row)
+        elif env_sizes[env] * eval_fraction < min_eval_per_env:
+            train.append(row)
+        elif hash_fraction(task_key(row)) < eval_fraction:
+            eval_.append(row)
+        else:
+            train.append(row)
+    return train, eval_
+
+
+def write_dataset(rows: list[Row], path: str | Path) -> None:
+    """Write rows as JSONL, or Parquet when the path ends in .parquet."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.suffix == ".parquet":
+        if pyarrow is None:
+            raise ValueError(f"{path}: writing Parquet needs pyarrow (pip install pyarrow)")
+        pyarrow.parquet.write_table(pyarrow.Table.from_pylist(rows), path)
+        return
+    with path.open("w") as f:
+        for row in rows:
+            f.write(json.dumps(row) + "\n")
+
+
+def add_prepare_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("inputs", nargs="+", help="JSONL or Parquet files of SkyRL rows")
+    parser.add_argument("--output-dir", required=True, help="where train.* and eval.* go")
+    parser.add_argument("--eval-fraction", type=float, default=0.02)
+    parser.add_argument(
+        "--min-eval-per-env",
+        type=int,
+        default=5,
+        help="an environment expecting fewer eval rows than this goes entirely to train",
+    )
+    parser.add_argument(
+        "--held-out", nargs="*", default=[], help="environments that go entirely to eval"
+    )
+    parser.add_argument("--env-field", choices=("env_class", "data_source"), default="env_class")
+    parser.add_argument("--format", choices=("jsonl", "parquet"), default="jsonl")
+
+
+def run_prepare(args: argparse.Namespace) -> int:
+    """Load, split, write `train.<format>` and `eval.<format>`, print counts per env."""
+    rows = [row for path in args.inputs for row in load_dataset(path)]
+    train, eval_ = split_rows(
+        rows,
+        eval_fraction=args.eval_fraction,
+        min_eval_per_env=args.min_eval_per_env,
+        held_out_envs=tuple(args.held_out),
+        env_field=args.env_field,
+    )
+    out = Path(args.output_dir)
+    write_dataset(train, out / f"train.{args.format}")
+    write_dataset(eval_, out / f"eval.{args.format}")
+    counts: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    for split, split_rows_ in ((0, train), (1, eval_)):
+        for row in split_rows_:
+            counts[row[args.env_field]][split] += 1
+    print(f"{'environment':<24}{'train':>8}{'eval':>8}")
+    for env in sorted(counts):
+        print(f"{env:<24}{counts[env][0]:>8}{counts[env][1]:>8}")
+    print(f"{'total':<24}{len(train):>8}{len(eval_):>8}")
+    return 0
+
+
+def prepare_main(argv: list[str] | None = None) -> int:
+    """`python -m learner.data ...`: the prepare subcommand on its own."""
+    parser = argparse.ArgumentParser(prog="learner prepare", description=__doc__.splitlines()[0])
+    add_prepare_arguments(parser)
+    return run_prepare(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    raise SystemExit(prepare_main())

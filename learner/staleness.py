@@ -1,0 +1,76 @@
+"""The tether: pure rules that bound how far behind the policy a trained token may be.
+
+The policy version `v` is the number of optimizer steps taken. Prompts for training step `s`
+are generated at some version and trained on when the learner is at version `s` (step `s`
+is the update that takes the policy from `s` to `s + 1`).
+
+- Admission (dispatcher): release the prompts for step `s` only once `v >= s - max_staleness`.
+  So a token trained at step `s` was generated at a version of at least `s - max_staleness`.
+- Consumption (learner): a group whose oldest policy token has version `o` is too stale at
+  version `v` when `o < v - max_staleness`; it is dropped and counted, never trained on.
+  Admission alone cannot promise this (a slow actor may still be generating a released
+  prompt after many updates), so both rules are needed.
+- `max_staleness = 0` is the synchronous baseline: prompts for step `s` wait for version `s`,
+  and only tokens of the current version are trained on.
+
+Versions of -1 mark tokens no policy produced (prompt, observations); they never count.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import numpy as np
+
+
+def _check_max_staleness(max_staleness: int) -> None:
+    if max_staleness < 0:
+        raise ValueError(f"max_staleness must be >= 0, got {max_staleness}")
+
+
+def may_release(step: int, version: int, max_staleness: int) -> bool:
+    """May the dispatcher release the prompts meant for training step `step` now?"""
+    _check_max_staleness(max_staleness)
+    return version >= step - max_staleness
+
+
+def oldest_version(versions: Iterable[np.ndarray]) -> int | None:
+    """Oldest policy version over the given per-token version arrays (one per trajectory of
+    a group), ignoring -1; None when no token came from a policy."""
+    oldest = None
+    for array in versions:
+        produced = array[array >= 0]
+        if produced.size:
+            low = int(produced.min())
+            oldest = low if oldest is None else min(oldest, low)
+    return oldest
+
+
+def is_too_stale(oldest: int | None, version: int, max_staleness: int) -> bool:
+    """Must a group whose oldest policy token has version `oldest` be dropped at `version`?
+    A group without policy tokens (`oldest is None`) is never stale."""
+    _check_max_staleness(max_staleness)
+    return oldest is not None and oldest < version - max_staleness
+
+
+def staleness_histogram(
+    versions: Iterable[np.ndarray], current_version: int, num_buckets: int
+) -> list[int]:
+    """Policy tokens counted by staleness `current_version - token_version`.
+
+    Bucket k (k < num_buckets - 1) counts tokens exactly k versions old; the last bucket
+    counts those `num_buckets - 1` or more versions old. A token from a *newer* version than
+    `current_version` (impossible unless versions are mislabelled) raises ValueError.
+    """
+    if num_buckets < 1:
+        raise ValueError(f"num_buckets must be >= 1, got {num_buckets}")
+    counts = np.zeros(num_buckets, dtype=np.int64)
+    for array in versions:
+        produced = array[array >= 0].astype(np.int64)
+        staleness = current_version - produced
+        if staleness.size and staleness.min() < 0:
+            raise ValueError(
+                f"token version {int(produced.max())} is newer than the learner's {current_version}"
+            )
+        counts += np.bincount(np.minimum(staleness, num_buckets - 1), minlength=num_buckets)
+    return counts.tolist()

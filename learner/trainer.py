@@ -1,0 +1,377 @@
+"""One RL training step of a HF causal LM under FSDP2 (or plain, on a single process).
+
+    samples (whole batch, same on every rank)
+        -> plan_micro_batches (deterministic: every rank computes the same plan)
+        -> [no grad] proximal logprobs (decoupled PPO / TIS), reference logprobs (KL)
+        -> per micro-batch: forward -> token logprobs -> policy_loss -> weighted sum -> backward
+        -> all-reduce loss and health sums; global grad norm
+        -> finite? clip + AdamW step + lr schedule, version += 1 : skip (zero grads)
+
+Every rank is handed the whole batch (the learner loop broadcasts it) and trains its share.
+Reductions use weights computed from whole-batch token and sequence counts, and the loss is
+multiplied by the world size because FSDP averages gradients over ranks: so N ranks compute
+exactly the gradient one process would on the same batch. When torch.distributed is not
+initialised the model is not sharded at all (a plain single-process reference).
+
+Precision: parameters and optimizer state stay fp32; `bf16` computes in bf16 (FSDP2
+`MixedPrecisionPolicy` with fp32 gradient reduction, or autocast without FSDP). Logprobs
+and the loss are computed in fp32.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import functools
+import math
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
+
+from learner.batching import MicroBatch, Sample, collate, plan_micro_batches
+from learner.checkpoint import TrainingState, load_checkpoint, save_checkpoint
+from learner.config import LearnerConfig
+from learner.health import health_metrics, health_sums, is_degenerate
+from learner.losses import (
+    LossInputs,
+    PolicyLossSpec,
+    entropy_from_logits,
+    policy_loss,
+    token_logprobs,
+)
+from learner.reductions import token_weights
+from learner.schedule import lr_multiplier
+from learner.weights import iter_weight_buckets
+
+
+class TooManySkippedSteps(RuntimeError):
+    """`nan_skip_limit` consecutive steps had a non-finite loss or gradient."""
+
+    def __init__(self, message: str, metrics: dict[str, float]):
+        super().__init__(message)
+        self.metrics = metrics
+
+
+def loss_spec(config: LearnerConfig) -> PolicyLossSpec:
+    a = config.algorithm
+    return PolicyLossSpec(
+        policy_loss=a.policy_loss,
+        eps_low=a.eps_low,
+        eps_high=a.eps_high,
+        clip_ratio_c=a.clip_ratio_c,
+        tis_cap=a.tis_cap,
+        behaviour_weight_cap=a.behaviour_weight_cap,
+        kl_coef=a.kl_coef,
+        kl_estimator=a.kl_estimator,
+        entropy_coef=a.entropy_coef,
+    )
+
+
+def load_model(path: str, *, device: torch.device | None = None) -> torch.nn.Module:
+    """A HF causal LM from a local directory, fp32 (master weights)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    return model.to(device) if device is not None else model
+
+
+def default_device() -> torch.device:
+    if torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _shard(model: torch.nn.Module, *, bf16: bool, device: torch.device) -> torch.nn.Module:
+    """FSDP2: each decoder layer its own group (all-gathered just in time), then the root."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+    mp_policy = MixedPrecisionPolicy(
+        param_dtype=torch.bfloat16 if bf16 else None,
+        reduce_dtype=torch.float32 if bf16 else None,
+    )
+    for layer in model.model.layers:
+        fully_shard(layer, mesh=mesh, mp_policy=mp_policy)
+    fully_shard(model, mesh=mesh, mp_policy=mp_policy)
+    return model
+
+
+def _param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
+    """Weight decay on matrices only (norm scales and biases are 1-D)."""
+    decay = [p for p in model.parameters() if p.requires_grad and p.ndim >= 2]
+    no_decay = [p for p in model.parameters() if p.requires_grad and p.ndim < 2]
+    return [
+        {"params": decay, "weight_decay": weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
+
+
+class Trainer:
+    """Holds the (sharded) policy, optional reference model, AdamW and the lr schedule.
+
+    Build it on every rank after `init_process_group` (or without one for a single
+    process), from the *initial* weights, then `load` a checkpoint to resume. The reference
+    model for the KL term defaults to a frozen copy of `model` as passed in (so: the initial
+    weights); pass `ref_model` to use another.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        config: LearnerConfig,
+        *,
+        ref_model: torch.nn.Module | None = None,
+        device: torch.device | None = None,
+    ):
+        self.config = config
+        self.spec = loss_spec(config)
+        self.device = device or default_device()
+        self.distributed = dist.is_initialized()
+        self.world_size = dist.get_world_size() if self.distributed else 1
+        self.rank = dist.get_rank() if self.distributed else 0
+        self.bf16 = config.dtype == "bf16"
+        self.version = 0
+        self.step = 0
+        self.consecutive_skips = 0
+
+        model = model.to(self.device, dtype=torch.float32)
+        if self.spec.kl_coef > 0:
+            ref_model = copy.deepcopy(model) if ref_model is None else ref_model
+            ref_model = ref_model.to(self.device, dtype=torch.float32).requires_grad_(False)
+            ref_model.eval()
+        else:
+            ref_model = None
+        if config.gradient_checkpointing:
+            model.gradient_checkpointing_enable(
+                gradient_checkpointing_kwargs={"use_reentrant": False}
+            )
+        model.train()
+        if self.distributed:
+            model = _shard(model, bf16=self.bf16, device=self.device)
+            if ref_model is not None:
+                ref_model = _shard(ref_model, bf16=self.bf16, device=self.device)
+        self.model = model
+        self.ref_model = ref_model
+
+        o = config.optim
+        self.optimizer = torch.optim.AdamW(
+            _param_groups(model, o.weight_decay), lr=o.lr, betas=o.betas, eps=o.eps
+        )
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer,
+            functools.partial(
+                lr_multiplier,
+                warmup_steps=o.warmup_steps,
+                schedule=o.schedule,
+                total_steps=o.total_steps,
+                min_lr_ratio=o.min_lr_ratio,
+            ),
+        )
+
+    # ---- forward -------------------------------------------------------------------------
+
+    def _autocast(self):
+        if self.bf16 and not self.distributed:
+            return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    def _logprobs(
+        self, model: torch.nn.Module, mb: MicroBatch, *, entropy: str = "none"
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Logprob of each token given the tokens before it in its sequence, `[N]` (0 on
+        each sequence's first token, which is never a loss token). `entropy`: "none",
+        "detached" or "grad"."""
+        with self._autocast():
+            logits = model(
+                input_ids=mb.input_ids.to(self.device),
+                position_ids=mb.position_ids.to(self.device),
+                use_cache=False,
+            ).logits[0]  # [N, V]
+        targets = mb.input_ids[0, 1:].to(self.device)
+        zero = torch.zeros(1, device=self.device)
+        logprobs = torch.cat([zero, token_logprobs(logits[:-1], targets)])  # [N]
+        if entropy == "none":
+            return logprobs, None
+        source = logits[:-1] if entropy == "grad" else logits[:-1].detach()
+        return logprobs, torch.cat([zero, entropy_from_logits(source)])
+
+    @torch.no_grad()
+    def compute_logprobs(
+        self, micro_batches: list[MicroBatch], *, reference: bool = False
+    ) -> list[torch.Tensor]:
+        """Token logprobs `[N]` per micro-batch under the current (or reference) weights,
+        without grad. Collective under FSDP: every rank passes the same number of batches."""
+        model = self.ref_model if reference else self.model
+        if model is None:
+            raise ValueError("no reference model (kl_coef is 0)")
+        return [self._logprobs(model, mb)[0] for mb in micro_batches]
+
+    # ---- the step ------------------------------------------------------------------------
+
+    def train_step(self, samples: list[Sample]) -> dict[str, float]:
+        """One optimizer step on `samples` (the whole batch; identical on every rank)."""
+        if not samples:
+            raise ValueError("train_step needs at least one sample")
+        start = time.perf_counter()
+        lengths = [s.num_tokens for s in samples]
+        plan = plan_micro_batches(
+            lengths, num_ranks=self.world_size, token_budget=self.config.micro_batch_tokens
+        )
+        micro_batches = [collate([samples[i] for i in mb]) for mb in plan[self.rank]]
+        loss_tokens = [int(s.loss_mask.sum()) for s in samples]
+        total_tokens = sum(loss_tokens)
+        total_seqs = sum(1 for n in loss_tokens if n > 0)
+
+        proximal = [None] * len(micro_batches)
+        if self.spec.needs_proximal:
+            proximal = self.compute_logprobs(micro_batches)
+        reference = [None] * len(micro_batches)
+        if self.ref_model is not None:
+            reference = self.compute_logprobs(micro_batches, reference=True)
+        recompute_seconds = time.perf_counter() - start
+
+        reduction = self.config.algorithm.loss_reduction
+        loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
+        sums_total, extremes_total = None, None
+        for mb, prox, ref in zip(micro_batches, proximal, reference, strict=True):
+            logprobs, entropy = self._logprobs(
+                self.model, mb, entropy="grad" if self.spec.entropy_coef > 0 else "detached"
+            )
+            dev = self.device
+            inputs = LossInputs(
+                logprobs=logprobs,
+                behaviour_logprobs=mb.behaviour_logprobs.to(dev),
+                advantages=mb.advantages.to(dev),
+                loss_mask=mb.loss_mask.to(dev),
+                seq_ids=mb.seq_ids.to(dev),
+                num_seqs=mb.num_seqs,
+                proximal_logprobs=prox,
+                ref_logprobs=ref,
+                entropy=entropy,
+            )
+            terms = policy_loss(inputs, self.spec)
+            weights = token_weights(
+                inputs.loss_mask,
+                inputs.seq_ids,
+                mb.num_seqs,
+                reduction,
+                total_tokens=total_tokens,
+                total_seqs=total_seqs,
+            )
+            mb_loss = (terms.loss * weights).sum()
+            # FSDP divides gradients by the world size; the weights already normalise over
+            # the whole batch, so scale back up to get the single-process gradient.
+            (mb_loss * self.world_size).backward()
+            loss_sum += mb_loss.detach().to(torch.float64)
+            sums, extremes = health_sums(
+                logprobs=logprobs,
+                behaviour_logprobs=inputs.behaviour_logprobs,
+                loss_mask=inputs.loss_mask,
+                clipped=terms.clipped,
+                entropy=entropy,
+                kl_ref=terms.kl,
+                importance_weight=terms.importance_weight,
+                proximal_logprobs=prox,
+            )
+            sums_total = sums if sums_total is None else sums_total + sums
+            extremes_total = (
+                extremes if extremes_total is None else torch.maximum(extremes_total, extremes)
+            )
+
+        if self.distributed:
+            dist.all_reduce(loss_sum)
+            dist.all_reduce(sums_total)
+            dist.all_reduce(extremes_total, op=dist.ReduceOp.MAX)
+        loss_value = float(loss_sum)
+        grad_norm = self._grad_norm()
+        lr = self.scheduler.get_last_lr()[0]
+        finite = math.isfinite(loss_value) and math.isfinite(grad_norm)
+        if finite:
+            if self.config.optim.grad_clip is not None:
+                params = [p for p in self.model.parameters() if p.grad is not None]
+                torch.nn.utils.clip_grads_with_norm_(
+                    params, self.config.optim.grad_clip, torch.tensor(grad_norm, device=self.device)
+                )
+            self.optimizer.step()
+            self.scheduler.step()
+            self.version += 1
+            self.consecutive_skips = 0
+        else:
+            self.consecutive_skips += 1
+        self.optimizer.zero_grad(set_to_none=True)
+        self.step += 1
+
+        seconds = time.perf_counter() - start
+        health = health_metrics(sums_total.cpu(), extremes_total.cpu())
+        oldest = min(
+            (int(s.versions[s.loss_mask.astype(bool)].min()) for s in samples if s.loss_mask.any()),
+            default=-1,
+        )
+        metrics = {
+            "loss": loss_value,
+            "grad_norm": grad_norm,
+            "lr": lr,
+            "version": float(self.version),
+            "step": float(self.step),
+            "skipped": float(not finite),
+            "consecutive_skips": float(self.consecutive_skips),
+            "num_sequences": float(len(samples)),
+            "num_tokens": float(sum(lengths)),
+            "num_micro_batches": float(len(micro_batches)),
+            "step_seconds": seconds,
+            "recompute_seconds": recompute_seconds,
+            "tokens_per_second": sum(lengths) / seconds if seconds > 0 else 0.0,
+            "degenerate_ratio": float(
+                is_degenerate(
+                    ratio_std=health.get("ratio_std", 1.0),
+                    num_tokens=health["num_loss_tokens"],
+                    oldest_version=oldest,
+                    current_version=self.version - int(finite),
+                )
+            ),
+            **health,
+        }
+        if self.consecutive_skips >= self.config.nan_skip_limit:
+            raise TooManySkippedSteps(
+                f"{self.consecutive_skips} consecutive steps had a non-finite loss ({loss_value})"
+                f" or gradient norm ({grad_norm}); stopping",
+                metrics,
+            )
+        return metrics
+
+    def _grad_norm(self) -> float:
+        """Global L2 norm of all gradients (every rank gets the same number)."""
+        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+        if not grads:
+            return 0.0
+        norm = torch.nn.utils.get_total_norm(grads, norm_type=2.0)
+        if isinstance(norm, DTensor):
+            norm = norm.full_tensor()
+        return float(norm)
+
+    # ---- weights and checkpoints ---------------------------------------------------------
+
+    def weight_buckets(self, *, bucket_bytes: int | None = None, dtype: torch.dtype | None = None):
+        """Full weights in buckets on rank 0 (every rank must exhaust the iterator)."""
+        bucket_bytes = bucket_bytes or int(self.config.weight_bucket_mb * 1024 * 1024)
+        return iter_weight_buckets(self.model, bucket_bytes=bucket_bytes, dtype=dtype)
+
+    def save(self, root: str | Path, state: TrainingState) -> Path:
+        """Collective DCP save; `state.step`/`state.version` are overwritten from the trainer."""
+        state.step, state.version = self.step, self.version
+        return save_checkpoint(
+            root, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler, state=state
+        )
+
+    def load(self, path: str | Path) -> TrainingState:
+        """Collective DCP load; restores the step and version counters too."""
+        state = load_checkpoint(
+            path, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler
+        )
+        self.step, self.version = state.step, state.version
+        self.consecutive_skips = 0
+        return state

@@ -1,0 +1,93 @@
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from learner.config import LearnerConfig
+from tether.config import load_section
+
+
+def _config(**fields):
+    return LearnerConfig.model_validate({"model_path": "m", **fields})
+
+
+def test_defaults_are_valid():
+    config = _config()
+    assert config.algorithm.policy_loss == "ppo" and config.max_staleness == 1
+
+
+def test_every_field_has_a_docstring():
+    import ast
+    import inspect
+
+    from learner.config import AlgorithmConfig, CheckpointConfig, OptimConfig
+
+    for model in (LearnerConfig, OptimConfig, AlgorithmConfig, CheckpointConfig):
+        body = ast.parse(textwrap.dedent(inspect.getsource(model))).body[0].body
+        documented = {
+            node.target.id
+            for node, after in zip(body, body[1:], strict=False)
+            if isinstance(node, ast.AnnAssign)
+            and isinstance(after, ast.Expr)
+            and isinstance(after.value, ast.Constant)
+        }
+        assert documented == set(model.model_fields), model.__name__
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"algorithm": {"policy_loss": "gspo"}}, "seq_mean_token_mean"),
+        ({"algorithm": {"tis_cap": 2.0, "policy_loss": "decoupled_ppo"}}, "tis_cap applies"),
+        ({"algorithm": {"behaviour_weight_cap": 2.0}}, "behaviour_weight_cap applies"),
+        (
+            {
+                "algorithm": {
+                    "advantage_estimator": "dr_grpo",
+                    "loss_reduction": "seq_mean_token_mean",
+                }
+            },
+            "dr_grpo drops",
+        ),
+        ({"algorithm": {"clip_ratio_c": 1.0}}, "greater than 1"),
+        ({"optim": {"schedule": "cosine"}}, "needs optim.total_steps"),
+        ({"optim": {"warmup_steps": 10, "total_steps": 5}}, "exceeds total_steps"),
+        ({"optim": {"betas": [0.9, 1.0]}}, "betas"),
+        ({"eval_interval": 5}, "eval_data"),
+        ({"group_size": 1}, "greater than or equal to 2"),
+        ({"lr": 1e-5}, "Extra inputs"),
+    ],
+)
+def test_bad_configs_say_what_is_wrong(fields, message):
+    with pytest.raises(ValueError, match=message):
+        _config(**fields)
+
+
+def test_load_section_from_toml_with_overrides(tmp_path):
+    path = tmp_path / "run.toml"
+    path.write_text(
+        textwrap.dedent(
+            """
+            [learner]
+            model_path = "runs/sft"
+            max_staleness = 0
+            [learner.algorithm]
+            policy_loss = "decoupled_ppo"
+            behaviour_weight_cap = 5.0
+            [actor]
+            replicas = 2
+            """
+        )
+    )
+    config = load_section(LearnerConfig, path, "learner", ["learner.optim.lr=3e-6"])
+    assert config.max_staleness == 0 and config.optim.lr == 3e-6
+    assert config.algorithm.behaviour_weight_cap == 5.0
+    with pytest.raises(ValueError, match="learner.algorithm.tis_cap"):
+        load_section(LearnerConfig, path, "learner", ["learner.algorithm.tis_cap=-1"])
+
+
+def test_importing_the_config_does_not_import_torch():
+    code = "import sys, learner.config; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
