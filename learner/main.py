@@ -1,0 +1,83 @@
+"""The learner process (one per rank): build the trainer, then rank 0 runs the loop and
+the others follow it. Entered from `learner/cli.py` once the config is known to be valid."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from broker.config import BrokerConfig
+from learner.config import LearnerConfig
+from learner.loop import Learner
+from learner.ranks import RankCommands, follow
+from learner.reporting import Reporter
+from learner.trainer import Trainer, load_model
+from tether.config import load_section
+from tether.metrics import serve_metrics
+
+log = logging.getLogger("learner")
+
+
+def _init_distributed() -> None:
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+
+
+def run(config_path: str, overrides: list[str]) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    config = load_section(LearnerConfig, config_path, "learner", overrides)
+    broker = load_section(BrokerConfig, config_path, "broker", overrides)
+    _init_distributed()
+    torch.manual_seed(config.seed)
+    trainer = Trainer(load_model(config.model_path), config)
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    if rank != 0:
+        follow(trainer, checkpoint_dir=config.checkpoint.dir)
+        dist.destroy_process_group()
+        return 0
+
+    from tether.weight_sync import WeightSender
+
+    run_dir = Path(config.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    port = serve_metrics(config.metrics_port)
+    log.info("metrics on http://127.0.0.1:%d/metrics", port)
+    sender = WeightSender(config.weight_sync) if config.broadcast_weights else None
+    commands = RankCommands(
+        trainer,
+        checkpoint_dir=config.checkpoint.dir,
+        keep=config.checkpoint.keep,
+        snapshot_dir=run_dir / "weights",
+        snapshot_interval=config.snapshot_interval,
+        sender=sender,
+    )
+    reporter = Reporter(config, run_dir)
+    learner = Learner(config, broker, commands, reporter)
+
+    async def main() -> dict:
+        task = asyncio.current_task()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, task.cancel)
+        return await learner.run()
+
+    try:
+        summary = asyncio.run(main())
+        log.info("done: %s", summary)
+        return 0
+    except asyncio.CancelledError:
+        log.warning("stopped by a signal at version %d", trainer.version)
+        return 130
+    finally:
+        commands.stop()
+        reporter.close()
+        if sender is not None:
+            sender.close()
+        if dist.is_initialized():
+            dist.destroy_process_group()
