@@ -160,7 +160,7 @@ class LearnerConfig(StrictModel):
     """Optimizer steps (policy versions) in the run; the learner stops after the last one."""
     run_dir: str = "runs/learner"
     """Where the learner writes metrics.jsonl, eval dumps and weight snapshots."""
-    metrics_port: int = pydantic.Field(default=9400, ge=0)
+    metrics_port: int = pydantic.Field(default=9300, ge=0)
     """Port of the Prometheus /metrics endpoint (0: a free one)."""
     eval_samples_per_prompt: int = pydantic.Field(default=4, ge=1)
     """Samples per eval prompt: pass@1 is their mean success, pass@n any success."""
