@@ -1,0 +1,129 @@
+"""Prometheus metrics of the learner (served on /metrics by tether.metrics.serve_metrics).
+
+    tether_learner_policy_version                      optimizer steps taken (gauge)
+    tether_learner_loss                                last step's loss (gauge)
+    tether_learner_grad_norm                           last step's gradient norm (gauge)
+    tether_learner_reward_mean                         last step's mean reward (gauge)
+    tether_learner_tokens_per_second                   last step's training throughput (gauge)
+    tether_learner_staleness                           per trained group: version - oldest
+                                                       token version (histogram, buckets 0..8)
+    tether_learner_data_wait_seconds                   waiting for complete groups per step
+    tether_learner_step_seconds                        one training step (all ranks)
+    tether_learner_broadcast_seconds                   one weight broadcast to the actors
+    tether_learner_trained_trajectories_total          trajectories trained on
+    tether_learner_dropped_trajectories_total{reason}  trajectories dropped (stale, errors, ...)
+    tether_learner_eval_pass_at_1{env}                 last eval's pass@1 (env="all": overall)
+
+`record_step(metrics)` updates them from the flat record the loop writes to metrics.jsonl.
+Keys read (each optional; a missing key leaves its metric alone):
+
+    version             -> policy_version
+    train/loss          -> loss
+    train/grad_norm     -> grad_norm
+    reward_mean         -> reward_mean
+    tokens_per_s        -> tokens_per_second
+    staleness           -> staleness: a list of per-group staleness values (or one int)
+    wait_data_s         -> data_wait_seconds
+    train_s             -> step_seconds
+    broadcast_s         -> broadcast_seconds
+    trained             -> trained_trajectories_total: the run's CUMULATIVE count
+    dropped_by_reason   -> dropped_trajectories_total: CUMULATIVE counts {reason: n}
+    eval/all/pass_at_1, eval/env/<e>/pass_at_1 -> eval_pass_at_1{env}
+
+Counters are fed cumulative totals (what the loop keeps and checkpoints) and advance by the
+difference from the last value seen in this process. After a resume the first step therefore
+adds the restored total at once (one spike in `increase()`), and the counter equals the run's
+total, as metrics.jsonl does. A total that goes down (a new run in the same process) starts
+a new baseline without advancing.
+"""
+
+from __future__ import annotations
+
+import prometheus_client
+
+POLICY_VERSION = prometheus_client.Gauge(
+    "tether_learner_policy_version", "Policy version: optimizer steps taken"
+)
+LOSS = prometheus_client.Gauge("tether_learner_loss", "Loss of the last training step")
+GRAD_NORM = prometheus_client.Gauge(
+    "tether_learner_grad_norm", "Gradient norm (before clipping) of the last training step"
+)
+REWARD_MEAN = prometheus_client.Gauge(
+    "tether_learner_reward_mean", "Mean reward of the trajectories of the last training step"
+)
+TOKENS_PER_SECOND = prometheus_client.Gauge(
+    "tether_learner_tokens_per_second", "Tokens trained per second in the last training step"
+)
+STALENESS = prometheus_client.Histogram(
+    "tether_learner_staleness",
+    "Per trained group: policy version minus the group's oldest token version",
+    buckets=tuple(range(9)),
+)
+_SECONDS_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+DATA_WAIT_SECONDS = prometheus_client.Histogram(
+    "tether_learner_data_wait_seconds",
+    "Time a training step waited for complete groups",
+    buckets=_SECONDS_BUCKETS,
+)
+STEP_SECONDS = prometheus_client.Histogram(
+    "tether_learner_step_seconds", "Time of one training step", buckets=_SECONDS_BUCKETS
+)
+BROADCAST_SECONDS = prometheus_client.Histogram(
+    "tether_learner_broadcast_seconds",
+    "Time of one weight broadcast to the actors",
+    buckets=_SECONDS_BUCKETS,
+)
+TRAINED = prometheus_client.Counter(
+    "tether_learner_trained_trajectories", "Trajectories trained on"
+)
+DROPPED = prometheus_client.Counter(
+    "tether_learner_dropped_trajectories", "Trajectories dropped, by reason", ["reason"]
+)
+EVAL_PASS_AT_1 = prometheus_client.Gauge(
+    "tether_learner_eval_pass_at_1", "pass@1 of the last eval (env=all: over all envs)", ["env"]
+)
+
+_GAUGES = {
+    "version": POLICY_VERSION,
+    "train/loss": LOSS,
+    "train/grad_norm": GRAD_NORM,
+    "reward_mean": REWARD_MEAN,
+    "tokens_per_s": TOKENS_PER_SECOND,
+}
+_TIMINGS = {
+    "wait_data_s": DATA_WAIT_SECONDS,
+    "train_s": STEP_SECONDS,
+    "broadcast_s": BROADCAST_SECONDS,
+}
+_last_totals: dict[str, float] = {}
+
+
+def record_step(metrics: dict) -> None:
+    """Update the learner's Prometheus metrics from one flat record (keys in the docstring)."""
+    for key, gauge in _GAUGES.items():
+        if key in metrics:
+            gauge.set(float(metrics[key]))
+    for key, histogram in _TIMINGS.items():
+        if key in metrics:
+            histogram.observe(float(metrics[key]))
+    staleness = metrics.get("staleness")
+    if staleness is not None:
+        for value in staleness if isinstance(staleness, list | tuple) else [staleness]:
+            STALENESS.observe(float(value))
+    if "trained" in metrics:
+        TRAINED.inc(_advance("trained", float(metrics["trained"])))
+    for reason, total in metrics.get("dropped_by_reason", {}).items():
+        DROPPED.labels(reason=reason).inc(_advance(f"dropped:{reason}", float(total)))
+    for key, value in metrics.items():
+        if key == "eval/all/pass_at_1":
+            EVAL_PASS_AT_1.labels(env="all").set(float(value))
+        elif key.startswith("eval/env/") and key.endswith("/pass_at_1"):
+            env = key[len("eval/env/") : -len("/pass_at_1")]
+            EVAL_PASS_AT_1.labels(env=env).set(float(value))
+
+
+def _advance(name: str, total: float) -> float:
+    """How far the counter `name` moves for a new cumulative `total`."""
+    last = _last_totals.get(name, 0.0)
+    _last_totals[name] = total
+    return total - last if total >= last else 0.0
