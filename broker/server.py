@@ -5,6 +5,7 @@ stop it cleanly. Used by `make run`, by `python -m broker serve`, and by the tes
 
 from __future__ import annotations
 
+import ctypes
 import shutil
 import signal
 import socket
@@ -18,6 +19,17 @@ from pathlib import Path
 
 MAX_PAYLOAD_BYTES = 8 * 1024 * 1024
 """8 MB: the largest payload NATS documents as sensible; larger trajectories are spilled."""
+
+
+def die_with_parent() -> None:
+    """`preexec_fn` for children: the kernel sends them SIGTERM when their parent dies, so
+    a launcher killed with SIGKILL still leaves no server or port behind (Linux only)."""
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+PR_SET_PDEATHSIG = 1
 
 
 def nats_server_binary() -> str:
@@ -90,6 +102,7 @@ class NatsServer:
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
+            preexec_fn=die_with_parent,
         )
         self._wait_healthy(timeout_s)
         return self

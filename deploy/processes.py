@@ -12,6 +12,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from broker.server import die_with_parent
+
 
 @dataclass
 class Child:
@@ -46,6 +48,7 @@ class ProcessGroup:
                 stdin=subprocess.DEVNULL,
                 env={**os.environ, **(env or {})},
                 start_new_session=True,  # its own process group: we signal it, not the tty
+                preexec_fn=die_with_parent,
             )
         child = Child(name, process, log_path)
         self.children.append(child)
