@@ -60,10 +60,10 @@ class PolicyStore:
                 entry = await watcher.updates(timeout=poll_interval_s)
                 if entry is not None and entry.value:
                     version = self._decode(entry.value)
-            except nats.errors.TimeoutError:
+            except TimeoutError:  # nats-py's or asyncio's: no update within the interval
                 version = await self.get()  # polling fallback
             # Network boundary: the watcher died with the connection; make a new one.
-            except (TimeoutError, nats.errors.Error, OSError) as e:
+            except (nats.errors.Error, OSError) as e:
                 log.warning("policy watcher failed (%s); re-creating it", e)
                 watcher = None
                 await asyncio.sleep(poll_interval_s)

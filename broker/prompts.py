@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-import nats.errors
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
@@ -85,7 +84,9 @@ class PromptPuller:
             )
         try:
             msgs = await self._sub.fetch(batch, timeout=timeout_s)
-        except nats.errors.TimeoutError:
+        # nats-py raises its own TimeoutError or, from inside a fetch, asyncio's (the
+        # builtin): both mean "nothing arrived in time".
+        except TimeoutError:
             return []
         received = []
         for msg in msgs:

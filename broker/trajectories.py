@@ -185,7 +185,9 @@ class TrajectoryConsumer:
         sub = await self._subscription()
         try:
             msgs = await sub.fetch(batch, timeout=timeout_s)
-        except nats.errors.TimeoutError:
+        # nats-py raises its own TimeoutError or, from inside a fetch, asyncio's (the
+        # builtin): both mean "nothing arrived in time".
+        except TimeoutError:
             return []
         received = []
         for msg in msgs:

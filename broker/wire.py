@@ -70,8 +70,10 @@ class Trajectory(msgspec.Struct, frozen=True, kw_only=True):
     """int32 little-endian: policy version that produced each token, -1 for non-policy tokens."""
     reward: float
     stop_reason: str
-    """`stop` (model ended), `length`, `max_turns`, `max_input_length`, `overlong`, `env_done`,
-    or `error:<what>` when the episode could not be finished."""
+    """`stop` (the env ended the episode after a turn that ended on EOS), `length` (... after
+    a turn cut at max_generate_length), `max_turns`, `max_input_length`, `overlong`, or
+    `error:<what>` when the episode could not be finished (reward 0, all-zero loss mask: the
+    learner leaves it out of group statistics)."""
     num_turns: int
     num_tool_calls: int = 0
     env_metrics: dict[str, float] = {}
