@@ -1,0 +1,438 @@
+"""One actor replica: pulls prompt tasks, plays each as a GRPO group on its engine against
+the env servers, publishes every trajectory, and keeps its weights current.
+
+Delivery rules (the bus is at-least-once; trajectory ids make it exactly-once in effect):
+- A task is heart-beaten (`in_progress`) while its group runs, acked only after every
+  trajectory of the group is stored by the stream, terminated when it can never succeed
+  (malformed, prompt longer than max_input_length), and nak'd with a delay when this
+  replica fails (so another one takes it). A replica that dies just stops heart-beating;
+  the task comes back after the broker's ack wait.
+- Trajectory ids are `<task_id>/<sample_index>` and go out as `Nats-Msg-Id`: a group
+  re-played by another replica stores only the samples the first one had not published.
+- Weights: before generating, a new replica loads the newest snapshot the learner
+  announced; then it joins every broadcast round (`actors.vllm_engine.follow_weights`). A
+  task runs only once the engine's version is at least the task's `min_version`.
+
+The engine and the env connector are parameters (`Actor(engine=..., env=...)`), so the
+whole loop runs in tests on `actors.fakes`; `replica_main` builds the real ones.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+import time
+from typing import Any
+
+import grpc
+import nats.errors
+
+from actors import metrics
+from actors.chat import ChatTemplate
+from actors.config import ActorConfig
+from actors.replicas import ReplicaSpec
+from actors.rollout import (
+    EnvUnavailable,
+    EpisodeResult,
+    TaskRejected,
+    run_group,
+    to_trajectory,
+    validate_task,
+)
+from broker import client as bus
+from broker.config import BrokerConfig
+from broker.wire import PolicyVersion, PromptTask
+
+log = logging.getLogger(__name__)
+
+
+class Actor:
+    """The main loop of one replica. `await actor.run(stop)` until `stop` is set."""
+
+    def __init__(
+        self,
+        *,
+        config: ActorConfig,
+        broker: BrokerConfig,
+        engine: Any,
+        env: Any,
+        chat: ChatTemplate,
+        actor_id: str,
+    ) -> None:
+        if config.heartbeat_s >= broker.prompt_ack_wait_s:
+            raise ValueError(
+                f"actor.heartbeat_s ({config.heartbeat_s}) must be below "
+                f"broker.prompt_ack_wait_s ({broker.prompt_ack_wait_s})"
+            )
+        self.config, self.broker = config, broker
+        self.engine, self.env, self.chat = engine, env, chat
+        self.actor_id = actor_id
+        self.limits = config.limits()
+        self.newest_version = -1
+        self.num_published = 0
+        self._version_changed = asyncio.Event()
+        self._broadcast: asyncio.Task | None = None
+        self._broadcast_addr = ""
+        self._subscription = None
+        self._failure: BaseException | None = None
+        self._stop = asyncio.Event()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """
+        PolicyStore.follow ─► snapshot load / broadcast rounds ─► engine.version ──────┐
+                                                                                      │
+        prompt work queue ──fetch(free slots)──► one task per group (≤ max_groups):   │
+                                                   wait engine.version ≥ min_version ◄┘
+                                                   in_progress every heartbeat_s
+                                                   run_group: n episodes ⇄ engine, env servers
+                                                     each finished episode ─► publish (Msg-Id)
+                                                   ack | term (rejected) | nak(delay)
+        """
+        nc = await bus.connect(self.broker.url, name=f"actor {self.actor_id}")
+        try:
+            js = nc.jetstream()
+            names = self.broker.names
+            await bus.ensure_streams(js, names, self.broker.stream_limits())
+            self.puller = bus.PromptPuller(js, names)
+            self.publisher = bus.TrajectoryPublisher(js, names)
+            self.policy = bus.PolicyStore(js, names)
+            self._stop = stop
+            await self._start_weights()
+            follower = self._background(self._follow_policy())
+            try:
+                await self._serve(stop)
+            finally:
+                follower.cancel()
+                await self._stop_weights()
+        finally:
+            await nc.close()
+        if self._failure is not None:
+            raise self._failure
+
+    # ---- prompt tasks ------------------------------------------------------------------------
+
+    async def _serve(self, stop: asyncio.Event) -> None:
+        running: set[asyncio.Task] = set()
+        stopping = asyncio.create_task(stop.wait())
+        started = time.monotonic()
+        while not stop.is_set():
+            free = self.config.max_groups_in_flight - len(running)
+            if free <= 0:
+                await asyncio.wait({*running, stopping}, return_when=asyncio.FIRST_COMPLETED)
+                continue
+            started = time.monotonic()
+            try:
+                received = await self.puller.fetch(free, timeout_s=self.config.fetch_timeout_s)
+            # Network boundary: nothing arrived in time (nats-py sometimes raises the plain
+            # asyncio TimeoutError here), or the connection is re-establishing: pull again.
+            except (TimeoutError, nats.errors.Error) as e:
+                if not isinstance(e, TimeoutError):
+                    log.warning("pulling prompt tasks failed: %s", e)
+                    await asyncio.sleep(self.config.fetch_timeout_s)
+                received = []
+            metrics.WAIT_SECONDS.labels("prompts").inc(time.monotonic() - started)
+            for item in received:
+                task = asyncio.create_task(self._run_task(item, stop))
+                running.add(task)
+                task.add_done_callback(running.discard)
+        stopping.cancel()
+        if running:  # drain: let groups finish, then give the rest back at once
+            _, unfinished = await asyncio.wait(running, timeout=self.config.drain_timeout_s)
+            # Our last pull request lives on the server until it expires: a task nak'd
+            # before then would be redelivered to it, i.e. to us, and sit out the ack wait.
+            expired_at = started + self.config.fetch_timeout_s + 0.1
+            await asyncio.sleep(max(expired_at - time.monotonic(), 0.0))
+            for task in unfinished:
+                task.cancel()
+            await asyncio.gather(*unfinished, return_exceptions=True)
+
+    async def _run_task(self, received: bus.ReceivedPrompt, stop: asyncio.Event) -> None:
+        task = received.task
+        metrics.GROUPS_IN_FLIGHT.inc()
+        unfinished = 0
+        heartbeat = asyncio.create_task(self._heartbeat(received))
+
+        async def publish(index: int, result: EpisodeResult) -> None:
+            nonlocal unfinished
+            unfinished -= 1
+            metrics.EPISODES_IN_FLIGHT.dec()
+            metrics.record_episode(task.env_class, result)
+            trajectory = to_trajectory(
+                result, task=task, sample_index=index, actor_id=self.actor_id
+            )
+            await self.publisher.publish(trajectory)
+            self.num_published += 1
+            metrics.TRAJECTORIES_PUBLISHED.inc()
+
+        try:
+            validate_task(task)
+            await self._wait_for_version(task.min_version)
+            unfinished = task.group_size
+            metrics.EPISODES_IN_FLIGHT.inc(unfinished)
+            sampling = self.config.eval_sampling if task.is_eval else self.config.sampling
+            await run_group(
+                engine=self.engine,
+                env=self.env,
+                chat=self.chat,
+                task=task,
+                limits=self.limits,
+                sampling=sampling.spec(),
+                env_retry=self.config.env.retry(),
+                on_result=publish,
+            )
+        except TaskRejected as e:
+            metrics.TASKS.labels("rejected").inc()
+            await _quietly(received.reject(str(e)), "terminate", task)
+        except asyncio.CancelledError:
+            # Shutting down: hand the task back now rather than after the ack wait.
+            metrics.TASKS.labels("nacked").inc()
+            await _quietly(received.nak(0), "nak", task)
+            raise
+        except Exception as e:
+            # Not the task's fault and not the env's (those end episodes): the engine or
+            # this process is broken. Give the task to another replica and stop this one;
+            # the replica supervisor starts a fresh process.
+            metrics.TASKS.labels("nacked").inc()
+            await _quietly(received.nak(self.config.nak_delay_s), "nak", task)
+            log.exception("task %s failed; stopping this replica", task.task_id)
+            self._failure = self._failure or e
+            stop.set()
+        else:
+            if await _quietly(received.ack(), "ack", task):
+                metrics.TASKS.labels("acked").inc()
+        finally:
+            heartbeat.cancel()
+            metrics.GROUPS_IN_FLIGHT.dec()
+            metrics.EPISODES_IN_FLIGHT.dec(max(unfinished, 0))
+
+    async def _heartbeat(self, received: bus.ReceivedPrompt) -> None:
+        while True:
+            await asyncio.sleep(self.config.heartbeat_s)
+            await _quietly(received.in_progress(), "heartbeat", received.task)
+
+    def _background(self, coroutine) -> asyncio.Task:
+        """A task that must run as long as the replica: if it fails, the replica stops
+        (generating with weights nobody follows any more would go silently stale)."""
+        task = asyncio.create_task(coroutine)
+
+        def done(task: asyncio.Task) -> None:
+            if not task.cancelled() and task.exception() is not None:
+                log.error("background task failed; stopping", exc_info=task.exception())
+                self._failure = self._failure or task.exception()
+                self._stop.set()
+
+        task.add_done_callback(done)
+        return task
+
+    # ---- weights -----------------------------------------------------------------------------
+
+    async def _start_weights(self) -> None:
+        """Before the first generation: the newest snapshot, and the broadcast if any."""
+        announced = await self.policy.get()
+        if announced is not None:
+            await self._on_policy(announced)
+        self._record_versions()
+
+    async def _follow_policy(self) -> None:
+        async for announced in self.policy.follow():
+            await self._on_policy(announced)
+
+    async def _on_policy(self, announced: PolicyVersion) -> None:
+        self.newest_version = max(self.newest_version, announced.version)
+        # While broadcast rounds keep the engine current, a snapshot load could race a
+        # round and go back a version; snapshots serve only replicas without a broadcast.
+        if (
+            self._broadcast is None
+            and announced.snapshot_path
+            and announced.snapshot_version > self.engine.version
+        ):
+            log.info("loading weights snapshot v%d", announced.snapshot_version)
+            stall_s = await self.engine.load_snapshot(
+                announced.snapshot_path, announced.snapshot_version
+            )
+            metrics.WEIGHT_UPDATE_STALL_SECONDS.labels("snapshot").observe(stall_s)
+        if announced.broadcast_addr and announced.broadcast_addr != self._broadcast_addr:
+            await self._stop_weights()  # a restarted learner serves a new store
+            self._broadcast_addr = announced.broadcast_addr
+            self._broadcast = self._background(self._follow_broadcast(announced.broadcast_addr))
+        self._record_versions()
+
+    async def _follow_broadcast(self, address: str) -> None:
+        """Join every weight round served at `address`, forever; a lost store (learner
+        restarting) is re-joined after a pause."""
+        from actors.vllm_engine import follow_weights
+        from tether.weight_sync import WeightSubscription
+
+        host, _, port = address.rpartition(":")
+        sync = self.config.weight_sync.model_copy(
+            update={"store_host": host, "store_port": int(port)}
+        )
+
+        def on_update(update) -> None:
+            metrics.WEIGHT_UPDATE_STALL_SECONDS.labels("broadcast").observe(update.stall_s)
+            self._record_versions()
+
+        while True:
+            try:
+                self._subscription = await asyncio.to_thread(
+                    WeightSubscription, sync, slots=self.engine.num_weight_slots
+                )
+                await follow_weights(self.engine, self._subscription, on_update=on_update)
+            # Network boundary: the learner's TCPStore is unreachable (torch raises
+            # DistStoreError, a RuntimeError) or went away; try again shortly.
+            except (RuntimeError, OSError, TimeoutError) as e:
+                log.warning("weight broadcast at %s unavailable (%s); retrying", address, e)
+                self._subscription = None
+                await asyncio.sleep(self.config.weight_sync.join_timeout_s)
+
+    async def _stop_weights(self) -> None:
+        if self._broadcast is not None:
+            self._broadcast.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._broadcast
+            self._broadcast = None
+        if self._subscription is not None:
+            with contextlib.suppress(RuntimeError, OSError):  # the store may be gone already
+                await asyncio.to_thread(self._subscription.leave)
+            self._subscription = None
+
+    def _record_versions(self) -> None:
+        metrics.record_versions(
+            engine_version=self.engine.version,
+            newest_version=max(self.newest_version, self.engine.version),
+        )
+        self._version_changed.set()
+
+    async def _wait_for_version(self, min_version: int) -> None:
+        """Wait (measured) until the engine's weights may generate a task of min_version."""
+        started = time.monotonic()
+        while self.engine.version < min_version:
+            self._version_changed.clear()
+            # Polled as well: a broadcast round changes engine.version on its own.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._version_changed.wait(), timeout=0.5)
+        metrics.WAIT_SECONDS.labels("weights").inc(time.monotonic() - started)
+
+
+async def _quietly(call, what: str, task: PromptTask) -> bool:
+    """Send an ack/nak/term/heartbeat. Network boundary: if it is lost, JetStream redelivers
+    the task after the ack wait, and trajectory ids make the replay harmless."""
+    try:
+        await call
+        return True
+    except (nats.errors.Error, TimeoutError) as e:
+        log.warning("%s of task %s failed: %s", what, task.task_id, e)
+        return False
+
+
+# ---- env servers over gRPC ---------------------------------------------------------------------
+
+
+class GrpcEnvConnector:
+    """`envservers.client.EnvClient` as the rollout's EnvConnector: gRPC failures become
+    EnvUnavailable (retry elsewhere) or TaskRejected (the task itself is bad)."""
+
+    # At open, these mean the task cannot be run anywhere (all servers host the same envs).
+    _TASK_ERRORS = (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND)
+
+    def __init__(self, client) -> None:
+        self.client = client
+
+    async def open(self, env_class: str, task: dict) -> _GrpcSession:
+        try:
+            return _GrpcSession(await self.client.open(env_class, task))
+        except grpc.aio.AioRpcError as e:
+            if e.code() in self._TASK_ERRORS:
+                raise TaskRejected(f"env server refused the task: {e.details()}") from e
+            raise EnvUnavailable(f"open {env_class}: {e.code().name}: {e.details()}") from e
+
+
+class _GrpcSession:
+    def __init__(self, session) -> None:
+        self.session = session
+        self.observation = session.observation
+
+    async def step(self, action_text: str):
+        try:
+            return await self.session.step(action_text)
+        except grpc.aio.AioRpcError as e:
+            # Whatever went wrong (server gone, session expired, deadline, env crash), the
+            # episode can only continue on a re-opened session elsewhere.
+            raise EnvUnavailable(f"step: {e.code().name}: {e.details()}") from e
+
+    async def close(self) -> None:
+        try:
+            await self.session.close()
+        except grpc.aio.AioRpcError as e:
+            raise EnvUnavailable(f"close: {e.code().name}: {e.details()}") from e
+
+
+# ---- process entry point -----------------------------------------------------------------------
+
+
+def actor_id_of(spec: ReplicaSpec) -> str:
+    return f"{socket.gethostname()}-r{spec.index}-{os.getpid()}"
+
+
+def run_replica(spec: ReplicaSpec, build) -> None:
+    """Common process body: logging, metrics, SIGTERM/SIGINT -> graceful stop, then
+    `await build(spec, config, broker)` -> (Actor, cleanup) and run it."""
+    from tether.config import load_section
+
+    config = load_section(ActorConfig, spec.config_path, "actor", spec.overrides)
+    broker = load_section(BrokerConfig, spec.config_path, "broker", spec.overrides)
+    logging.basicConfig(
+        level=config.log_level,
+        format=f"%(asctime)s %(levelname)s actor[{spec.index}] %(name)s: %(message)s",
+    )
+    from tether.metrics import serve_metrics
+
+    port = serve_metrics(config.metrics_port + spec.index if config.metrics_port else 0)
+    log.info("replica %d: /metrics on port %d", spec.index, port)
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, stop.set)
+        actor, cleanup = await build(spec, config, broker)
+        try:
+            await actor.run(stop)
+        finally:
+            cleanup()
+
+    asyncio.run(main())
+
+
+def replica_main(spec: ReplicaSpec) -> None:
+    """Entry point of a real replica process: vLLM engine + gRPC env servers."""
+    run_replica(spec, _build_real)
+
+
+async def _build_real(spec: ReplicaSpec, config: ActorConfig, broker: BrokerConfig):
+    from transformers import AutoTokenizer
+
+    from actors.vllm_engine import VllmEngine
+    from envservers.client import EnvClient
+
+    tokenizer = AutoTokenizer.from_pretrained(config.engine.model)
+    engine = await VllmEngine.start(config.engine)
+    client = EnvClient(
+        config.env.addresses,
+        timeout_s=config.env.timeout_s,
+        max_retries=config.env.client_retries,
+        backoff_s=config.env.backoff_s,
+    )
+    actor = Actor(
+        config=config,
+        broker=broker,
+        engine=engine,
+        env=GrpcEnvConnector(client),
+        chat=ChatTemplate(tokenizer),
+        actor_id=actor_id_of(spec),
+    )
+    return actor, engine.shutdown

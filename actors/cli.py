@@ -1,0 +1,64 @@
+"""`actor --config C --replicas N [section.key=value ...]`: start N actor replicas.
+
+The config ([actor] and [broker] sections) is validated before torch or vLLM is imported,
+so `--help` and a bad config answer at once. Each replica is a local process with its own
+vLLM engine (actors/replicas.py); this process supervises them and passes SIGTERM on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="actor",
+        description="Tether rollout actors: vLLM replicas that turn prompts into trajectories.",
+    )
+    parser.add_argument("--config", required=True, help="TOML or YAML config file")
+    parser.add_argument(
+        "--replicas", type=int, default=1, help="actor replicas to run, each with its own engine"
+    )
+    parser.add_argument(
+        "overrides", nargs="*", metavar="KEY=VALUE", help="dotted overrides: actor.max_turns=4"
+    )
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.replicas < 1:
+        print(f"actor: --replicas must be >= 1, got {args.replicas}", file=sys.stderr)
+        return 2
+    from actors.config import ActorConfig
+    from broker.config import BrokerConfig
+    from tether.config import load_section
+
+    try:
+        config = load_section(ActorConfig, args.config, "actor", args.overrides)
+        load_section(BrokerConfig, args.config, "broker", args.overrides)
+    except ValueError as e:
+        print(f"actor: {e}", file=sys.stderr)
+        return 2
+
+    import logging
+    import signal
+
+    from actors.replicas import LocalProcesses, ReplicaSpec, supervise
+
+    logging.basicConfig(
+        level=config.log_level, format="%(asctime)s %(levelname)s actor %(name)s: %(message)s"
+    )
+    stopping = []
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stopping.append(True))
+    specs = [
+        ReplicaSpec(index=i, config_path=args.config, overrides=tuple(args.overrides))
+        for i in range(args.replicas)
+    ]
+    return supervise(LocalProcesses(), specs, should_stop=lambda: bool(stopping))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,226 @@
+"""Small scripted stand-ins for the engine and the env servers, for unit tests of the
+rollout logic and the actor loop (acme's `fakes.py`): no vLLM, no gRPC, same interfaces.
+
+- `ScriptedEngine`: answers each prompt with text chosen by a script, tokenised with the
+  real tokenizer and closed with EOS; cuts at `max_tokens` (finish `length`). Logprobs are a
+  fixed function of position, versions come from `engine.version` (or a per-token
+  schedule), and every call and answer is recorded for the test to compare against.
+- `FakeEnvClient`: the `EnvConnector` interface over in-process calculator sessions
+  (`tether.calculator` rules), with addresses that a test can take down to simulate an
+  outage, an optional step delay, and env classes it does not know (task rejected).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from actors.rollout import EnvUnavailable, Generation, SamplingSpec, TaskRejected
+from tether.calculator import CalculatorEpisode
+from tether.demo_data import CALCULATOR_TOOLS
+
+GENERATION_PROMPT = "<|im_start|>assistant\n"
+
+
+def by_turn(*replies: str) -> Callable[[str], str]:
+    """A script answering turn k of an episode with replies[k] (the last one repeats);
+    the turn is the number of generation prompts in the prompt text, minus one."""
+    assert replies, "give at least one reply"
+
+    def reply(prompt_text: str) -> str:
+        turn = prompt_text.count(GENERATION_PROMPT) - 1
+        return replies[min(turn, len(replies) - 1)]
+
+    return reply
+
+
+def fake_logprob(position: int) -> float:
+    """Logprob the fake engine reports for the token at `position` within a turn."""
+    return -0.125 * (1 + position % 8)  # exact in float32
+
+
+class ScriptedEngine:
+    """The Engine interface with scripted answers."""
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        script: Callable[[str], str],
+        *,
+        version: int = 0,
+        version_of_token: Callable[[int], int] | None = None,
+        delay_s: float = 0.0,
+        delay_for_seed: dict[int, float] | None = None,
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.script = script
+        self.version = version
+        self.version_of_token = version_of_token
+        """If set: version of the k-th token this engine ever generates (mid-turn updates)."""
+        self.delay_s = delay_s
+        self.delay_for_seed = delay_for_seed or {}
+        """Per-request delay by sampling seed (sample i of a seeded group has seed + i)."""
+        self.num_weight_slots = 1
+        self.snapshots_loaded: list[tuple[str, int]] = []
+        self.calls: list[tuple[list[int], SamplingSpec]] = []
+        self.generations: list[Generation] = []
+        self.num_generated = 0
+        self.in_flight = 0
+        self.max_in_flight = 0
+        """Most generate calls ever running at once (concurrency of a group)."""
+
+    async def generate(self, prompt_token_ids: list[int], params: SamplingSpec) -> Generation:
+        self.calls.append((list(prompt_token_ids), params))
+        prompt_text = self.tokenizer.decode(prompt_token_ids, skip_special_tokens=False)
+        ids = self.tokenizer.encode(self.script(prompt_text), add_special_tokens=False)
+        ids = list(ids) + [self.tokenizer.eos_token_id]
+        finish = "stop"
+        if len(ids) > params.max_tokens:
+            ids, finish = ids[: params.max_tokens], "length"
+        self.in_flight += 1
+        self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        try:
+            # Even without a delay, yield: sibling episodes interleave as on a real engine.
+            await asyncio.sleep(self.delay_for_seed.get(params.seed, self.delay_s))
+        finally:
+            self.in_flight -= 1
+        first = self.num_generated
+        self.num_generated += len(ids)
+        versions = [
+            self.version_of_token(first + i) if self.version_of_token else self.version
+            for i in range(len(ids))
+        ]
+        generation = Generation(
+            token_ids=ids,
+            logprobs=[fake_logprob(i) for i in range(len(ids))],
+            finish_reason=finish,
+            versions=versions,
+        )
+        self.generations.append(generation)
+        return generation
+
+    async def load_snapshot(self, path: str, version: int) -> float:
+        """Pretend to load a weights snapshot: later tokens are tagged `version`."""
+        self.snapshots_loaded.append((path, version))
+        self.version = version
+        return 0.0
+
+
+@dataclass
+class FakeObservation:
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] = field(default_factory=list)
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class FakeStepResult:
+    observations: list[dict[str, Any]]
+    reward: float = 0.0
+    done: bool = False
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+class FakeEnvSession:
+    """One calculator episode held by one (fake) server address."""
+
+    def __init__(self, client: FakeEnvClient, address: str, task: dict) -> None:
+        self.client = client
+        self.address = address
+        spec = task.get("reward_spec") or {}
+        self.episode = CalculatorEpisode(
+            ground_truth=str(spec.get("ground_truth", "")),
+            must_call_tool=bool(spec.get("must_call_tool", False)),
+        )
+        self.observation = FakeObservation(messages=list(task["prompt"]), tools=CALCULATOR_TOOLS)
+        self.actions: list[str] = []
+        self.closed = False
+
+    async def step(self, action_text: str) -> FakeStepResult:
+        await asyncio.sleep(self.client.step_delay_s)
+        if self.address in self.client.down:
+            raise EnvUnavailable(f"fake env server {self.address} is down")
+        self.actions.append(action_text)
+        observations = self.episode.step(action_text)
+        return FakeStepResult(
+            observations=observations,
+            reward=self.episode.reward if self.episode.done else 0.0,
+            done=self.episode.done,
+            metadata={
+                "num_tool_calls": self.episode.num_tool_calls,
+                "tool_errors": self.episode.tool_errors,
+            },
+        )
+
+    async def close(self) -> None:
+        if not self.closed:  # idempotent, like envservers.client
+            self.closed = True
+            self.client.num_closed += 1
+
+
+class FakeEnvClient:
+    """The EnvConnector interface: opens go round robin over `addresses`; an address in
+    `down` refuses opens and fails the steps of its sessions with EnvUnavailable."""
+
+    def __init__(
+        self,
+        addresses: tuple[str, ...] = ("env-a", "env-b"),
+        *,
+        env_classes: tuple[str, ...] = ("calculator",),
+        step_delay_s: float = 0.0,
+    ) -> None:
+        self.addresses = addresses
+        self.env_classes = env_classes
+        self.step_delay_s = step_delay_s
+        self.down: set[str] = set()
+        self.sessions: list[FakeEnvSession] = []
+        self.num_open_failures = 0
+        self.num_closed = 0
+        self._next = itertools.cycle(addresses)
+
+    async def open(self, env_class: str, task: dict) -> FakeEnvSession:
+        await asyncio.sleep(0)
+        address = next(self._next)
+        if address in self.down:
+            self.num_open_failures += 1
+            raise EnvUnavailable(f"fake env server {address} is down")
+        if env_class not in self.env_classes:
+            raise TaskRejected(f"unknown env_class {env_class!r}")
+        session = FakeEnvSession(self, address, task)
+        self.sessions.append(session)
+        return session
+
+
+def fake_replica_main(spec) -> None:
+    """Replica process body on fakes (target `actors.fakes:fake_replica_main`): the real
+    actor loop and bus, a ScriptedEngine and a FakeEnvClient. `spec.extra` holds `replies`
+    (by_turn script), `delay_s`, `delay_for_seed` ({seed: seconds}) and `env_down`."""
+    from actors.actor import Actor, actor_id_of, run_replica
+    from actors.chat import ChatTemplate
+    from tether.tiny_tokenizer import build_tokenizer
+
+    async def build(spec, config, broker):
+        tokenizer = build_tokenizer(num_conversations=200)
+        extra = spec.extra
+        engine = ScriptedEngine(
+            tokenizer,
+            by_turn(*extra.get("replies", ["<answer>42</answer>"])),
+            delay_s=extra.get("delay_s", 0.0),
+            delay_for_seed={int(k): v for k, v in extra.get("delay_for_seed", {}).items()},
+        )
+        env = FakeEnvClient()
+        env.down.update(extra.get("env_down", ()))
+        actor = Actor(
+            config=config,
+            broker=broker,
+            engine=engine,
+            env=env,
+            chat=ChatTemplate(tokenizer),
+            actor_id=extra.get("actor_id", actor_id_of(spec)),
+        )
+        return actor, lambda: None
+
+    run_replica(spec, build)

@@ -1,0 +1,168 @@
+"""Launching actor replicas behind one small interface, so placement can change (local
+processes now, Ray actors on a cluster later) without touching the actor loop.
+
+    launcher.start(spec) -> handle        handle.alive / exitcode / terminate() / kill() / join()
+
+`LocalProcesses` runs each replica in its own spawned process (vLLM needs a fresh
+interpreter, and a crash takes one replica, not all). `supervise` keeps N replicas running:
+a replica that exits with an error is restarted after a backoff; SIGTERM is passed on to
+every replica, which drains its running groups and exits.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import multiprocessing
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TARGET = "actors.actor:replica_main"
+
+
+@dataclass(frozen=True)
+class ReplicaSpec:
+    """Everything a replica process needs to start (picklable: it crosses a process
+    boundary, and on Ray would be the actor's constructor argument)."""
+
+    index: int
+    config_path: str | None
+    overrides: tuple[str, ...] = ()
+    target: str = DEFAULT_TARGET
+    """`module:function` run in the replica process with this spec."""
+    extra: dict[str, Any] = field(default_factory=dict)
+    """Free-form arguments for the target (tests pass fake engine scripts here)."""
+
+
+class ReplicaHandle(Protocol):
+    spec: ReplicaSpec
+
+    @property
+    def alive(self) -> bool: ...
+
+    @property
+    def exitcode(self) -> int | None: ...
+
+    def terminate(self) -> None:
+        """Ask for a graceful stop (the replica drains its groups)."""
+
+    def kill(self) -> None:
+        """Stop at once (no drain; its tasks come back after the broker's ack wait)."""
+
+    def join(self, timeout_s: float | None = None) -> None: ...
+
+
+class ReplicaLauncher(Protocol):
+    def start(self, spec: ReplicaSpec) -> ReplicaHandle: ...
+
+
+def resolve(target: str) -> Callable[[ReplicaSpec], None]:
+    module, sep, name = target.partition(":")
+    if not sep:
+        raise ValueError(f"replica target {target!r} must look like module:function")
+    return getattr(importlib.import_module(module), name)
+
+
+def _process_main(spec: ReplicaSpec) -> None:
+    resolve(spec.target)(spec)
+
+
+class LocalProcess:
+    """A replica in a local spawned process."""
+
+    def __init__(self, spec: ReplicaSpec, process: multiprocessing.process.BaseProcess) -> None:
+        self.spec = spec
+        self.process = process
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid
+
+    @property
+    def alive(self) -> bool:
+        return self.process.is_alive()
+
+    @property
+    def exitcode(self) -> int | None:
+        return self.process.exitcode
+
+    def terminate(self) -> None:
+        self.process.terminate()  # SIGTERM: the replica's handler drains and exits
+
+    def kill(self) -> None:
+        self.process.kill()
+
+    def join(self, timeout_s: float | None = None) -> None:
+        self.process.join(timeout_s)
+
+
+class LocalProcesses:
+    """ReplicaLauncher for one machine. Spawned (not forked): no inherited event loop,
+    threads or CUDA state; non-daemonic, because vLLM starts its own engine process."""
+
+    def __init__(self) -> None:
+        self.context = multiprocessing.get_context("spawn")
+
+    def start(self, spec: ReplicaSpec) -> LocalProcess:
+        resolve(spec.target)  # fail here, not in the child, on a bad target
+        process = self.context.Process(
+            target=_process_main, args=(spec,), name=f"actor-replica-{spec.index}"
+        )
+        process.start()
+        log.info("started replica %d (pid %d)", spec.index, process.pid)
+        return LocalProcess(spec, process)
+
+
+def supervise(
+    launcher: ReplicaLauncher,
+    specs: list[ReplicaSpec],
+    *,
+    should_stop: Callable[[], bool],
+    restart_backoff_s: float = 5.0,
+    poll_s: float = 0.5,
+    stop_timeout_s: float = 60.0,
+) -> int:
+    """Run the replicas until `should_stop()`; restart any that exits with an error (after
+    a backoff, to not spin on a broken config). Returns 0, or 1 if a replica had to be
+    killed on the way out."""
+    handles = {spec.index: launcher.start(spec) for spec in specs}
+    restart_at: dict[int, float] = {}
+    while not should_stop():
+        now = time.monotonic()
+        for index, handle in list(handles.items()):
+            if handle.alive or index in restart_at:
+                continue
+            if handle.exitcode == 0:
+                log.info("replica %d exited cleanly", index)
+                restart_at[index] = float("inf")
+            else:
+                log.warning("replica %d exited with %s; restarting", index, handle.exitcode)
+                restart_at[index] = now + restart_backoff_s
+        for index, when in list(restart_at.items()):
+            if when <= now:
+                del restart_at[index]
+                handles[index] = launcher.start(handles[index].spec)
+        if all(when == float("inf") for when in restart_at.values()) and len(restart_at) == len(
+            handles
+        ):
+            return 0  # every replica finished on its own
+        time.sleep(poll_s)
+    for handle in handles.values():
+        if handle.alive:
+            handle.terminate()
+    deadline = time.monotonic() + stop_timeout_s
+    code = 0
+    for handle in handles.values():
+        handle.join(max(deadline - time.monotonic(), 0.0))
+        if handle.alive:
+            log.warning(
+                "replica %d did not stop in %.0fs; killing it", handle.spec.index, stop_timeout_s
+            )
+            handle.kill()
+            handle.join()
+            code = 1
+    return code

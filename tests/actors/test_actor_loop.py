@@ -1,0 +1,302 @@
+"""The actor loop against a real nats-server, on the scripted engine and the fake env:
+prompt task -> group of trajectories on the bus, ack only after all are published, bad
+tasks terminated and counted, env outages as error stop reasons, weights gating, and a
+stopped replica's task finished by another one."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+import prometheus_client
+import pytest
+
+from actors.actor import Actor
+from actors.chat import ChatTemplate
+from actors.config import ActorConfig
+from actors.fakes import FakeEnvClient, ScriptedEngine, by_turn
+from broker import client as bus
+from broker.codec import token_arrays
+from broker.config import BrokerConfig
+from broker.wire import PolicyVersion, PromptTask
+from tether.demo_data import SYSTEM_PROMPT
+from tether.tiny_tokenizer import build_tokenizer
+
+TOOL_CALL = '<tool_call>\n{"name": "add", "arguments": {"a": 17, "b": 25}}\n</tool_call>'
+ANSWER = "<answer>42</answer>"
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return build_tokenizer(num_conversations=200)
+
+
+@pytest.fixture
+def broker(nats_server, bus_names) -> BrokerConfig:
+    # Stream byte limits are reserved on the server: keep each test's small.
+    return BrokerConfig(
+        url=nats_server.url,
+        namespace=bus_names.namespace,
+        prompt_ack_wait_s=30.0,
+        max_trajectory_bytes=64 * 1024**2,
+    )
+
+
+@pytest.fixture
+async def js(broker):
+    nc = await bus.connect(broker.url, name="test")
+    js = nc.jetstream()
+    await bus.ensure_streams(js, broker.names, broker.stream_limits())
+    yield js
+    await nc.close()
+
+
+def _config(**overrides) -> ActorConfig:
+    fields = dict(
+        engine={"model": "unused-by-fakes"},
+        env={"backoff_s": 0.0},
+        heartbeat_s=0.5,
+        fetch_timeout_s=0.2,
+        nak_delay_s=0.2,
+        drain_timeout_s=0.0,
+        metrics_port=0,
+        sampling={"seed": 0},
+    )
+    fields.update(overrides)
+    return ActorConfig.model_validate(fields)
+
+
+def _task(task_id="task-1", *, group_size=4, min_version=0, question="What is 17 + 25?"):
+    return PromptTask(
+        task_id=task_id,
+        step=1,
+        min_version=min_version,
+        group_size=group_size,
+        env_class="calculator",
+        data_source="calculator",
+        prompt=[
+            {"role": "system", "content": SYSTEM_PROMPT},
+            {"role": "user", "content": question},
+        ],
+        reward_spec={"method": "rule", "ground_truth": "42"},
+    )
+
+
+def _actor(tokenizer, broker, *, config=None, engine=None, env=None, actor_id="a0") -> Actor:
+    return Actor(
+        config=config or _config(),
+        broker=broker,
+        engine=engine or ScriptedEngine(tokenizer, by_turn(TOOL_CALL, ANSWER)),
+        env=env or FakeEnvClient(),
+        chat=ChatTemplate(tokenizer),
+        actor_id=actor_id,
+    )
+
+
+@contextlib.asynccontextmanager
+async def _running(actor: Actor):
+    stop = asyncio.Event()
+    task = asyncio.create_task(actor.run(stop))
+    try:
+        yield stop
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, timeout=30)
+
+
+async def _until(predicate, timeout_s=20.0):
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not await predicate():
+        assert asyncio.get_running_loop().time() < deadline, "timed out"
+        await asyncio.sleep(0.05)
+
+
+async def _stream_messages(js, stream: str) -> int:
+    return (await js.stream_info(stream)).state.messages
+
+
+async def _trajectories(js, broker, expected: int, timeout_s=20.0):
+    consumer = bus.TrajectoryConsumer(js, broker.names)
+    received = []
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while len(received) < expected and asyncio.get_running_loop().time() < deadline:
+        received += await _fetch(consumer, 0.2)
+    received += await _fetch(consumer, 0.3)  # nothing more may come
+    for r in received:
+        await r.ack()
+    return sorted((r.trajectory for r in received), key=lambda t: t.sample_index)
+
+
+async def _fetch(consumer, timeout_s):
+    # nats-py at times raises the plain asyncio TimeoutError that TrajectoryConsumer.fetch
+    # does not translate into "nothing arrived" (reported to the broker's owner).
+    try:
+        return await consumer.fetch(batch=64, timeout_s=timeout_s)
+    except TimeoutError:
+        return []
+
+
+def _metric(name, **labels) -> float:
+    return prometheus_client.REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+async def test_task_becomes_a_group_and_is_acked_only_after_all_published(tokenizer, broker, js):
+    names = broker.names
+    # Sample 3 (seed 3) is slow: the other three are published while it still runs.
+    engine = ScriptedEngine(tokenizer, by_turn(TOOL_CALL, ANSWER), delay_for_seed={3: 1.0})
+    actor = _actor(tokenizer, broker, engine=engine)
+    acked = _metric("tether_actor_tasks_total", outcome="acked")
+    await bus.publish_prompts(js, names, [_task()])
+    async with _running(actor):
+
+        async def three_published():
+            return await _stream_messages(js, names.trajectories_stream) >= 3
+
+        await _until(three_published)
+        assert await _stream_messages(js, names.trajectories_stream) == 3
+        assert await _stream_messages(js, names.prompts_stream) == 1  # not acked yet
+        info = await js.consumer_info(names.prompts_stream, names.prompts_consumer)
+        assert info.num_ack_pending == 1
+
+        async def prompt_acked():
+            return await _stream_messages(js, names.prompts_stream) == 0
+
+        await _until(prompt_acked)
+        trajectories = await _trajectories(js, broker, 4)
+    assert [t.trajectory_id for t in trajectories] == [f"task-1/{i}" for i in range(4)]
+    assert {(t.group_id, t.group_size, t.step, t.actor_id) for t in trajectories} == {
+        ("task-1", 4, 1, "a0")
+    }
+    assert [t.reward for t in trajectories] == [1.0] * 4
+    assert {t.stop_reason for t in trajectories} == {"stop"}
+    for t in trajectories:
+        arrays = token_arrays(t)
+        assert set(arrays.versions[arrays.loss_mask == 1].tolist()) == {0}
+        assert set(arrays.versions[arrays.loss_mask == 0].tolist()) == {-1}
+    assert _metric("tether_actor_tasks_total", outcome="acked") == acked + 1
+    assert actor.num_published == 4
+
+
+async def test_malformed_and_undecodable_tasks_are_terminated_and_counted(tokenizer, broker, js):
+    names = broker.names
+    rejected = _metric("tether_actor_tasks_total", outcome="rejected")
+    actor = _actor(tokenizer, broker)
+    await js.publish(names.prompts_subject, b"\x93not a prompt task")
+    await bus.publish_prompts(js, names, [_task("bad-group", group_size=0)])
+    async with _running(actor):
+
+        async def both_gone():
+            return await _stream_messages(js, names.prompts_stream) == 0
+
+        await _until(both_gone)
+    assert actor.puller.num_corrupt == 1
+    assert _metric("tether_actor_tasks_total", outcome="rejected") == rejected + 1
+    assert await _stream_messages(js, names.trajectories_stream) == 0
+
+
+async def test_over_long_prompt_is_rejected_with_its_reason(tokenizer, broker, js, caplog):
+    names = broker.names
+    config = _config(max_input_length=16, max_sequence_length=64)
+    actor = _actor(tokenizer, broker, config=config)
+    await bus.publish_prompts(js, names, [_task("long-1")])
+    with caplog.at_level(logging.ERROR, logger="broker.prompts"):
+        async with _running(actor):
+
+            async def gone():
+                return await _stream_messages(js, names.prompts_stream) == 0
+
+            await _until(gone)
+    assert await _stream_messages(js, names.trajectories_stream) == 0
+    assert "rejecting prompt task long-1" in caplog.text
+    assert "exceeds max_input_length 16" in caplog.text
+    info = await js.consumer_info(names.prompts_stream, names.prompts_consumer)
+    assert info.num_redelivered == 0  # terminated, not retried
+
+
+async def test_env_servers_down_give_error_stop_reasons_not_rewards(tokenizer, broker, js):
+    env = FakeEnvClient(("env-a", "env-b"))
+    env.down.update({"env-a", "env-b"})
+    actor = _actor(tokenizer, broker, env=env)
+    await bus.publish_prompts(js, broker.names, [_task("down-1", group_size=2)])
+    async with _running(actor):
+        trajectories = await _trajectories(js, broker, 2)
+    assert [t.stop_reason for t in trajectories] == ["error:env_open"] * 2
+    assert [t.reward for t in trajectories] == [0.0, 0.0]
+    assert all(token_arrays(t).loss_mask.sum() == 0 for t in trajectories)
+
+
+async def test_new_replica_loads_the_snapshot_and_waits_for_min_version(tokenizer, broker, js):
+    names = broker.names
+    policy = bus.PolicyStore(js, names)
+    await policy.publish(
+        PolicyVersion(version=5, published_at=0.0, snapshot_path="/snap/v5", snapshot_version=5)
+    )
+    engine = ScriptedEngine(tokenizer, by_turn(ANSWER))
+    actor = _actor(tokenizer, broker, engine=engine)
+    waited = _metric("tether_actor_wait_seconds_total", what="weights")
+    await bus.publish_prompts(
+        js, names, [_task("now", group_size=1), _task("later", group_size=1, min_version=7)]
+    )
+    async with _running(actor):
+        first = await _trajectories(js, broker, 1)
+        assert engine.snapshots_loaded == [("/snap/v5", 5)]
+        assert [t.group_id for t in first] == ["now"]
+        await asyncio.sleep(0.5)  # "later" must wait for version 7
+        assert await _stream_messages(js, names.trajectories_stream) == 0
+        await policy.publish(
+            PolicyVersion(version=7, published_at=0.0, snapshot_path="/snap/v7", snapshot_version=7)
+        )
+        second = await _trajectories(js, broker, 1)
+    assert [t.group_id for t in second] == ["later"]
+    for t, version in ((first[0], 5), (second[0], 7)):
+        arrays = token_arrays(t)
+        assert set(arrays.versions[arrays.loss_mask == 1].tolist()) == {version}
+    assert _metric("tether_actor_wait_seconds_total", what="weights") >= waited + 0.4
+
+
+async def test_stopped_replica_hands_its_group_to_another(tokenizer, broker, js):
+    names = broker.names
+    slow = ScriptedEngine(tokenizer, by_turn(ANSWER), delay_for_seed={2: 60.0, 3: 60.0})
+    first = _actor(tokenizer, broker, engine=slow, actor_id="first")
+    await bus.publish_prompts(js, names, [_task("handover")])
+    async with _running(first):
+
+        async def two_published():
+            return await _stream_messages(js, names.trajectories_stream) >= 2
+
+        await _until(two_published)
+    # `first` stopped with samples 2 and 3 unfinished: the task was nak'd, not lost.
+    second = _actor(tokenizer, broker, actor_id="second")
+    async with _running(second):
+        trajectories = await _trajectories(js, broker, 4)
+
+        async def prompt_acked():
+            return await _stream_messages(js, names.prompts_stream) == 0
+
+        await _until(prompt_acked)
+    assert [t.trajectory_id for t in trajectories] == [f"handover/{i}" for i in range(4)]
+    assert [t.actor_id for t in trajectories] == ["first", "first", "second", "second"]
+    assert second.num_published == 4  # two of them were duplicates, stored once
+
+
+async def test_heartbeats_keep_a_group_longer_than_the_ack_wait(tokenizer, nats_server, bus_names):
+    broker = BrokerConfig(
+        url=nats_server.url,
+        namespace=bus_names.namespace,
+        prompt_ack_wait_s=1.0,
+        max_trajectory_bytes=64 * 1024**2,
+    )
+    engine = ScriptedEngine(tokenizer, by_turn(ANSWER), delay_for_seed={1: 3.0})
+    actor = _actor(tokenizer, broker, config=_config(heartbeat_s=0.2), engine=engine)
+    nc = await bus.connect(broker.url, name="test")
+    js = nc.jetstream()
+    await bus.ensure_streams(js, broker.names, broker.stream_limits())
+    await bus.publish_prompts(js, broker.names, [_task("long-episode", group_size=2)])
+    async with _running(actor):
+        trajectories = await _trajectories(js, broker, 2)
+    info = await js.consumer_info(broker.names.prompts_stream, broker.names.prompts_consumer)
+    await nc.close()
+    assert info.num_redelivered == 0 and info.num_ack_pending == 0
+    assert [t.trajectory_id for t in trajectories] == ["long-episode/0", "long-episode/1"]
+    assert len(engine.calls) == 2  # generated once, not re-played
