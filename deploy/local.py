@@ -17,6 +17,7 @@ import argparse
 import json
 import os
 import signal
+import socket
 import sys
 import time
 from pathlib import Path
@@ -49,6 +50,20 @@ class LocalRunConfig(StrictModel):
     """Start RL from the supervised warm start (False: random weights, for quick checks)."""
     timeout_s: float = 3600.0
     """Stop everything if the run has not finished after this long."""
+
+
+def free_port_block(size: int, attempts: int = 50) -> int:
+    """The first of `size` consecutive free loopback ports."""
+    for _ in range(attempts):
+        base = free_port()
+        if base + size <= 65535 and all(_is_free(base + i) for i in range(1, size)):
+            return base
+    raise RuntimeError(f"no block of {size} consecutive free ports found")
+
+
+def _is_free(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) != 0
 
 
 def _run_id() -> str:
@@ -90,11 +105,17 @@ def launch(config_path: Path, overrides: list[str]) -> int:
     print(f"run directory: {run_dir}  (runs/latest)", flush=True)
 
     model_dir, train_path, eval_path = _prepare_inputs(local, run_dir)
-    env_port, learner_metrics, actor_metrics, env_metrics = (free_port() for _ in range(4))
+    env_port, learner_metrics, env_metrics = (free_port() for _ in range(3))
+    actor_metrics = free_port_block(local.actor_replicas)  # replica i serves on base + i
     (run_dir / "logs").mkdir()
     children = ProcessGroup(run_dir / "logs")
     nats = NatsServer(run_dir / "nats", log_file=run_dir / "logs" / "nats-server.log")
-    ports = {"learner": learner_metrics, "actor": actor_metrics, "envserver": env_metrics}
+    ports = {
+        "learner": learner_metrics,
+        "actor": actor_metrics,
+        "envserver": env_metrics,
+        "actor_replicas": local.actor_replicas,
+    }
     (run_dir / "metrics_ports.json").write_text(json.dumps(ports, indent=2) + "\n")
 
     stopping = False
@@ -115,9 +136,11 @@ def launch(config_path: Path, overrides: list[str]) -> int:
             f"learner.train_data={train_path}",
             f"learner.eval_data={eval_path}",
             f"learner.run_dir={run_dir}",
+            f"learner.checkpoint.dir={run_dir / 'checkpoints'}",
             f"learner.metrics_port={learner_metrics}",
-            f"actor.model_path={model_dir}",
-            f'actor.env_addresses=["127.0.0.1:{env_port}"]',
+            f"learner.weight_sync.store_port={free_port()}",
+            f"actor.engine.model={model_dir}",
+            f'actor.env.addresses=["127.0.0.1:{env_port}"]',
             f"actor.metrics_port={actor_metrics}",
             f"envserver.port={env_port}",
             f"envserver.metrics_port={env_metrics}",

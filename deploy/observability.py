@@ -1,0 +1,241 @@
+"""Render the Prometheus config of one Tether run from the ports its processes serve /metrics on.
+
+    runs/<id>/metrics_ports.json  ──►  <out>/prometheus.yml  (jobs learner, actor, envserver)
+    (written by deploy/local.py)       <out>/run_rules.yml   (the run's staleness bound)
+
+`metrics_ports.json` is `{"learner": P, "actor": P, "envserver": P}`. Actor replica i serves
+on `actor + i` (actors/actor.py), so the actor job gets one target per replica, labelled
+`replica="i"`; "actor" may also be a list of ports, one per replica, and an optional
+`"actor_replicas"` key gives the replica count. The alert rules (deploy/prometheus/alerts.yml)
+are static; the one number of the run they need, the learner's `max_staleness`, goes into a
+recording rule `tether:learner_max_staleness` in `run_rules.yml`.
+
+    python -m deploy.observability                    # runs/latest -> runs/latest/prometheus/
+    python -m deploy.observability --run runs/X --actor-replicas 2 --max-staleness 1 --start
+
+`--start` then runs Prometheus (exec) with its storage in `<out>/data`. The shipped
+deploy/prometheus/prometheus.yml and run_rules.yml are this module's output for the roles'
+default ports (`--write-shipped` rewrites them; a test fails when they drift).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import yaml
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+PROMETHEUS_DIR = REPO_ROOT / "deploy" / "prometheus"
+ALERTS_FILE = PROMETHEUS_DIR / "alerts.yml"
+RUN_RULES_NAME = "run_rules.yml"
+JOBS = ("learner", "actor", "envserver")
+DEFAULT_PORTS = {"learner": 9300, "actor": 9500, "envserver": 9400}
+"""The roles' default /metrics ports (learner/config.py, actors/config.py, envservers/config.py)."""
+STALENESS_BUCKETS = 9
+"""learner/prom.py's staleness histogram has buckets le = 0.0 .. 8.0 (then +Inf)."""
+HEADER = "# Rendered by deploy/observability.py; edit that, not this file.\n"
+
+
+def default_max_staleness() -> int:
+    from learner.config import LearnerConfig
+
+    return LearnerConfig.model_fields["max_staleness"].default
+
+
+def default_actor_replicas() -> int:
+    from deploy.local import LocalRunConfig
+
+    return LocalRunConfig.model_fields["actor_replicas"].default
+
+
+def actor_ports(ports: dict, actor_replicas: int | None) -> list[int]:
+    """The /metrics port of every actor replica: a list as given, or consecutive from the
+    first port (`actor_replicas` of them, else ports["actor_replicas"], else 1)."""
+    value = ports["actor"]
+    if isinstance(value, list):
+        if actor_replicas is not None and actor_replicas != len(value):
+            raise ValueError(f"{len(value)} actor ports given but actor_replicas={actor_replicas}")
+        return [int(p) for p in value]
+    count = actor_replicas if actor_replicas is not None else int(ports.get("actor_replicas", 1))
+    if count < 1:
+        raise ValueError(f"actor_replicas must be at least 1, got {count}")
+    return [int(value) + i for i in range(count)]
+
+
+def scrape_config(
+    ports: dict,
+    *,
+    actor_replicas: int | None = None,
+    host: str = "127.0.0.1",
+    scrape_interval: str = "5s",
+    rule_files: list[str] | None = None,
+) -> dict:
+    """The prometheus.yml content (as a dict) for one run's /metrics ports."""
+    missing = [job for job in JOBS if job not in ports]
+    if missing:
+        raise ValueError(f"metrics ports: missing {missing} (have {sorted(ports)})")
+    for job in ("learner", "envserver"):
+        if not isinstance(ports[job], int) or not 0 < ports[job] < 65536:
+            raise ValueError(f"metrics ports: {job} must be a port number, got {ports[job]!r}")
+    actor_targets = [
+        {"targets": [f"{host}:{port}"], "labels": {"replica": str(i)}}
+        for i, port in enumerate(actor_ports(ports, actor_replicas))
+    ]
+    jobs = {
+        "learner": [{"targets": [f"{host}:{ports['learner']}"]}],
+        "actor": actor_targets,
+        "envserver": [{"targets": [f"{host}:{ports['envserver']}"]}],
+    }
+    return {
+        "global": {"scrape_interval": scrape_interval, "evaluation_interval": scrape_interval},
+        "rule_files": list(["alerts.yml", RUN_RULES_NAME] if rule_files is None else rule_files),
+        "scrape_configs": [{"job_name": job, "static_configs": jobs[job]} for job in JOBS],
+    }
+
+
+def run_rules(max_staleness: int) -> dict:
+    """Recording rules that carry the run's staleness bound into the alerts and the dashboard:
+
+        tether:learner_max_staleness                     the bound (a constant series)
+        tether:learner_staleness_at_bound:ratio_rate15m  fraction of the groups trained in
+                                                         the last 15 min whose staleness
+                                                         equals the bound (bound >= 1 only)
+
+    Staleness is an integer, so "at the bound" is exactly 1 - P(staleness <= bound - 1), read
+    from the histogram's `le` bucket (histogram_quantile would interpolate inside a bucket)."""
+    if max_staleness < 0:
+        raise ValueError(f"max_staleness must be >= 0, got {max_staleness}")
+    bound = {"record": "tether:learner_max_staleness", "expr": f"vector({max_staleness})"}
+    rules: list[dict] = [bound]
+    if 1 <= max_staleness <= STALENESS_BUCKETS:
+        below = f'tether_learner_staleness_bucket{{le="{max_staleness - 1:.1f}"}}'
+        rules.append(
+            {
+                "record": "tether:learner_staleness_at_bound:ratio_rate15m",
+                "expr": f"1 - sum(rate({below}[15m]))"
+                " / sum(rate(tether_learner_staleness_count[15m]))",
+            }
+        )
+    return {"groups": [{"name": "tether_run", "rules": rules}]}
+
+
+def to_yaml(content: dict) -> str:
+    return HEADER + yaml.safe_dump(content, sort_keys=False, default_flow_style=False)
+
+
+def render(
+    ports: dict,
+    out_dir: Path,
+    *,
+    actor_replicas: int | None = None,
+    max_staleness: int | None = None,
+    scrape_interval: str = "5s",
+) -> Path:
+    """Write out_dir/prometheus.yml and out_dir/run_rules.yml; return the former's path."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    bound = default_max_staleness() if max_staleness is None else max_staleness
+    (out_dir / RUN_RULES_NAME).write_text(to_yaml(run_rules(bound)))
+    config = scrape_config(
+        ports,
+        actor_replicas=actor_replicas,
+        scrape_interval=scrape_interval,
+        rule_files=[str(ALERTS_FILE), RUN_RULES_NAME],
+    )
+    path = out_dir / "prometheus.yml"
+    path.write_text(to_yaml(config))
+    return path
+
+
+def shipped_files() -> dict[Path, str]:
+    """deploy/prometheus/{prometheus.yml, run_rules.yml}: the roles' default ports, one actor
+    replica (`actor --replicas` defaults to 1), the default staleness bound."""
+    config = scrape_config(DEFAULT_PORTS, actor_replicas=1)
+    return {
+        PROMETHEUS_DIR / "prometheus.yml": to_yaml(config),
+        PROMETHEUS_DIR / RUN_RULES_NAME: to_yaml(run_rules(default_max_staleness())),
+    }
+
+
+def prometheus_command(config_path: Path, *, listen: str = "127.0.0.1:9090") -> list[str]:
+    binary = shutil.which("prometheus") or "prometheus"
+    return [
+        binary,
+        f"--config.file={config_path}",
+        f"--storage.tsdb.path={config_path.parent / 'data'}",
+        f"--web.listen-address={listen}",
+    ]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m deploy.observability",
+        description="Render a Prometheus config for a Tether run (and optionally start it).",
+    )
+    parser.add_argument("--run", default="runs/latest", help="run directory (metrics_ports.json)")
+    parser.add_argument("--out", default=None, help="output directory (default: <run>/prometheus)")
+    parser.add_argument(
+        "--actor-replicas",
+        type=int,
+        default=None,
+        help="actor replicas (default: metrics_ports.json, else [local] default)",
+    )
+    parser.add_argument(
+        "--max-staleness",
+        type=int,
+        default=None,
+        help="the run's learner.max_staleness (default: the default)",
+    )
+    parser.add_argument("--scrape-interval", default="5s")
+    parser.add_argument("--listen", default="127.0.0.1:9090", help="Prometheus web address")
+    parser.add_argument("--start", action="store_true", help="then run Prometheus (exec)")
+    parser.add_argument(
+        "--write-shipped",
+        action="store_true",
+        help="only rewrite deploy/prometheus/{prometheus,run_rules}.yml",
+    )
+    args = parser.parse_args(argv)
+    if args.write_shipped:
+        for path, text in shipped_files().items():
+            path.write_text(text)
+            print(f"wrote {path}")
+        return 0
+
+    ports_file = Path(args.run) / "metrics_ports.json"
+    try:
+        ports = json.loads(ports_file.read_text())
+    except FileNotFoundError:
+        print(f"observability: no {ports_file}; start a run with `make run` first", file=sys.stderr)
+        return 2
+    replicas = args.actor_replicas
+    if (
+        replicas is None
+        and "actor_replicas" not in ports
+        and not isinstance(ports.get("actor"), list)
+    ):
+        replicas = default_actor_replicas()
+    out_dir = Path(args.out) if args.out else Path(args.run).resolve() / "prometheus"
+    try:
+        path = render(
+            ports,
+            out_dir,
+            actor_replicas=replicas,
+            max_staleness=args.max_staleness,
+            scrape_interval=args.scrape_interval,
+        )
+    except ValueError as e:
+        print(f"observability: {e}", file=sys.stderr)
+        return 2
+    command = prometheus_command(path, listen=args.listen)
+    print(f"wrote {path}\nrun: {' '.join(command)}", flush=True)
+    if args.start:
+        os.execv(command[0], command)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,48 @@
+"""A real actor replica process without vLLM, for the live Prometheus test: the real actor
+loop, bus, /metrics and gRPC env client (`actors.actor.run_replica`, `GrpcEnvConnector`),
+with `actors.fakes.ScriptedEngine` in place of the vLLM engine. It plays the calculator
+episodes it pulls from NATS against a real env server.
+
+    python -m tests.deploy.actor_producer CONFIG     # [actor] and [broker] sections
+
+Runs until SIGTERM (the replica's graceful stop).
+"""
+
+from __future__ import annotations
+
+import sys
+
+TOOL_CALL = '<tool_call>\n{"name": "add", "arguments": {"a": 17, "b": 25}}\n</tool_call>'
+ANSWER = "<answer>42</answer>"
+
+
+async def build(spec, config, broker):
+    from actors.actor import Actor, GrpcEnvConnector, actor_id_of
+    from actors.chat import ChatTemplate
+    from actors.fakes import ScriptedEngine, by_turn
+    from envservers.client import EnvClient
+    from tether.tiny_tokenizer import build_tokenizer
+
+    tokenizer = build_tokenizer(num_conversations=50)
+    engine = ScriptedEngine(tokenizer, by_turn(TOOL_CALL, ANSWER), delay_s=0.05)
+    client = EnvClient(config.env.addresses, timeout_s=config.env.timeout_s, max_retries=0)
+    actor = Actor(
+        config=config,
+        broker=broker,
+        engine=engine,
+        env=GrpcEnvConnector(client),
+        chat=ChatTemplate(tokenizer),
+        actor_id=actor_id_of(spec),
+    )
+    return actor, lambda: None
+
+
+def main(argv: list[str]) -> None:
+    from actors.actor import run_replica
+    from actors.replicas import ReplicaSpec
+
+    run_replica(ReplicaSpec(index=0, config_path=argv[0]), build)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

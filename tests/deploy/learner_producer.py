@@ -1,0 +1,71 @@
+"""A real process that exports the learner's Prometheus metrics without training, for the
+live Prometheus test: it serves /metrics with `tether.metrics.serve_metrics` and feeds
+`learner.prom.record_step` the records learner/loop.py (train) and learner/reporting.py
+(eval) write — the learner's own code path, with made-up numbers.
+
+    python -m tests.deploy.learner_producer PORT [INTERVAL_S]
+
+Runs until killed (SIGTERM).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from learner import prom
+from tether.metrics import serve_metrics
+
+PROMPTS_PER_STEP = 4
+GROUP_SIZE = 4
+
+
+def train_record(step: int) -> dict:
+    """Step `step`'s record, shaped like learner/loop.py's (cumulative counts included)."""
+    staleness = [0, 1, 1, 1]  # per group: version - oldest token version
+    dropped = step // 3  # a stale group's samples every third step
+    return {
+        "kind": "train",
+        "step": step,
+        "version": step,
+        "reward_mean": min(0.3 + 0.02 * step, 1.0),
+        "staleness": staleness,
+        "staleness_max_batch": max(staleness),
+        "tokens_per_s": 1800.0 + 10 * (step % 5),
+        "num_tokens": 2400,
+        "wait_data_s": 0.04,
+        "train_s": 0.2,
+        "broadcast_s": 0.03,
+        "trained": step * PROMPTS_PER_STEP * GROUP_SIZE,
+        "dropped": dropped * GROUP_SIZE,
+        "dropped_by_reason": {"stale": dropped * GROUP_SIZE} if dropped else {},
+        "train/loss": 0.1 / step,
+        "train/grad_norm": 0.5,
+    }
+
+
+def eval_record(pass_at_1: float) -> dict:
+    """An eval record as learner/reporting.py passes it to prom (without `version`)."""
+    return {
+        "kind": "eval",
+        "pass_at_1": pass_at_1,
+        "eval/all/pass_at_1": pass_at_1,
+        "eval/env/calculator/pass_at_1": pass_at_1,
+    }
+
+
+def main(argv: list[str]) -> None:
+    port = serve_metrics(int(argv[0]))
+    interval_s = float(argv[1]) if len(argv) > 1 else 0.3
+    print(f"learner metrics on port {port}", flush=True)
+    step = 0
+    while True:
+        step += 1
+        prom.record_step(train_record(step))
+        if step % 3 == 0:
+            prom.record_step(eval_record(min(0.5 + 0.01 * step, 1.0)))
+        time.sleep(interval_s)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
