@@ -1,0 +1,343 @@
+"""The rollout engine on vLLM: `generate` for the episode logic, `update_weights` for the
+in-flight weight update, both on one `vllm.v1` AsyncLLM.
+
+    actor task                        AsyncLLM (client)          engine process (worker)
+    generate(prompt) ──stream──────►  request ─────────────────► step, step, ...
+    update_weights(ticket):
+      pause_generation(keep) ───────► scheduler frozen, requests and KV cache kept
+      collective_rpc(receive) ──────────────────────────────────► join round, receive, reload
+      update_weight_version(v) ─────► later steps are labelled v
+      resume_generation() ──────────► step, step, ... (same requests continue)
+
+Each token's policy version comes from vLLM's own weight-version label: the engine stamps
+every step's outputs with its current label, and the final output carries the spans. A
+token sampled before the update carries the old version, one after it the new one, so a
+trajectory that crosses an update says so token by token.
+
+On CPU the engine is configured through vLLM's environment variables (KV cache size,
+OpenMP binding); on GPU the same code runs with the `vllm` wheel and NCCL. vLLM is imported
+only when an engine starts, so configs stay fast to load.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import logging
+import os
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import pydantic
+
+from actors.rollout import Generation, SamplingSpec
+from tether.config import StrictModel
+
+log = logging.getLogger(__name__)
+
+WORKER_EXTENSION = "actors.worker_extension.WeightSyncExtension"
+
+
+class VllmEngineConfig(StrictModel):
+    """One vLLM engine of an actor replica."""
+
+    model: str
+    """Directory of the model (HF format: config, safetensors, tokenizer): the newest
+    weights snapshot for an actor that joins a running job."""
+    initial_version: int = 0
+    """Policy version of the weights in `model` (the snapshot's version)."""
+    dtype: str = "float32"
+    """Weights and activations dtype. float32 keeps vLLM's logprobs equal to the learner's
+    recomputation on the tiny model; use bfloat16 for real models on GPU."""
+    max_model_len: int = 2048
+    """Longest prompt + generation, in tokens."""
+    max_num_seqs: int = 64
+    """Sequences decoded together."""
+    seed: int = 0
+    """Engine seed (requests with their own seed are reproducible regardless)."""
+    enable_prefix_caching: bool = True
+    """Reuse KV of shared prefixes (a GRPO group's prompt is computed once)."""
+    enforce_eager: bool = True
+    """No CUDA graphs / torch.compile: fast start-up; set False for throughput on GPU."""
+    logprobs_mode: Literal["processed_logprobs", "raw_logprobs"] = "processed_logprobs"
+    """`processed_logprobs`: log-probabilities of the distribution actually sampled from
+    (after temperature and top-p), i.e. the behaviour policy. `raw_logprobs`: of the model's
+    logits before any processing."""
+    recompute_kv_on_update: bool = False
+    """False: an in-flight update keeps the KV cache (running requests continue on KV
+    computed by the old weights, as in PipelineRL/AReaL). True: the cache is dropped and
+    running requests recompute their prefix with the new weights on resume."""
+    staged_weight_load: bool = True
+    """Receive every tensor before loading any, so a failed round leaves the old weights
+    intact (costs one extra copy of the model during the update)."""
+    track_weights_checksum: bool = False
+    """Fingerprint every loaded weight set (`weights_checksum()`), for tests and debugging;
+    costs a float64 pass over the weights per update."""
+    tensor_parallel_size: int = 1
+    """GPUs per engine (each worker takes a rank in the weight broadcast)."""
+    gpu_memory_utilization: float = 0.5
+    """Fraction of GPU memory for weights and KV cache (ignored on CPU)."""
+    cpu_kvcache_gib: int = 1
+    """VLLM_CPU_KVCACHE_SPACE: GiB of KV cache on CPU (1 is plenty for the tiny model)."""
+    cpu_threads_bind: str = "nobind"
+    """VLLM_CPU_OMP_THREADS_BIND. `nobind` leaves thread placement to the OS, which is right
+    when several engines and a learner share a few cores; `auto` pins each engine to cores."""
+
+    @pydantic.field_validator(
+        "max_model_len", "max_num_seqs", "tensor_parallel_size", "cpu_kvcache_gib"
+    )
+    @classmethod
+    def _positive(cls, value: int) -> int:
+        if value < 1:
+            raise ValueError(f"must be >= 1, got {value}")
+        return value
+
+
+class WeightUpdateError(RuntimeError):
+    """A weight round or snapshot load failed in the engine worker; the engine still runs
+    (with the old weights when loads are staged) and keeps its old version."""
+
+
+@dataclass(frozen=True)
+class WeightUpdate:
+    """What one in-flight update cost."""
+
+    version: int
+    stall_s: float
+    """Time generation was paused: pause + receive + load + relabel and resume."""
+    pause_s: float
+    """Time pause_generation took (the running step finishing, outputs drained)."""
+    receive_s: float
+    """Forming the round's group and receiving every bucket (slowest worker)."""
+    load_s: float
+    """reload_weights (slowest worker)."""
+    num_bytes: int
+
+
+@dataclass
+class TokenDelta:
+    """Tokens that arrived together while streaming one request."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    version: int
+    """The engine's version when they arrived (the final spans are authoritative)."""
+    arrived: float
+    """time.monotonic() of arrival."""
+    finish_reason: str | None = None
+    versions: list[int] | None = None
+    """On the last delta: the per-token versions of the whole request, from vLLM's spans."""
+
+
+class VllmEngine:
+    """An AsyncLLM with the Engine interface (`generate`) and in-flight weight updates.
+    Create with `await VllmEngine.start(config)`; call `shutdown()` when done."""
+
+    def __init__(self, llm: Any, config: VllmEngineConfig) -> None:
+        self.llm = llm
+        self.config = config
+        self.version = config.initial_version
+        self._update_lock = asyncio.Lock()
+
+    @classmethod
+    async def start(cls, config: VllmEngineConfig) -> VllmEngine:
+        os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(config.cpu_kvcache_gib)
+        os.environ["VLLM_CPU_OMP_THREADS_BIND"] = config.cpu_threads_bind
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        args = AsyncEngineArgs(
+            model=config.model,
+            dtype=config.dtype,
+            max_model_len=config.max_model_len,
+            max_num_seqs=config.max_num_seqs,
+            seed=config.seed,
+            enable_prefix_caching=config.enable_prefix_caching,
+            enforce_eager=config.enforce_eager,
+            logprobs_mode=config.logprobs_mode,
+            tensor_parallel_size=config.tensor_parallel_size,
+            gpu_memory_utilization=config.gpu_memory_utilization,
+            worker_extension_cls=WORKER_EXTENSION,
+            disable_log_stats=True,
+        )
+        # No local name for the AsyncLLM: something in vLLM keeps this frame alive, and a
+        # local would keep the AsyncLLM alive past shutdown() until interpreter exit.
+        engine = cls(AsyncLLM.from_engine_args(args), config)
+        await engine.llm.update_weight_version(str(config.initial_version))
+        return engine
+
+    @property
+    def num_weight_slots(self) -> int:
+        """Ranks this engine takes in a weight round (one per worker)."""
+        return self.config.tensor_parallel_size
+
+    # ---- generation ---------------------------------------------------------------------------
+
+    def _sampling_params(self, params: SamplingSpec):
+        from vllm.sampling_params import RequestOutputKind, SamplingParams
+
+        return SamplingParams(
+            temperature=params.temperature,
+            top_p=params.top_p,
+            max_tokens=params.max_tokens,
+            seed=params.seed,
+            stop_token_ids=list(params.stop_token_ids),
+            logprobs=0,  # the sampled token's logprob only
+            detokenize=False,
+            output_kind=RequestOutputKind.DELTA,
+        )
+
+    async def stream(
+        self, prompt_token_ids: list[int], params: SamplingSpec
+    ) -> AsyncIterator[TokenDelta]:
+        """Generate, yielding tokens as they arrive (the last delta has `finish_reason` and
+        the per-token `versions`)."""
+        if not prompt_token_ids:
+            raise ValueError("prompt_token_ids is empty")
+        if params.max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {params.max_tokens}")
+        request_id = uuid.uuid4().hex
+        num_tokens = 0
+        async for output in self.llm.generate(
+            {"prompt_token_ids": list(prompt_token_ids)},
+            self._sampling_params(params),
+            request_id,
+        ):
+            completion = output.outputs[0]
+            new_ids = list(completion.token_ids)
+            logprobs = [
+                position[token].logprob
+                for token, position in zip(new_ids, completion.logprobs or [], strict=True)
+            ]
+            num_tokens += len(new_ids)
+            delta = TokenDelta(new_ids, logprobs, self.version, time.monotonic())
+            if completion.finish_reason is not None:
+                if completion.finish_reason not in ("stop", "length"):
+                    raise RuntimeError(f"request {request_id} ended: {completion.finish_reason}")
+                delta.finish_reason = completion.finish_reason
+                delta.versions = _expand_spans(completion.weight_versions, num_tokens)
+            yield delta
+
+    async def generate(self, prompt_token_ids: list[int], params: SamplingSpec) -> Generation:
+        token_ids: list[int] = []
+        logprobs: list[float] = []
+        arrival_versions: list[int] = []  # fallback should vLLM report no spans
+        finish_reason, versions = "length", None
+        async for delta in self.stream(prompt_token_ids, params):
+            token_ids += delta.token_ids
+            logprobs += delta.logprobs
+            arrival_versions += [delta.version] * len(delta.token_ids)
+            if delta.finish_reason is not None:
+                finish_reason, versions = delta.finish_reason, delta.versions
+        return Generation(
+            token_ids=token_ids,
+            logprobs=logprobs,
+            finish_reason=finish_reason,
+            versions=versions if versions is not None else arrival_versions,
+        )
+
+    # ---- weights ------------------------------------------------------------------------------
+
+    async def _worker_call(self, method: str, *args: Any) -> list[Any]:
+        """collective_rpc on every worker; a worker's failure becomes WeightUpdateError."""
+        try:
+            return await self.llm.collective_rpc(method, args=args)
+        except Exception as e:  # vLLM re-raises a worker's error as a bare Exception
+            if self.llm.errored:
+                raise  # the engine itself died: not a failed round
+            raise WeightUpdateError(f"{method} failed in the engine worker: {e}") from e
+
+    async def update_weights(self, ticket) -> WeightUpdate:
+        """In-flight update from a weight round (`tether.weight_sync.RoundTicket`): pause
+        with requests kept, receive and load in the workers, relabel, resume. If the round
+        fails, generation resumes, the version stays, and WeightUpdateError is raised."""
+        async with self._update_lock:
+            started = time.monotonic()
+            await self.llm.pause_generation(
+                mode="keep", clear_cache=self.config.recompute_kv_on_update
+            )
+            pause_s = time.monotonic() - started
+            try:
+                results = await self._worker_call(
+                    "receive_weights",
+                    ticket.as_dict(),
+                    self.config.staged_weight_load,
+                    self.config.track_weights_checksum,
+                )
+                await self.llm.update_weight_version(str(ticket.version))
+                self.version = ticket.version
+            finally:
+                await self.llm.resume_generation()
+            stall_s = time.monotonic() - started
+        return WeightUpdate(
+            version=ticket.version,
+            stall_s=stall_s,
+            pause_s=pause_s,
+            receive_s=max(r["receive_s"] for r in results),
+            load_s=max(r["load_s"] for r in results),
+            num_bytes=results[0]["num_bytes"],
+        )
+
+    async def load_snapshot(self, path: str, version: int) -> float:
+        """Load a weights snapshot from disk (a late joiner, or recovery after a failed
+        round) and label later tokens `version`. Returns the stall in seconds."""
+        async with self._update_lock:
+            started = time.monotonic()
+            await self.llm.pause_generation(mode="keep", clear_cache=True)
+            try:
+                await self._worker_call(
+                    "load_weights_from_path", str(path), self.config.track_weights_checksum
+                )
+                await self.llm.update_weight_version(str(version))
+                self.version = version
+            finally:
+                await self.llm.resume_generation()
+            return time.monotonic() - started
+
+    async def weights_checksum(self) -> dict[str, float] | None:
+        """Fingerprint of the weights loaded last (see `track_weights_checksum`)."""
+        return (await self.llm.collective_rpc("weights_checksum"))[0]
+
+    def shutdown(self) -> None:
+        """Stop the engine processes (idempotent)."""
+        llm, self.llm = self.llm, None
+        if llm is not None:
+            llm.shutdown()
+            # AsyncLLM.__del__ shuts down again; let that happen now (it sits in reference
+            # cycles), not at interpreter exit when vLLM's module globals are gone.
+            del llm
+            gc.collect()
+
+
+def _expand_spans(spans, num_tokens: int) -> list[int] | None:
+    """vLLM's [start, end) version spans -> one int version per token (None if the spans
+    are missing or do not cover every token)."""
+    if not spans:
+        return None
+    versions: list[int] = []
+    for span in spans:
+        versions += [int(span.version)] * (span.end - span.start)
+    return versions if len(versions) == num_tokens else None
+
+
+async def follow_weights(
+    engine: VllmEngine, subscription, *, poll_s: float = 5.0, on_update=None
+) -> None:
+    """Keep `engine` current: join every weight round after its version, forever (cancel the
+    task to stop). `on_update(WeightUpdate)` is called after each successful update."""
+    while True:
+        ticket = await asyncio.to_thread(subscription.wait_round, engine.version, poll_s)
+        if ticket is None:
+            continue
+        try:
+            update = await engine.update_weights(ticket)
+        except WeightUpdateError as e:
+            # The round failed (the learner or a peer died mid-broadcast); weights are the
+            # old ones when staged. Join the next round.
+            log.warning("weight update to version %d failed: %s", ticket.version, e)
+            continue
+        if on_update is not None:
+            on_update(update)

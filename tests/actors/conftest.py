@@ -1,0 +1,41 @@
+"""vLLM fixtures for actor tests: the tiny random model (and a transformers copy of it as the
+reference), and ONE real engine per session (~30-60 s to start on a shared 2-core CPU),
+shut down at teardown so no engine process outlives the tests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir() -> Path:
+    from tether.tinymodel import build_random_tiny_model
+
+    return build_random_tiny_model()  # cached under .cache/tinymodel: seconds the first time
+
+
+@pytest.fixture(scope="session")
+def hf_tiny_model(tiny_model_dir):
+    """transformers' Qwen2 on the same weights (fp32, eval): the reference implementation."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="session")
+async def vllm_engine(tiny_model_dir):
+    from actors.vllm_engine import VllmEngine, VllmEngineConfig
+
+    engine = await VllmEngine.start(
+        VllmEngineConfig(
+            model=str(tiny_model_dir),
+            max_model_len=1024,
+            max_num_seqs=8,
+            track_weights_checksum=True,
+        )
+    )
+    yield engine
+    engine.shutdown()

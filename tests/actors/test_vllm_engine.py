@@ -1,0 +1,303 @@
+"""The vLLM engine against transformers on the same weights: weights broadcast over gloo,
+greedy outputs, sampled-token logprobs, an update in the middle of a request, a failed
+round, and a late joiner loading a snapshot. One real engine for the session."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import statistics
+import threading
+import time
+import types
+
+import pytest
+import torch
+
+from actors.rollout import SamplingSpec
+from actors.vllm_engine import (
+    VllmEngineConfig,
+    WeightUpdateError,
+    _expand_spans,
+    follow_weights,
+)
+from actors.worker_extension import checksum
+from tether.weight_sync import RoundTicket, WeightSender, WeightSubscription, WeightSyncConfig
+
+vllm = pytest.mark.vllm
+
+USER_MESSAGES = ["What is 17 + 25?", "What is 3 * 4?", "Hello"]
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_model_dir)
+
+
+@pytest.fixture(scope="module")
+def prompts(tokenizer) -> list[list[int]]:
+    out = []
+    for text in USER_MESSAGES:
+        rendered = tokenizer.apply_chat_template(
+            [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False
+        )
+        out.append(tokenizer.encode(rendered, add_special_tokens=False))
+    return out
+
+
+@pytest.fixture
+def channel():
+    sender = WeightSender(
+        WeightSyncConfig(store_port=0, join_timeout_s=10.0, transfer_timeout_s=30.0)
+    )
+    subscription = WeightSubscription(sender.config)
+    yield sender, subscription
+    subscription.leave()
+    sender.close()
+
+
+def test_version_spans_expand_to_one_version_per_token():
+    def span(version, start, end):
+        return types.SimpleNamespace(version=version, start=start, end=end)
+
+    assert _expand_spans([span("3", 0, 2), span("4", 2, 5)], 5) == [3, 3, 4, 4, 4]
+    assert _expand_spans([span("3", 0, 2)], 5) is None  # does not cover every token
+    assert _expand_spans(None, 5) is None
+
+
+def test_engine_config_rejects_bad_values():
+    with pytest.raises(ValueError):
+        VllmEngineConfig(model="m", max_model_len=0)
+    with pytest.raises(ValueError):
+        VllmEngineConfig(model="m", logprobs_mode="raw_logits")
+    with pytest.raises(ValueError):
+        VllmEngineConfig(model="m", unknown=1)
+
+
+def _perturbed(model, *, seed: int, scale: float = 0.05):
+    """A copy of `model` with Gaussian noise added to every (untied) parameter."""
+    clone = copy.deepcopy(model)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for param in clone.parameters():
+            param.add_(torch.randn(param.shape, generator=generator) * scale)
+    return clone
+
+
+async def _push(engine, channel, model, version: int):
+    """Broadcast `model`'s parameters as round `version` and apply it in flight."""
+    sender, subscription = channel
+    weights = [(name, param.detach()) for name, param in model.named_parameters()]
+    result = {}
+    thread = threading.Thread(
+        target=lambda: result.setdefault("report", sender.broadcast(version, weights))
+    )
+    thread.start()
+    ticket = await asyncio.to_thread(subscription.wait_round, engine.version, 30.0)
+    assert ticket is not None and ticket.version == version
+    update = await engine.update_weights(ticket)
+    await asyncio.to_thread(thread.join)
+    return result["report"], update
+
+
+@torch.no_grad()
+def _hf_greedy(model, prompt: list[int], max_tokens: int, eos_id: int) -> list[int]:
+    """The slow obvious greedy decoder: full forward pass per token."""
+    ids, out = list(prompt), []
+    for _ in range(max_tokens):
+        token = int(model(torch.tensor([ids])).logits[0, -1].argmax())
+        out.append(token)
+        ids.append(token)
+        if token == eos_id:
+            break
+    return out
+
+
+@torch.no_grad()
+def _hf_logprobs(model, prompt: list[int], tokens: list[int], temperature: float):
+    logits = model(torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1 : -1]  # [T, V]
+    logprobs = torch.log_softmax(logits / temperature, dim=-1)
+    return logprobs.gather(-1, torch.tensor(tokens)[:, None])[:, 0]  # [T]
+
+
+@vllm
+async def test_generate_returns_one_logprob_and_version_per_token(vllm_engine, prompts):
+    spec = SamplingSpec(temperature=1.0, max_tokens=6, seed=7)
+    first = await vllm_engine.generate(prompts[0], spec)
+    n = len(first.token_ids)
+    assert len(first.logprobs) == len(first.versions) == n
+    assert first.versions == [vllm_engine.version] * n
+    assert all(lp <= 0.0 for lp in first.logprobs)
+    assert first.finish_reason == ("length" if n == 6 else "stop")
+    # Same seed, and the first token made a stop token: it ends there, included.
+    again = await vllm_engine.generate(
+        prompts[0],
+        SamplingSpec(temperature=1.0, max_tokens=6, seed=7, stop_token_ids=(first.token_ids[0],)),
+    )
+    assert again.token_ids == first.token_ids[:1] and again.finish_reason == "stop"
+    with pytest.raises(ValueError):
+        await vllm_engine.generate([], spec)
+
+
+@vllm
+async def test_greedy_after_gloo_broadcast_equals_transformers(
+    vllm_engine, hf_tiny_model, prompts, channel, tokenizer
+):
+    model = _perturbed(hf_tiny_model, seed=1)
+    version = vllm_engine.version + 1
+    report, update = await _push(vllm_engine, channel, model, version)
+    assert report.ok and report.num_receivers == 1 and update.version == version
+    expected = checksum(model.named_parameters())
+    got = await vllm_engine.weights_checksum()
+    assert got["num_tensors"] == expected["num_tensors"]
+    assert got["sum"] == pytest.approx(expected["sum"], rel=1e-12)
+    assert got["sum_sq"] == pytest.approx(expected["sum_sq"], rel=1e-12)
+    for prompt in prompts:
+        generation = await vllm_engine.generate(
+            prompt, SamplingSpec(temperature=0.0, max_tokens=24)
+        )
+        assert generation.token_ids == _hf_greedy(model, prompt, 24, tokenizer.eos_token_id)
+        assert generation.versions == [version] * len(generation.token_ids)
+    print(
+        f"\nbroadcast {report.num_bytes / 1e6:.1f} MB at {report.mb_per_s:.0f} MB/s; "
+        f"update stall {update.stall_s * 1e3:.0f} ms (receive {update.receive_s * 1e3:.0f}, "
+        f"load {update.load_s * 1e3:.0f})"
+    )
+
+
+@vllm
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+async def test_sampled_logprobs_match_transformers(
+    vllm_engine, hf_tiny_model, prompts, channel, temperature
+):
+    model = _perturbed(hf_tiny_model, seed=2)
+    await _push(vllm_engine, channel, model, vllm_engine.version + 1)
+    diffs = []
+    for i, prompt in enumerate(prompts):
+        generation = await vllm_engine.generate(
+            prompt, SamplingSpec(temperature=temperature, max_tokens=48, seed=100 + i)
+        )
+        reference = _hf_logprobs(model, prompt, generation.token_ids, temperature)
+        diffs.append((torch.tensor(generation.logprobs) - reference).abs())
+    diffs = torch.cat(diffs)
+    print(
+        f"\nT={temperature}: {diffs.numel()} tokens, logprob |vLLM - transformers| "
+        f"max {diffs.max():.2e} mean {diffs.mean():.2e}"
+    )
+    assert diffs.max() < 1e-4
+
+
+@vllm
+async def test_update_mid_request_relabels_later_tokens_and_the_request_continues(
+    vllm_engine, hf_tiny_model, prompts, channel
+):
+    """Start a long request, update weights once 8 tokens arrived; the request must go on
+    with later tokens carrying the new version. A request that samples EOS before the
+    update lands is retried with another seed."""
+    old = vllm_engine.version
+    new = old + 1
+    model = _perturbed(hf_tiny_model, seed=3)
+    for seed in range(5):
+        deltas, update = [], None
+        async for delta in vllm_engine.stream(
+            prompts[0], SamplingSpec(temperature=1.0, max_tokens=160, seed=seed)
+        ):
+            deltas.append(delta)
+            if update is None and sum(len(d.token_ids) for d in deltas) >= 8:
+                update = asyncio.create_task(_push(vllm_engine, channel, model, new))
+        if update is None:
+            continue
+        _, weight_update = await update
+        versions = deltas[-1].versions
+        if new not in versions:
+            continue  # finished during the pause: nothing generated after the update
+        break
+    else:
+        pytest.fail("no request outlived the update in 5 attempts")
+    k = versions.index(new)
+    assert 8 <= k < len(versions)
+    assert versions == [old] * k + [new] * (len(versions) - k)
+    # Arrival order agrees: deltas that arrived before the update finished are all old.
+    arrival = [d.version for d in deltas for _ in d.token_ids]
+    assert all(a <= v for a, v in zip(arrival, versions, strict=True))
+    # The stall as the request saw it: the gap between the deltas around the switch.
+    arrivals, index = [], 0
+    for delta in deltas:
+        if delta.token_ids:
+            arrivals.append((index, delta.arrived))
+            index += len(delta.token_ids)
+    switch = next(i for i, (start, _) in enumerate(arrivals) if start >= k)
+    gap_s = arrivals[switch][1] - arrivals[switch - 1][1]
+    gaps = [b[1] - a[1] for a, b in zip(arrivals[:-1], arrivals[1:], strict=True)]
+    print(
+        f"\nin-flight update: {len(versions)} tokens, new version from token {k}; engine "
+        f"stall {weight_update.stall_s * 1e3:.0f} ms; the request's gap at the switch "
+        f"{gap_s * 1e3:.0f} ms, median decode gap {statistics.median(gaps) * 1e3:.1f} ms"
+    )
+    assert gap_s >= 0.5 * weight_update.stall_s > 0
+
+
+@vllm
+async def test_failed_round_leaves_weights_version_and_generation_intact(
+    vllm_engine, prompts, channel
+):
+    sender, _ = channel
+    before_version = vllm_engine.version
+    before_checksum = await vllm_engine.weights_checksum()
+    spec = SamplingSpec(temperature=0.0, max_tokens=12)
+    before = await vllm_engine.generate(prompts[1], spec)
+    # A seat in a round whose sender never comes: the worker's group times out.
+    orphan = RoundTicket(
+        version=before_version + 100,
+        base_rank=1,
+        world_size=2,
+        backend="gloo",
+        store_host="127.0.0.1",
+        store_port=sender.config.store_port,
+        transfer_timeout_s=2.0,
+    )
+    started = time.monotonic()
+    with pytest.raises(WeightUpdateError):
+        await vllm_engine.update_weights(orphan)
+    assert time.monotonic() - started < 10.0
+    assert vllm_engine.version == before_version
+    assert await vllm_engine.weights_checksum() == before_checksum
+    after = await vllm_engine.generate(prompts[1], spec)
+    assert after.token_ids == before.token_ids
+    assert after.versions == [before_version] * len(after.token_ids)
+
+
+@vllm
+async def test_late_joiner_loads_snapshot_then_follows_broadcasts(
+    vllm_engine, hf_tiny_model, prompts, channel, tokenizer, tmp_path
+):
+    snapshot = _perturbed(hf_tiny_model, seed=4)
+    snapshot.save_pretrained(tmp_path / "snapshot")
+    version = vllm_engine.version + 10
+    stall_s = await vllm_engine.load_snapshot(tmp_path / "snapshot", version)
+    assert vllm_engine.version == version
+    spec = SamplingSpec(temperature=0.0, max_tokens=24)
+    for prompt in prompts:
+        generation = await vllm_engine.generate(prompt, spec)
+        assert generation.token_ids == _hf_greedy(snapshot, prompt, 24, tokenizer.eos_token_id)
+        assert generation.versions == [version] * len(generation.token_ids)
+    # ... and joins the next broadcast through the follow loop.
+    sender, subscription = channel
+    following = asyncio.create_task(follow_weights(vllm_engine, subscription, poll_s=1.0))
+    try:
+        newer = _perturbed(hf_tiny_model, seed=5)
+        weights = [(name, param.detach()) for name, param in newer.named_parameters()]
+        report = await asyncio.to_thread(sender.broadcast, version + 1, weights)
+        assert report.ok and report.num_receivers == 1
+        for _ in range(100):
+            if vllm_engine.version == version + 1:
+                break
+            await asyncio.sleep(0.05)
+    finally:
+        following.cancel()
+    assert vllm_engine.version == version + 1
+    generation = await vllm_engine.generate(prompts[0], spec)
+    assert generation.token_ids == _hf_greedy(newer, prompts[0], 24, tokenizer.eos_token_id)
+    print(f"\nsnapshot load stall {stall_s * 1e3:.0f} ms")
