@@ -147,12 +147,13 @@ def launch(config_path: Path, overrides: list[str]) -> int:
         ]
         args = wiring + list(overrides)
         cfg = ["--config", str(config_path)]
-        bin_dir = Path(sys.executable).parent
-        children.start("envserver", [str(bin_dir / "envserver"), *cfg, *args])
-        children.start("learner", [str(bin_dir / "learner"), *cfg, *args])
+        # The same entry points as the `envserver`, `learner` and `actor` console scripts.
+        python = [sys.executable, "-m"]
+        children.start("envserver", [*python, "envservers.cli", *cfg, *args])
+        children.start("learner", [*python, "learner.cli", *cfg, *args])
         children.start(
             "actor",
-            [str(bin_dir / "actor"), *cfg, "--replicas", str(local.actor_replicas), *args],
+            [*python, "actors.cli", *cfg, "--replicas", str(local.actor_replicas), *args],
         )
         print(
             f"started nats-server ({nats.url}), envserver, learner, {local.actor_replicas} actor "

@@ -30,7 +30,7 @@ def _fmt_duration(seconds: float) -> str:
 
 def progress_line(record: dict, *, total_steps: int, last_eval: dict | None) -> str:
     """One line per training step: step, version, reward, eval, staleness, speed, time left."""
-    step, wall = record["step"], record["wall_s"]
+    step, wall = record["version"], record["wall_s"]  # steps taken = the policy version
     left = wall / step * (total_steps - step) if step else 0.0
     eval_text = (
         f"eval pass@1 {last_eval['pass_at_1']:.2f} (v{last_eval['version']})"
@@ -65,11 +65,11 @@ def summarize(records: list[dict]) -> dict:
         "eval_pass1_start": evals[0]["pass_at_1"],
         "eval_pass1_end": evals[-1]["pass_at_1"],
         "eval_pass1_gain": evals[-1]["pass_at_1"] - evals[0]["pass_at_1"],
-        "steps": last["step"],
+        "steps": last["version"],
         "final_version": last["version"],
         "wall_s": done.get("wall_s", last["wall_s"]),
         "max_staleness_seen": max(r["max_staleness_seen"] for r in train),
-        "published": done.get("published", last["published"]),
+        "published": done.get("published", done.get("stream_messages_stored")),
         "trained": done.get("trained", last["trained"]),
         "dropped": done.get("dropped", last["dropped"]),
         "dropped_by_reason": done.get("dropped_by_reason", {}),
@@ -106,7 +106,7 @@ def plot(records: list[dict], path: Path) -> Path:
     evals = [r for r in records if r["kind"] == "eval"]
     fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
     for ax, x_key, label in (
-        (axes[0], "step", "step (policy version)"),
+        (axes[0], "version", "step (policy version)"),
         (axes[1], "wall_s", "wall time (s)"),
     ):
         ax.plot(
@@ -116,7 +116,7 @@ def plot(records: list[dict], path: Path) -> Path:
             color="tab:blue",
             alpha=0.7,
         )
-        eval_x = [r["version"] if x_key == "step" else r["wall_s"] for r in evals]
+        eval_x = [r[x_key] for r in evals]
         ax.plot(eval_x, [r["pass_at_1"] for r in evals], "o-", label="eval pass@1", color="tab:red")
         ax.set_xlabel(label)
         ax.set_ylim(-0.02, 1.02)
