@@ -14,6 +14,11 @@ every step's outputs with its current label, and the final output carries the sp
 token sampled before the update carries the old version, one after it the new one, so a
 trajectory that crosses an update says so token by token.
 
+Requests that are running when an update lands keep their KV cache (unless
+`recompute_kv_on_update`); requests admitted after it never reuse prefix blocks that older
+weights computed: each request's prefix-cache salt changes with the weights (RL revisits the
+same prompts, and vLLM cannot drop cached blocks while kept requests hold some).
+
 On CPU the engine is configured through vLLM's environment variables (KV cache size,
 OpenMP binding); on GPU the same code runs with the `vllm` wheel and NCCL. vLLM is imported
 only when an engine starts, so configs stay fast to load.
@@ -68,8 +73,9 @@ class VllmEngineConfig(StrictModel):
     logits before any processing."""
     recompute_kv_on_update: bool = False
     """False: an in-flight update keeps the KV cache (running requests continue on KV
-    computed by the old weights, as in PipelineRL/AReaL). True: the cache is dropped and
-    running requests recompute their prefix with the new weights on resume."""
+    computed by the old weights, as in PipelineRL/AReaL; new requests never reuse it). True:
+    the cache is dropped and running requests recompute their prefix with the new weights on
+    resume."""
     staged_weight_load: bool = True
     """Receive every tensor before loading any, so a failed round leaves the old weights
     intact (costs one extra copy of the model during the update)."""
@@ -141,6 +147,10 @@ class VllmEngine:
         self.config = config
         self.version = config.initial_version
         self._update_lock = asyncio.Lock()
+        # Salts the prefix cache of each request: bumped when an update starts and when its
+        # weights are in, so a request admitted afterwards never reuses KV blocks that older
+        # weights computed (vLLM cannot drop cached blocks while kept requests hold some).
+        self._cache_epoch = 0
 
     @classmethod
     async def start(cls, config: VllmEngineConfig) -> VllmEngine:
@@ -202,7 +212,7 @@ class VllmEngine:
         request_id = uuid.uuid4().hex
         num_tokens = 0
         async for output in self.llm.generate(
-            {"prompt_token_ids": list(prompt_token_ids)},
+            {"prompt_token_ids": list(prompt_token_ids), "cache_salt": f"w{self._cache_epoch}"},
             self._sampling_params(params),
             request_id,
         ):
@@ -256,6 +266,7 @@ class VllmEngine:
         fails, generation resumes, the version stays, and WeightUpdateError is raised."""
         async with self._update_lock:
             started = time.monotonic()
+            self._cache_epoch += 1  # requests admitted while the pause takes effect
             await self.llm.pause_generation(
                 mode="keep", clear_cache=self.config.recompute_kv_on_update
             )
@@ -269,6 +280,7 @@ class VllmEngine:
                 )
                 await self.llm.update_weight_version(str(ticket.version))
                 self.version = ticket.version
+                self._cache_epoch += 1  # from here on: blocks of the new weights only
             finally:
                 await self.llm.resume_generation()
             stall_s = time.monotonic() - started
@@ -283,16 +295,22 @@ class VllmEngine:
 
     async def load_snapshot(self, path: str, version: int) -> float:
         """Load a weights snapshot from disk (a late joiner, or recovery after a failed
-        round) and label later tokens `version`. Returns the stall in seconds."""
+        round) and label later tokens `version`. Returns the stall in seconds. A snapshot
+        that cannot be read (gone, truncated) raises WeightUpdateError; with staged loads
+        the old weights and version stay."""
         async with self._update_lock:
             started = time.monotonic()
             await self.llm.pause_generation(mode="keep", clear_cache=True)
             try:
                 await self._worker_call(
-                    "load_weights_from_path", str(path), self.config.track_weights_checksum
+                    "load_weights_from_path",
+                    str(path),
+                    self.config.track_weights_checksum,
+                    self.config.staged_weight_load,
                 )
                 await self.llm.update_weight_version(str(version))
                 self.version = version
+                self._cache_epoch += 1
             finally:
                 await self.llm.resume_generation()
             return time.monotonic() - started
@@ -326,9 +344,10 @@ def _expand_spans(spans, num_tokens: int) -> list[int] | None:
 async def follow_weights(
     engine: VllmEngine, subscription, *, poll_s: float = 5.0, on_update=None
 ) -> None:
-    """Keep `engine` current: join every weight round after its version, forever (cancel the
-    task to stop). `on_update(WeightUpdate)` is called after each successful update."""
-    while True:
+    """Keep `engine` current: join every weight round after its version, until the task is
+    cancelled or the subscription left. `on_update(WeightUpdate)` is called after each
+    successful update."""
+    while not subscription.left:
         ticket = await asyncio.to_thread(subscription.wait_round, engine.version, poll_s)
         if ticket is None:
             continue

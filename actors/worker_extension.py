@@ -146,10 +146,17 @@ class WeightSyncExtension:
             "load_s": loaded - received,
         }
 
-    def load_weights_from_path(self, path: str, track_checksum: bool = False) -> None:
+    def load_weights_from_path(
+        self, path: str, track_checksum: bool = False, staged: bool = True
+    ) -> None:
         """Load a checkpoint directory (safetensors, HF names) saved by the learner: what a
-        late joiner does before it generates, or a receiver after a failed round."""
-        self._tether_reload(safetensors_weights(path), track_checksum)
+        late joiner does before it generates, or a receiver after a failed round. `staged`
+        reads every file before loading any tensor, so a snapshot that vanished or is cut
+        short (the learner rotates them) leaves the old weights intact."""
+        weights = safetensors_weights(path)
+        if staged:
+            weights = list(weights)
+        self._tether_reload(weights, track_checksum)
 
     def weights_checksum(self) -> dict[str, float] | None:
         """`checksum` of the weights loaded last (None before, or when not tracked)."""

@@ -11,17 +11,16 @@ touches anyone's default group. Actors come and go, so membership is settled per
     set round/v/roster (id -> base rank);         reads roster (absent -> missed, next round)
       evict members that did not join
     ProcessGroup(rank 0, 1 + slots)  ◄─────────►  worker: ProcessGroup(base rank + worker rank)
-    per bucket: broadcast [header_len, nbytes], JSON header, one flat uint8 buffer
-    end: header_len 0
+    send_buckets ───────────────────────────────►  receive_buckets   (tether/weight_buckets.py)
 
 A dead actor costs the sender at most one `join_timeout_s` (then it is evicted and never
 waited on again; a live one that was merely slow rejoins by setting itself alive), and a
 receiver that joins but dies mid-round fails that round within `transfer_timeout_s`; the
 sender reports the failure and the learner carries on. Every round carries full tensors, so
-a receiver that missed rounds is current again after the next one it joins.
+a receiver that missed rounds is current again after the next one it joins. A member that
+`leave()`s (its actor stops) is given no seat, even if its polling thread had just joined.
 
-Bucketing is pure (`pack_bucket` / `unpack_bucket` / `bucketize`). torch is imported inside
-functions so that configs importing `WeightSyncConfig` stay fast.
+torch is imported inside functions so that configs importing `WeightSyncConfig` stay fast.
 """
 
 from __future__ import annotations
@@ -29,6 +28,7 @@ from __future__ import annotations
 import json
 import logging
 import socket
+import threading
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 import pydantic
 
 from tether.config import StrictModel
+from tether.weight_buckets import receive_buckets, send_buckets
 
 if TYPE_CHECKING:
     import torch
@@ -45,7 +46,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 PREFIX = "tether/weights"
-_ALIGN = 64  # byte offset alignment of each tensor inside a bucket (any dtype can view it)
 _CLOSED = "closed"
 _POLL_S = 0.005
 
@@ -79,71 +79,6 @@ class WeightSyncConfig(StrictModel):
         if value not in ("auto", "gloo", "nccl"):
             raise ValueError(f"backend must be auto, gloo or nccl, got {value!r}")
         return value
-
-
-# ---- buckets (pure) ----------------------------------------------------------------------------
-
-
-def _aligned(offset: int) -> int:
-    return (offset + _ALIGN - 1) // _ALIGN * _ALIGN
-
-
-def _nbytes(tensor: torch.Tensor) -> int:
-    return tensor.numel() * tensor.element_size()
-
-
-def bucketize(
-    named_tensors: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int
-) -> Iterator[list[tuple[str, torch.Tensor]]]:
-    """Group consecutive tensors into lists of at most `bucket_bytes` (aligned) bytes; a
-    tensor larger than that travels alone. Pulls the source lazily (one bucket at a time)."""
-    if bucket_bytes <= 0:
-        raise ValueError(f"bucket_bytes must be > 0, got {bucket_bytes}")
-    bucket: list[tuple[str, torch.Tensor]] = []
-    size = 0
-    for name, tensor in named_tensors:
-        need = _aligned(_nbytes(tensor))
-        if bucket and size + need > bucket_bytes:
-            yield bucket
-            bucket, size = [], 0
-        bucket.append((name, tensor))
-        size += need
-    if bucket:
-        yield bucket
-
-
-def pack_bucket(
-    named_tensors: list[tuple[str, torch.Tensor]], device: torch.device | str = "cpu"
-) -> tuple[bytes, torch.Tensor]:
-    """One flat uint8 buffer holding every tensor's bytes, and a JSON header of
-    [name, dtype, shape, offset] entries locating them."""
-    import torch
-
-    entries: list[list[Any]] = []
-    offset = 0
-    for name, tensor in named_tensors:
-        entries.append([name, str(tensor.dtype).removeprefix("torch."), list(tensor.shape), offset])
-        offset = _aligned(offset + _nbytes(tensor))
-    buffer = torch.zeros(offset, dtype=torch.uint8, device=device)  # [nbytes]
-    for (_, tensor), (_, _, _, start) in zip(named_tensors, entries, strict=True):
-        flat = tensor.detach().contiguous().reshape(-1).view(torch.uint8)
-        buffer[start : start + flat.numel()].copy_(flat)
-    return json.dumps(entries).encode(), buffer
-
-
-def unpack_bucket(header: bytes, buffer: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
-    """Inverse of `pack_bucket`: views into `buffer` (no copies)."""
-    import torch
-
-    out = []
-    for name, dtype_name, shape, start in json.loads(header):
-        dtype = getattr(torch, dtype_name)
-        numel = 1
-        for dim in shape:
-            numel *= dim
-        nbytes = numel * torch.empty((), dtype=dtype).element_size()
-        out.append((name, buffer[start : start + nbytes].view(dtype).reshape(shape)))
-    return out
 
 
 # ---- process group of one round ---------------------------------------------------------------
@@ -222,54 +157,6 @@ def _drain(iterator: Iterator) -> None:
         pass
 
 
-def _broadcast(group, tensor: torch.Tensor) -> None:
-    group.broadcast(tensor, 0).wait()
-
-
-def buffer_device(backend: str):
-    import torch
-
-    return torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else "cpu"
-
-
-def send_buckets(
-    group, named_tensors: Iterable[tuple[str, torch.Tensor]], *, backend: str, bucket_bytes: int
-) -> tuple[int, int]:
-    """Broadcast every tensor from rank 0, bucket by bucket. Returns (tensors, bytes)."""
-    import torch
-
-    device = buffer_device(backend)
-    num_tensors = num_bytes = 0
-    for bucket in bucketize(named_tensors, bucket_bytes):
-        header, buffer = pack_bucket(bucket, device)
-        sizes = torch.tensor([len(header), buffer.numel()], dtype=torch.int64, device=device)
-        _broadcast(group, sizes)
-        _broadcast(group, torch.frombuffer(bytearray(header), dtype=torch.uint8).to(device))
-        _broadcast(group, buffer)
-        num_tensors += len(bucket)
-        num_bytes += buffer.numel()
-    _broadcast(group, torch.zeros(2, dtype=torch.int64, device=device))  # end of round
-    return num_tensors, num_bytes
-
-
-def receive_buckets(group, *, backend: str) -> Iterator[tuple[str, torch.Tensor]]:
-    """Yield (name, tensor) as buckets arrive from rank 0, until the end marker."""
-    import torch
-
-    device = buffer_device(backend)
-    while True:
-        sizes = torch.zeros(2, dtype=torch.int64, device=device)
-        _broadcast(group, sizes)
-        header_len, num_bytes = sizes.tolist()
-        if header_len == 0:
-            return
-        header = torch.empty(header_len, dtype=torch.uint8, device=device)
-        _broadcast(group, header)
-        buffer = torch.empty(num_bytes, dtype=torch.uint8, device=device)
-        _broadcast(group, buffer)
-        yield from unpack_bucket(header.cpu().numpy().tobytes(), buffer)
-
-
 # ---- learner side ------------------------------------------------------------------------------
 
 
@@ -326,7 +213,9 @@ class WeightSender:
     def _key(self, key: str) -> str:
         return f"{PREFIX}/{key}"
 
-    def _member_states(self) -> dict[int, str]:
+    def members(self) -> dict[int, str]:
+        """{member id: state} of every registered subscription: `alive` (expected in the
+        next round), `evicted` (missed a round; expected again once it joins one) or `left`."""
         num_ids = self._store.add(self._key("members/next_id"), 0)
         ids = list(range(1, num_ids + 1))
         keys = [self._key(f"members/{i}") for i in ids]
@@ -349,9 +238,11 @@ class WeightSender:
         {member id: slots} of those that joined and the ids that did not (evicted)."""
         deadline = time.monotonic() + self.config.join_timeout_s
         while True:
-            states = self._member_states()
+            states = self.members()
             alive = [i for i, s in states.items() if s == "alive"]
-            joined = self._joined(version, states)
+            # A member that left after joining (its actor stopped) gets no seat: nobody
+            # would take it, and the round would fail for everyone after transfer_timeout_s.
+            joined = self._joined(version, [i for i, s in states.items() if s != "left"])
             if all(i in joined for i in alive) or time.monotonic() >= deadline:
                 break
             time.sleep(_POLL_S)
@@ -474,6 +365,10 @@ class WeightSubscription:
             raise ValueError(f"slots must be >= 1, got {slots}")
         self.config = config
         self.slots = slots
+        # `leave()` may run in another thread while `wait_round` polls: once it returned,
+        # no new join may happen (a seat nobody takes fails the round for everyone).
+        self._lock = threading.Lock()
+        self._left = False
         self._register(config.transfer_timeout_s)
 
     def _register(self, connect_timeout_s: float) -> None:
@@ -497,11 +392,12 @@ class WeightSubscription:
         """Join the first round newer than `after_version` that still admits us; None if
         none did within `timeout_s` (once joined, it waits for that round's roster, at most
         `join_timeout_s` more). Survives a learner restart: it reconnects and registers
-        anew. Blocking: run it in a thread from async code."""
+        anew. Returns None at once after `leave()`. Blocking: run it in a thread from async
+        code."""
         import torch.distributed as dist
 
         deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline and not self._left:
             try:
                 version = self.latest()
                 if version is None or version <= after_version:
@@ -512,6 +408,8 @@ class WeightSubscription:
                 # The learner's store is gone (restart, crash): reconnect until the deadline.
                 log.warning("weight store unreachable (%s); reconnecting", e)
                 time.sleep(0.5)
+                if self._left:
+                    return None
                 try:
                     self._register(max(0.5, deadline - time.monotonic()))
                 except dist.DistError:
@@ -523,17 +421,26 @@ class WeightSubscription:
         return None
 
     def _join(self, version: int) -> RoundTicket | None:
-        self._store.set(f"{PREFIX}/members/{self.member_id}", "alive")
-        self._store.set(
-            f"{PREFIX}/{_round_key(version, f'join/{self.member_id}')}", str(self.slots)
-        )
+        with self._lock:
+            if self._left:
+                return None
+            self._store.set(f"{PREFIX}/members/{self.member_id}", "alive")
+            self._store.set(
+                f"{PREFIX}/{_round_key(version, f'join/{self.member_id}')}", str(self.slots)
+            )
         # The sender publishes the roster at most join_timeout_s after announcing the round;
-        # having joined, wait for it (leaving early would strand a seat in the round).
+        # having joined, wait for it (leaving early would strand a seat in the round, unless
+        # leave() marked us `left` first). Polled rather than store.wait: the store client
+        # serves one request at a time, and a blocking wait would hold up leave().
         roster_key = f"{PREFIX}/{_round_key(version, 'roster')}"
-        self._store.wait([roster_key], timedelta(seconds=self.config.join_timeout_s + 5.0))
+        deadline = time.monotonic() + self.config.join_timeout_s + 5.0
+        while not self._store.check([roster_key]):
+            if self._left or time.monotonic() >= deadline:
+                return None  # left (no seat for us), or the sender is gone
+            time.sleep(_POLL_S)
         roster = json.loads(self._store.get(roster_key))
         base_rank = roster["ranks"].get(str(self.member_id))
-        if base_rank is None:
+        if base_rank is None or self._left:
             return None
         backend = self._store.get(f"{PREFIX}/{_round_key(version, 'backend')}").decode()
         return RoundTicket(
@@ -546,9 +453,17 @@ class WeightSubscription:
             transfer_timeout_s=self.config.transfer_timeout_s,
         )
 
+    @property
+    def left(self) -> bool:
+        """True once `leave()` was called: this subscription joins no more rounds."""
+        return self._left
+
     def leave(self) -> None:
-        """Tell the sender not to wait for us any more."""
-        self._store.set(f"{PREFIX}/members/{self.member_id}", "left")
+        """Tell the sender not to wait for us any more. Thread-safe: a `wait_round` running
+        in another thread joins no round after this returns, and returns None."""
+        with self._lock:
+            self._left = True
+            self._store.set(f"{PREFIX}/members/{self.member_id}", "left")
 
 
 def receive_round(

@@ -240,6 +240,33 @@ async def test_update_mid_request_relabels_later_tokens_and_the_request_continue
 
 
 @vllm
+async def test_request_after_an_update_reuses_no_prefix_kv_of_older_weights(
+    vllm_engine, hf_tiny_model, channel, tokenizer
+):
+    """RL revisits prompts: a prompt whose KV blocks the old weights cached must be
+    recomputed once new weights are in (with stale prefix KV, greedy output differs)."""
+    from tether.demo_data import CALCULATOR_TOOLS, SYSTEM_PROMPT
+
+    rendered = tokenizer.apply_chat_template(
+        [
+            {"role": "system", "content": SYSTEM_PROMPT},
+            {"role": "user", "content": "What is 5 + 6?"},
+        ],
+        tools=CALCULATOR_TOOLS,
+        add_generation_prompt=True,
+        tokenize=False,
+    )
+    prompt = tokenizer.encode(rendered, add_special_tokens=False)
+    assert len(prompt) >= 256  # whole KV blocks (128 tokens on CPU) worth caching
+    spec = SamplingSpec(temperature=0.0, max_tokens=24)
+    await vllm_engine.generate(prompt, spec)  # caches the prompt's blocks
+    model = _perturbed(hf_tiny_model, seed=6)
+    await _push(vllm_engine, channel, model, vllm_engine.version + 1)
+    generation = await vllm_engine.generate(prompt, spec)
+    assert generation.token_ids == _hf_greedy(model, prompt, 24, tokenizer.eos_token_id)
+
+
+@vllm
 async def test_failed_round_leaves_weights_version_and_generation_intact(
     vllm_engine, prompts, channel
 ):
@@ -297,6 +324,10 @@ async def test_late_joiner_loads_snapshot_then_follows_broadcasts(
             await asyncio.sleep(0.05)
     finally:
         following.cancel()
+    assert vllm_engine.version == version + 1
+    # A snapshot that vanished (rotated away) is refused; weights and version stay.
+    with pytest.raises(WeightUpdateError):
+        await vllm_engine.load_snapshot(tmp_path / "gone", version + 5)
     assert vllm_engine.version == version + 1
     generation = await vllm_engine.generate(prompts[0], spec)
     assert generation.token_ids == _hf_greedy(newer, prompts[0], 24, tokenizer.eos_token_id)

@@ -16,16 +16,14 @@ import pytest
 import torch
 
 from actors.worker_extension import checksum, tied_aliases, with_aliases
+from tether.weight_buckets import bucketize, pack_bucket, unpack_bucket
 from tether.weight_sync import (
     RoundTicket,
     WeightSender,
     WeightSubscription,
     WeightSyncConfig,
     assign_ranks,
-    bucketize,
-    pack_bucket,
     receive_round,
-    unpack_bucket,
 )
 
 REPO = Path(__file__).resolve().parents[2]
@@ -226,6 +224,38 @@ def test_wait_round_gives_up_when_no_round_comes(sender):
     assert time.monotonic() - started < 1.5
 
 
+def test_leave_ends_a_waiting_subscription_at_once(sender):
+    subscription = WeightSubscription(sender.config)
+    thread, ticket = _in_thread(subscription.wait_round, -1, 30.0)
+    time.sleep(0.2)
+    started = time.monotonic()
+    subscription.leave()  # from another thread, as the actor does when it stops
+    thread.join(timeout=5.0)
+    assert not thread.is_alive() and time.monotonic() - started < 1.0
+    assert ticket["value"] is None and subscription.left
+    assert sender.members() == {subscription.member_id: "left"}
+    report = sender.broadcast(1, [("w", torch.ones(2))])  # nobody awaited, nobody seated
+    assert report.ok and report.num_receivers == 0 and report.missed == ()
+    assert report.join_s < 0.5
+
+
+def test_member_that_leaves_after_joining_gets_no_seat(sender):
+    """A stopping actor's poll thread joined round 1 and left before the roster: seating it
+    would fail the round for everyone after transfer_timeout_s."""
+    leaving = WeightSubscription(sender.config)
+    slow = WeightSubscription(sender.config)  # never joins: the sender waits join_timeout_s
+    waiting, ticket = _in_thread(leaving.wait_round, -1, 30.0)
+    broadcasting, report = _in_thread(sender.broadcast, 1, [("w", torch.ones(2))])
+    time.sleep(0.5)  # `leaving` joined round 1 and polls for its roster
+    leaving.leave()
+    waiting.join(timeout=1.0)
+    assert not waiting.is_alive() and ticket["value"] is None
+    broadcasting.join(timeout=10.0)
+    report = report["value"]
+    assert report.ok and report.num_receivers == 0 and report.missed == (slow.member_id,)
+    assert report.transfer_s == 0.0  # no group was formed
+
+
 def test_sender_rejects_versions_that_do_not_increase(sender):
     sender.broadcast(3, [])
     with pytest.raises(ValueError):
@@ -248,7 +278,7 @@ def test_subscription_reconnects_after_a_learner_restart():
     second = WeightSender(config)  # restarted on the same port
     try:
         for _ in range(200):  # until the subscription registered with the new store
-            if second._member_states():
+            if second.members():
                 break
             time.sleep(0.05)
         report_thread, report = _in_thread(second.broadcast, 1, [("w", torch.ones(2))])
