@@ -106,6 +106,14 @@ def load_checkpoint(
         model, optimizer, model_state_dict=loaded["model"], optim_state_dict=loaded["optim"]
     )
     scheduler.load_state_dict(loaded["scheduler"])
+    return read_training_state(path)
+
+
+def read_training_state(path: str | Path) -> TrainingState:
+    """The `state.json` of a complete checkpoint, without loading any tensor (no collective)."""
+    path = Path(path)
+    if not (path / STATE_FILE).is_file():
+        raise ValueError(f"{path} is not a complete checkpoint (no {STATE_FILE})")
     return TrainingState(**json.loads((path / STATE_FILE).read_text()))
 
 

@@ -42,6 +42,9 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"learner: {e}", file=sys.stderr)
         return 2
+    if config.train_data is None:
+        print("learner: learner.train_data is required (a SkyRL-format JSONL)", file=sys.stderr)
+        return 2
     if config.nproc > 1 and "LOCAL_RANK" not in os.environ:
         return _relaunch_under_torchrun(config.nproc, args.config, overrides)
     from learner.main import run

@@ -142,6 +142,10 @@ class LearnerConfig(StrictModel):
     """Number of learner ranks (torchrun processes)."""
     seed: int = 0
     """Seed of the dataset order and of torch."""
+    torch_threads: int | None = pydantic.Field(default=None, ge=1)
+    """torch intra-op threads per rank; None keeps torch's default (one per core). On a
+    machine shared with other busy processes 1 is often faster: an OpenMP team spins
+    waiting for a member that the OS has descheduled."""
     max_staleness: int = pydantic.Field(default=1, ge=0)
     """Bound on policy lag in optimizer steps; 0 is the synchronous baseline."""
     prompts_per_step: int = pydantic.Field(default=8, ge=1)
@@ -164,6 +168,11 @@ class LearnerConfig(StrictModel):
     """Port of the Prometheus /metrics endpoint (0: a free one)."""
     eval_samples_per_prompt: int = pydantic.Field(default=4, ge=1)
     """Samples per eval prompt: pass@1 is their mean success, pass@n any success."""
+    drain_timeout_s: float = pydantic.Field(default=60.0, ge=0)
+    """After the last step: how long to wait for released groups still being generated. They
+    are counted as dropped (`unused`), so that every released prompt is accounted for."""
+    eval_timeout_s: float = pydantic.Field(default=600.0, ge=0)
+    """After the last step: how long to wait for evals still running."""
     broadcast_weights: bool = True
     """Broadcast new weights to the actors after every optimizer step."""
     snapshot_interval: int = pydantic.Field(default=10, ge=1)

@@ -6,9 +6,10 @@ restarted learner re-releases the same ids and JetStream's deduplication stores 
 
 Admission: the prompts meant for step s are released only once the policy version
 v >= s - max_staleness. With P prompts per step that allows (v + max_staleness + 1) * P
-releases, plus one replacement for every group the learner dropped as too stale (otherwise
-drops would starve the learner). Each task carries `min_version = step - max_staleness`, the
-oldest weights allowed to generate it, so max_staleness = 0 is the synchronous baseline.
+releases (never past the run's last step), plus one replacement for every group the learner
+dropped (otherwise drops would starve the learner). Each task carries
+`min_version = step - max_staleness`, the oldest weights allowed to generate it, so
+max_staleness = 0 is the synchronous baseline.
 """
 
 from __future__ import annotations
@@ -26,9 +27,14 @@ def num_releasable(
     num_dropped_groups: int,
     prompts_per_step: int,
     max_staleness: int,
+    total_steps: int | None = None,
 ) -> int:
-    """How many more training prompts may be released at policy version `version`."""
-    allowed = (version + max_staleness + 1) * prompts_per_step + num_dropped_groups
+    """How many more training prompts may be released at policy version `version`; with
+    `total_steps`, none meant for a step past the run's last (steps 0 .. total_steps - 1)."""
+    horizon = version + max_staleness + 1
+    if total_steps is not None:
+        horizon = min(horizon, total_steps)
+    allowed = horizon * prompts_per_step + num_dropped_groups
     return max(0, allowed - num_released)
 
 

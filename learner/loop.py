@@ -5,18 +5,22 @@ weight broadcast meet.
         ▲                                                                  │
         │ v                                              trajectories      ▼
     ┌───┴───────────────────────── learner rank 0 ──────────────────────────────────┐
-    │ consume (background task): fetch → decode → assemble groups → eval | train queue│
-    │ step: take P groups (drop stale, count) → train (all ranks, in a thread)        │
-    │       → v += 1 → broadcast weights → announce v (KV) → release more prompts     │
-    │ every `checkpoint.interval`: DCP save, then ack what it covers                  │
-    │ every `eval_interval` versions: release the eval set pinned to v, record pass@1 │
+    │ intake (background task): fetch → decode → assemble groups → queue (held)     │
+    │ step: take P groups (drop stale / future / errors, count, replace)             │
+    │       → train (all ranks, in a thread) → v += 1 → weights → announce v (KV)   │
+    │       → release the prompts v now admits                                       │
+    │ every `checkpoint.interval` versions: DCP save, then ack what it covers        │
+    │ every `eval_interval` versions: release the eval set pinned to v, record it    │
+    │ end: last evals, drain released groups (dropped `unused`), checkpoint, done    │
     └────────────────────────────────────────────────────────────────────────────────┘
 
-Acknowledgement is the learner's durability: a trajectory is acked only after a checkpoint
-that includes its effect (trained, or counted as dropped). A crash loses nothing accepted:
-on resume the consumer is re-created, every unacked trajectory is redelivered at once, and
-the ids the checkpoint already covers are skipped. Other ranks only follow commands
-(`learner/ranks.py`).
+Durability: a training trajectory is acked only after a checkpoint that includes its effect
+(trained, or counted as dropped). A crash loses nothing accepted: on start the learner
+re-creates its consumer, so every unacked trajectory is redelivered at once, and the ids the
+restored checkpoint covers (its last window: everything older was acked before it was
+written) are acked again and skipped. Releases are written ahead (`dispatcher.json` next to
+the checkpoints), so a resumed learner knows every prompt the lost run released and waits
+for each group. Other ranks only follow commands (`learner/ranks.py`).
 """
 
 from __future__ import annotations
@@ -24,7 +28,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import time
+import uuid
 from collections import Counter
 from pathlib import Path
 
@@ -32,40 +38,53 @@ import nats.js.errors
 
 from broker import client
 from broker.config import BrokerConfig
-from broker.trajectories import ReceivedTrajectory
 from broker.wire import PolicyVersion
 from learner import dispatcher as dispatch
-from learner.batching import Group, GroupAssembler, samples_from_groups
-from learner.checkpoint import TrainingState, latest_checkpoint
+from learner.batching import Group, samples_from_groups
+from learner.checkpoint import STATE_FILE, TrainingState, checkpoint_dir
 from learner.config import LearnerConfig
-from learner.data import load_dataset
+from learner.data import load_dataset, task_key
+from learner.intake import Intake
 from learner.ranks import RankCommands
-from learner.steps import GroupDecision, decide_group, staleness_of
+from learner.reporting import Reporter
+from learner.steps import decide_group, staleness_of
 
 log = logging.getLogger(__name__)
+
+DISPATCH_FILE = "dispatcher.json"
 
 
 class Learner:
     def __init__(
-        self, config: LearnerConfig, broker: BrokerConfig, commands: RankCommands, sinks
+        self,
+        config: LearnerConfig,
+        broker: BrokerConfig,
+        commands: RankCommands,
+        reporter: Reporter,
+        *,
+        resume_from: Path | None = None,
     ) -> None:
+        if config.train_data is None:
+            raise ValueError("learner.train_data is required to run the learner")
         self.config = config
         self.broker = broker
         self.names = broker.names
         self.commands = commands
-        self.sinks = sinks
-        self.run_dir = Path(config.run_dir)
-        self.assembler = GroupAssembler()
-        self.train_queue: asyncio.Queue[Group] = asyncio.Queue()
-        self.unacked: dict[str, list[ReceivedTrajectory]] = {}  # trajectory id -> copies
-        self.window_ids: list[str] = []  # consumed since the last checkpoint
-        self.eval_groups: dict[int, list[Group]] = {}
-        self.eval_pending: dict[int, int] = {}  # eval version -> groups still expected
-        self.eval_results: dict[int, dict] = {}
-        self.counts = Counter()  # trained / dropped:<reason> / eval trajectories
-        self.num_released = 0
-        self.num_dropped_groups = 0
+        self.reporter = reporter
+        self.resume_from = resume_from
+        self.dispatch_path = Path(config.checkpoint.dir) / DISPATCH_FILE
+        self.window_ids: list[str] = []  # taken since the last checkpoint
+        self.counts: Counter[str] = Counter()  # "trained", "dropped:<reason>"
+        self.num_released = 0  # training prompts released (written ahead)
+        self.num_dropped_groups = 0  # each earns a replacement prompt
+        self.num_taken_groups = 0  # trained + dropped
         self.max_staleness_seen = 0
+        self.eval_results: dict[int, dict] = {}
+        self.eval_versions: dict[str, int] = {}  # eval group id -> version it evaluates
+        self.eval_pending: dict[int, list[Group]] = {}
+        self.checkpointed_version = -1
+        # Eval task ids are unique per process: an eval lost in a crash runs again.
+        self.eval_run_id = f"{self.names.namespace}-{uuid.uuid4().hex[:8]}"
         self.started = time.monotonic()
 
     # ---- set-up ----------------------------------------------------------------------------
@@ -73,215 +92,229 @@ class Learner:
     async def _connect(self) -> None:
         self.nc = await client.connect(self.broker.url, name="learner")
         self.js = self.nc.jetstream()
-        await client.ensure_streams(self.js, self.names, self.broker.stream_limits())
-        self.policy = client.PolicyStore(self.js, self.names)
-
-    async def _redeliver_unacked(self) -> None:
-        """After a crash, unacked trajectories would wait out the ack timeout; a fresh
-        consumer delivers them now (the stream is a work queue: acked ones are gone)."""
+        limits = self.broker.stream_limits()
+        await client.ensure_streams(self.js, self.names, limits)
+        # A fresh consumer delivers every unacked trajectory now, instead of after ack_wait
+        # (the stream is a work queue: acked ones are gone).
         try:
             await self.js.delete_consumer(
                 self.names.trajectories_stream, self.names.trajectories_consumer
             )
         except nats.js.errors.NotFoundError:
             pass
-        await client.ensure_streams(self.js, self.names, self.broker.stream_limits())
+        await client.ensure_streams(self.js, self.names, limits)
+        self.policy = client.PolicyStore(self.js, self.names)
 
-    def _restore(self, state: TrainingState) -> None:
-        cursor = state.dataset_cursor
-        self.num_released = cursor.get("num_released", 0)
-        self.num_dropped_groups = cursor.get("num_dropped_groups", 0)
-        self.counts.update(cursor.get("counts", {}))
-        self.max_staleness_seen = cursor.get("max_staleness_seen", 0)
-        self.eval_results = {int(v): r for v, r in cursor.get("eval_results", {}).items()}
-        self.assembler.seen_ids.update(state.trained_ids)
+    def _restore(self) -> set[str]:
+        """Load the checkpoint (all ranks); returns the trajectory ids it covers."""
+        covered: set[str] = set()
+        if self.resume_from is not None:
+            state = self.commands.load(self.resume_from)
+            cursor = state.dataset_cursor
+            self.num_released = cursor.get("num_released", 0)
+            self.num_dropped_groups = cursor.get("num_dropped_groups", 0)
+            self.num_taken_groups = cursor.get("num_taken_groups", 0)
+            self.counts.update(cursor.get("counts", {}))
+            self.max_staleness_seen = cursor.get("max_staleness_seen", 0)
+            self.eval_results = {int(v): r for v, r in cursor.get("eval_results", {}).items()}
+            self.checkpointed_version = state.version
+            covered = set(state.trained_ids)
+            log.info("resumed from %s at version %d", self.resume_from, state.version)
+        if self.config.checkpoint.resume and self.dispatch_path.is_file():
+            released = json.loads(self.dispatch_path.read_text())["num_released"]
+            self.num_released = max(self.num_released, released)
+        return covered
 
     def _cursor(self) -> dict:
         return {
             "num_released": self.num_released,
             "num_dropped_groups": self.num_dropped_groups,
+            "num_taken_groups": self.num_taken_groups,
             "counts": dict(self.counts),
             "max_staleness_seen": self.max_staleness_seen,
             "eval_results": {str(v): r for v, r in self.eval_results.items()},
+            **self.reporter.position(),
         }
 
     # ---- the loop ----------------------------------------------------------------------------
 
     async def run(self) -> dict:
         cfg = self.config
+        covered = self._restore()
         await self._connect()
-        train_rows = load_dataset(cfg.train_data)
-        self.eval_rows = load_dataset(cfg.eval_data) if cfg.eval_data else []
         self.stream = dispatch.PromptStream(
-            train_rows,
+            load_dataset(cfg.train_data),
             run_id=self.names.namespace,
             group_size=cfg.group_size,
             prompts_per_step=cfg.prompts_per_step,
             max_staleness=cfg.max_staleness,
             seed=cfg.seed,
         )
-        resume_from = latest_checkpoint(cfg.checkpoint.dir) if cfg.checkpoint.resume else None
-        if resume_from is not None:
-            state = self.commands.load(resume_from)
-            self._restore(state)
-            self.sinks.truncate_history(state.version)
-            await self._redeliver_unacked()
-            log.info("resumed from %s at version %d", resume_from, state.version)
+        self.eval_rows = load_dataset(cfg.eval_data) if cfg.eval_data else []
         self.version = self.commands.version
-        await self._announce(self.version)
-        consumer = asyncio.create_task(self._consume())
+        await self._announce()
+        self.intake = Intake(
+            client.TrajectoryConsumer(self.js, self.names),
+            covered_ids=covered,
+            on_eval_group=self._on_eval_group,
+        )
+        self.intake_task = asyncio.create_task(self.intake.run())
         try:
             while self.version < cfg.total_steps:
-                await self._maybe_eval(self.version)
+                await self._maybe_eval()
                 await self._release()
+                step = self.version
                 groups, waited_s = await self._take_groups(cfg.prompts_per_step)
-                await self._train(groups, waited_s)
-                if self.version % cfg.checkpoint.interval == 0:
+                await self._train(step, groups, waited_s)
+                if self.version % cfg.checkpoint.interval == 0 and self.version < cfg.total_steps:
                     await self._checkpoint()
-            await self._maybe_eval(self.version, final=True)
+            await self._maybe_eval(final=True)
             await self._wait_for_evals()
+            await self._drain()
             await self._checkpoint()
-            summary = await self._done()
+            return await self._done()
         finally:
-            consumer.cancel()
-            await asyncio.gather(consumer, return_exceptions=True)
+            self.intake_task.cancel()
+            await asyncio.gather(self.intake_task, return_exceptions=True)
             await self.nc.close()
-        return summary
 
     async def _release(self) -> None:
         cfg = self.config
-        horizon = min(self.version + cfg.max_staleness + 1, cfg.total_steps)
-        allowed = horizon * cfg.prompts_per_step + self.num_dropped_groups
-        if allowed <= self.num_released:
-            return
-        tasks = [
-            self.stream.task(i, version=self.version) for i in range(self.num_released, allowed)
-        ]
-        await client.publish_prompts(self.js, self.names, tasks)
-        self.num_released = allowed
-
-    async def _maybe_eval(self, version: int, *, final: bool = False) -> None:
-        cfg = self.config
-        due = cfg.eval_interval is not None and (final or version % cfg.eval_interval == 0)
-        if (
-            not due
-            or not self.eval_rows
-            or version in self.eval_results
-            or (version in self.eval_pending)
-        ):
-            return
-        tasks = dispatch.eval_tasks(
-            self.eval_rows,
-            run_id=self.names.namespace,
-            version=version,
-            samples_per_prompt=cfg.eval_samples_per_prompt,
+        count = dispatch.num_releasable(
+            version=self.version,
+            num_released=self.num_released,
+            num_dropped_groups=self.num_dropped_groups,
+            prompts_per_step=cfg.prompts_per_step,
+            max_staleness=cfg.max_staleness,
+            total_steps=cfg.total_steps,
         )
-        self.eval_pending[version] = len(tasks)
-        self.eval_groups[version] = []
+        if count == 0:
+            return
+        first, self.num_released = self.num_released, self.num_released + count
+        _write_atomically(self.dispatch_path, json.dumps({"num_released": self.num_released}))
+        tasks = [self.stream.task(i, version=self.version) for i in range(first, first + count)]
         await client.publish_prompts(self.js, self.names, tasks)
 
-    async def _consume(self) -> None:
-        consumer = client.TrajectoryConsumer(self.js, self.names)
-        while True:
-            for received in await consumer.fetch(batch=256, timeout_s=1.0):
-                self._on_trajectory(received)
-                if received.trajectory.is_eval:
-                    await received.ack()  # eval results are recomputed, not checkpointed
+    async def _next_group(self, timeout_s: float | None = None) -> Group | None:
+        """The next complete training group (None after `timeout_s`); re-raises if the
+        intake task died, rather than waiting forever on a queue nobody fills."""
+        get = asyncio.ensure_future(self.intake.groups.get())
+        done, _ = await asyncio.wait(
+            {get, self.intake_task}, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED
+        )
+        if get in done:
+            return get.result()
+        get.cancel()
+        if self.intake_task in done:
+            self.intake_task.result()
+            raise RuntimeError("the trajectory intake stopped")
+        return None
 
-    def _on_trajectory(self, received: ReceivedTrajectory) -> None:
-        trajectory = received.trajectory
-        num_duplicates = self.assembler.num_duplicates
-        group = self.assembler.add(trajectory)
-        if trajectory.is_eval:
-            if group is not None:
-                self._on_eval_group(group)
-            return
-        if self.assembler.num_duplicates > num_duplicates and (
-            trajectory.trajectory_id not in self.unacked
-        ):
-            # Redelivered after a checkpoint already covered it: nothing left to do.
-            asyncio.get_running_loop().create_task(received.ack())
-            return
-        # Acked together with every other copy once a checkpoint covers this id.
-        self.unacked.setdefault(trajectory.trajectory_id, []).append(received)
-        if group is not None:
-            self.train_queue.put_nowait(group)
+    def _take(self, group: Group, reason: str | None, ids: list[str]) -> None:
+        """Bookkeeping of one group leaving the queue (trained, or dropped with `reason`)."""
+        self.num_taken_groups += 1
+        self.window_ids.extend(t.trajectory_id for t in group.trajectories)
+        if reason is not None:
+            self.num_dropped_groups += 1
+            self._count_drop(group.group_id, reason, ids)
+
+    def _count_drop(self, group_id: str, reason: str, ids: list[str]) -> None:
+        if ids:
+            self.counts[f"dropped:{reason}"] += len(ids)
+            self.reporter.record_drop(
+                version=self.version, group_id=group_id, reason=reason, trajectory_ids=ids
+            )
 
     async def _take_groups(self, num_groups: int) -> tuple[list[Group], float]:
-        """The next `num_groups` trainable groups, dropping (and counting) stale ones."""
+        """The next `num_groups` trainable groups, dropping (and counting) the others."""
         started = time.monotonic()
         taken: list[Group] = []
         while len(taken) < num_groups:
-            group = await self.train_queue.get()
+            group = await self._next_group()
             decision = decide_group(
                 group, version=self.version, max_staleness=self.config.max_staleness
             )
             ids = [t.trajectory_id for t in group.trajectories]
-            self.window_ids.extend(ids)
+            self._take(group, decision.drop_reason, ids)
             if decision.drop_reason is not None:
-                self.counts[f"dropped:{decision.drop_reason}"] += len(ids)
-                self.num_dropped_groups += 1
                 log.info("dropped group %s: %s", group.group_id, decision.drop_reason)
-                await self._release()  # a replacement prompt for the dropped group
+                await self._release()  # its replacement
                 continue
-            self.counts["dropped:error"] += len(ids) - len(decision.group.trajectories)
+            self._count_drop(group.group_id, "errors", list(decision.error_ids))
             taken.append(decision.group)
         return taken, time.monotonic() - started
 
-    async def _train(self, groups: list[Group], waited_s: float) -> None:
+    async def _train(self, step: int, groups: list[Group], waited_s: float) -> None:
         cfg = self.config
         samples = samples_from_groups(
             groups,
             estimator=cfg.algorithm.advantage_estimator,
             normalize_std=cfg.algorithm.normalize_std,
+            eps=cfg.algorithm.std_eps,
         )
-        staleness = [staleness_of(g, self.version) for g in groups]
+        staleness = [staleness_of(g, step) for g in groups]
         self.max_staleness_seen = max([self.max_staleness_seen, *staleness])
         started = time.monotonic()
         metrics = await asyncio.to_thread(self.commands.train, samples)
         train_s = time.monotonic() - started
+        if metrics["skipped"]:
+            # A non-finite loss or gradient: no update, so these taught nothing. They are
+            # dropped (and replaced); the step is taken again at the same version.
+            log.warning(
+                "step %d skipped: loss %s, grad norm %s",
+                step,
+                metrics["loss"],
+                metrics["grad_norm"],
+            )
+            for g in groups:
+                self.num_dropped_groups += 1
+                self._count_drop(g.group_id, "nonfinite", [t.trajectory_id for t in g.trajectories])
+            self.reporter.record_skip(
+                {"kind": "skipped", "step": step, "version": self.version, **metrics}
+            )
+            return
         self.counts["trained"] += len(samples)
         self.version = self.commands.version
         started = time.monotonic()
-        report = await asyncio.to_thread(self.commands.broadcast_weights, self.version)
+        weights = await asyncio.to_thread(self.commands.publish_weights, self.version)
         broadcast_s = time.monotonic() - started
-        await self._announce(self.version)
+        await self._announce()
         num_tokens = sum(s.num_tokens for s in samples)
-        self.sinks.record(
-            {
-                "kind": "train",
-                "step": self.version,
-                "version": self.version,
-                "wall_s": time.monotonic() - self.started,
-                "reward_mean": sum(sum(g.rewards) for g in groups) / max(1, len(samples)),
-                "staleness": staleness,
-                "staleness_max_batch": max(staleness),
-                "max_staleness_seen": self.max_staleness_seen,
-                "tokens_per_s": num_tokens / max(train_s, 1e-9),
-                "num_tokens": num_tokens,
-                "wait_data_s": waited_s,
-                "train_s": train_s,
-                "broadcast_s": broadcast_s,
-                "broadcast_receivers": report.get("num_receivers", 0),
-                "published": self._num_consumed(),
-                "trained": self.counts["trained"],
-                "dropped": self._num_dropped(),
-                **{f"train/{k}": v for k, v in metrics.items()},
-            },
-            groups=groups,
-        )
+        record = {
+            "kind": "train",
+            "step": step,
+            "version": self.version,
+            "wall_s": time.monotonic() - self.started,
+            "reward_mean": sum(sum(g.rewards) for g in groups) / len(samples),
+            "staleness": staleness,
+            "staleness_max_batch": max(staleness),
+            "max_staleness_seen": self.max_staleness_seen,
+            "tokens_per_s": num_tokens / max(train_s, 1e-9),
+            "num_tokens": num_tokens,
+            "wait_data_s": waited_s,
+            "train_s": train_s,
+            "broadcast_s": broadcast_s,
+            "broadcast_receivers": weights.get("num_receivers", 0),
+            "released": self.num_released,
+            "trained": self.counts["trained"],
+            "dropped": self._num_dropped(),
+            "dropped_by_reason": self._dropped_by_reason(),
+            "held_unacked": self.intake.num_held,
+            **{f"train/{k}": v for k, v in metrics.items()},
+        }
+        self.reporter.record_train(record, step=step, groups=groups)
 
     def _num_dropped(self) -> int:
-        return sum(n for k, n in self.counts.items() if k.startswith("dropped:"))
+        return sum(self._dropped_by_reason().values())
 
-    def _num_consumed(self) -> int:
-        return self.counts["trained"] + self._num_dropped()
+    def _dropped_by_reason(self) -> dict[str, int]:
+        return {k.split(":", 1)[1]: n for k, n in self.counts.items() if k.startswith("dropped:")}
 
-    async def _announce(self, version: int) -> None:
-        snapshot = self.commands.snapshot_path(version)
+    async def _announce(self) -> None:
+        snapshot = self.commands.snapshot
         await self.policy.publish(
             PolicyVersion(
-                version=version,
+                version=self.version,
                 published_at=time.time(),
                 snapshot_path=str(snapshot[0]) if snapshot else "",
                 snapshot_version=snapshot[1] if snapshot else -1,
@@ -290,41 +323,36 @@ class Learner:
         )
 
     async def _checkpoint(self) -> None:
+        if self.version == self.checkpointed_version and not self.window_ids:
+            return  # nothing new since the last one
+        path = checkpoint_dir(self.config.checkpoint.dir, self.commands.step)
+        if (path / STATE_FILE).is_file():
+            # Never overwrite a complete checkpoint in place (a crash mid-save would leave
+            # neither); what it misses stays unacked and is redelivered to the next run.
+            log.warning("checkpoint %s exists; not saving over it", path)
+            return
         state = TrainingState(dataset_cursor=self._cursor(), trained_ids=list(self.window_ids))
         await asyncio.to_thread(self.commands.save, state)
-        # The checkpoint now covers these: acknowledge them (synchronously, so that a crash
-        # right after cannot leave an ack unsent for a trajectory the checkpoint trained).
-        for trajectory_id in self.window_ids:
-            for received in self.unacked.pop(trajectory_id, []):
-                await received.msg.ack_sync()
-                if received.claim is not None:
-                    await received.consumer.delete_claim(received.claim)
-        self.window_ids = []
+        self.checkpointed_version = self.version
+        # The checkpoint covers these now. A failed ack keeps its id in the next window,
+        # so the next checkpoint covers it again.
+        self.window_ids = await self.intake.ack(self.window_ids)
 
-    # ---- eval ------------------------------------------------------------------------------
+    # ---- end of run --------------------------------------------------------------------------
 
-    def _on_eval_group(self, group: Group) -> None:
-        version = int(group.group_id.split("-eval", 1)[1].split("-", 1)[0])
-        if version not in self.eval_pending:
-            return  # an eval of an earlier incarnation of this run
-        self.eval_groups[version].append(group)
-        self.eval_pending[version] -= 1
-        self.counts["eval"] += len(group.trajectories)
-        if self.eval_pending[version] == 0:
-            del self.eval_pending[version]
-            groups = self.eval_groups.pop(version)
-            self.eval_results[version] = self.sinks.record_eval(
-                version, groups, time.monotonic() - self.started
-            )
-
-    async def _wait_for_evals(self, timeout_s: float = 600.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        while self.eval_pending and time.monotonic() < deadline:
-            await asyncio.sleep(0.2)
-        if self.eval_pending:
-            log.warning(
-                "evals at versions %s did not finish in %.0fs", sorted(self.eval_pending), timeout_s
-            )
+    async def _drain(self) -> None:
+        """Wait (bounded) for every released group; count each as dropped `unused`."""
+        deadline = time.monotonic() + self.config.drain_timeout_s
+        while self.num_taken_groups < self.num_released:
+            group = await self._next_group(timeout_s=max(0.0, deadline - time.monotonic()))
+            if group is None:
+                log.warning(
+                    "%d released groups did not arrive within %.0fs",
+                    self.num_released - self.num_taken_groups,
+                    self.config.drain_timeout_s,
+                )
+                return
+            self._take(group, "unused", [t.trajectory_id for t in group.trajectories])
 
     async def _done(self) -> dict:
         info = await self.js.stream_info(self.names.trajectories_stream)
@@ -332,21 +360,70 @@ class Learner:
             "kind": "done",
             "wall_s": time.monotonic() - self.started,
             "version": self.version,
-            # Every training trajectory ever stored in the stream (deduplicated).
-            "published": info.state.last_seq - self.counts["eval"],
+            "released_groups": self.num_released,
+            "taken_groups": self.num_taken_groups,
+            "outstanding_groups": self.num_released - self.num_taken_groups,
             "trained": self.counts["trained"],
             "dropped": self._num_dropped(),
-            "dropped_by_reason": {
-                k.split(":", 1)[1]: n
-                for k, n in self.counts.items()
-                if k.startswith("dropped:") and n
-            },
+            "dropped_by_reason": self._dropped_by_reason(),
             "max_staleness_seen": self.max_staleness_seen,
+            "invalid": self.intake.num_invalid,
+            "redelivered": self.intake.num_redelivered,
+            "stream_messages_stored": info.state.last_seq,
             "eval_pass_at_1": {str(v): r["pass_at_1"] for v, r in self.eval_results.items()},
         }
-        self.sinks.record(summary)
-        (self.run_dir / "learner_done.json").write_text(json.dumps(summary, indent=2) + "\n")
+        self.reporter.record_done(summary)
         return summary
 
+    # ---- eval ------------------------------------------------------------------------------
 
-__all__ = ["Learner", "GroupDecision"]
+    async def _maybe_eval(self, *, final: bool = False) -> None:
+        cfg, version = self.config, self.version
+        if cfg.eval_interval is None or not self.eval_rows:
+            return
+        due = final or version % cfg.eval_interval == 0
+        if not due or version in self.eval_results or version in self.eval_pending:
+            return
+        tasks = dispatch.eval_tasks(
+            self.eval_rows,
+            run_id=self.eval_run_id,
+            version=version,
+            samples_per_prompt=cfg.eval_samples_per_prompt,
+        )
+        self.eval_versions.update({t.task_id: version for t in tasks})
+        self.eval_pending[version] = []
+        await client.publish_prompts(self.js, self.names, tasks)
+
+    def _on_eval_group(self, group: Group) -> None:
+        version = self.eval_versions.pop(group.group_id, None)
+        if version is None:
+            return  # an eval released by an earlier learner process
+        groups = self.eval_pending[version]
+        groups.append(group)
+        if len(groups) < len(self.eval_rows):
+            return
+        del self.eval_pending[version]
+        task_keys = {
+            f"{self.eval_run_id}-eval{version}-{i}": task_key(row)
+            for i, row in enumerate(self.eval_rows)
+        }
+        self.eval_results[version] = self.reporter.record_eval(
+            version, groups, wall_s=time.monotonic() - self.started, task_keys=task_keys
+        )
+
+    async def _wait_for_evals(self) -> None:
+        deadline = time.monotonic() + self.config.eval_timeout_s
+        while self.eval_pending and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        if self.eval_pending:
+            log.warning("evals at versions %s did not finish", sorted(self.eval_pending))
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)

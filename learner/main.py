@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 
 from broker.config import BrokerConfig
+from learner.checkpoint import latest_checkpoint, read_training_state
 from learner.config import LearnerConfig
 from learner.loop import Learner
 from learner.ranks import RankCommands, follow
@@ -34,6 +35,8 @@ def run(config_path: str, overrides: list[str]) -> int:
     config = load_section(LearnerConfig, config_path, "learner", overrides)
     broker = load_section(BrokerConfig, config_path, "broker", overrides)
     _init_distributed()
+    if config.torch_threads is not None:
+        torch.set_num_threads(config.torch_threads)
     torch.manual_seed(config.seed)
     trainer = Trainer(load_model(config.model_path), config)
     rank = dist.get_rank() if dist.is_initialized() else 0
@@ -45,7 +48,10 @@ def run(config_path: str, overrides: list[str]) -> int:
     from tether.weight_sync import WeightSender
 
     run_dir = Path(config.run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    resume_from = latest_checkpoint(config.checkpoint.dir) if config.checkpoint.resume else None
+    # The history files are cut back to what the checkpoint covers before anything is written.
+    position = read_training_state(resume_from).dataset_cursor if resume_from else None
+    reporter = Reporter(config, run_dir, position=position)
     port = serve_metrics(config.metrics_port)
     log.info("metrics on http://127.0.0.1:%d/metrics", port)
     sender = WeightSender(config.weight_sync) if config.broadcast_weights else None
@@ -57,8 +63,7 @@ def run(config_path: str, overrides: list[str]) -> int:
         snapshot_interval=config.snapshot_interval,
         sender=sender,
     )
-    reporter = Reporter(config, run_dir)
-    learner = Learner(config, broker, commands, reporter)
+    learner = Learner(config, broker, commands, reporter, resume_from=resume_from)
 
     async def main() -> dict:
         task = asyncio.current_task()

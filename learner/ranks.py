@@ -57,10 +57,14 @@ class RankCommands:
         return self.trainer.version
 
     @property
+    def step(self) -> int:
+        return self.trainer.step
+
+    @property
     def broadcast_addr(self) -> str:
         if self.sender is None:
             return ""
-        return f"{self.sender.config.store_host}:{self.sender.port}"
+        return f"{self.sender.config.store_host}:{self.sender.config.store_port}"
 
     def train(self, samples) -> dict[str, float]:
         _broadcast_command("train", samples)
@@ -79,12 +83,16 @@ class RankCommands:
         self.write_snapshot(self.trainer.version, self._full_weights())
         return state
 
-    def broadcast_weights(self, version: int) -> dict:
-        """Send version `version` to the actors; every `snapshot_interval` versions also
-        write it to disk for actors that join later. Returns the broadcast report."""
+    def publish_weights(self, version: int) -> dict:
+        """Send version `version` to the actors (when broadcasting); every
+        `snapshot_interval` versions also write it to disk for actors that join later.
+        Returns the broadcast report (`num_receivers` 0 when nobody was sent anything)."""
+        snapshot = version % self.snapshot_interval == 0
+        if self.sender is None and not snapshot:
+            return {"num_receivers": 0}  # nothing to gather the full weights for
         _broadcast_command("weights")
         named = self._full_weights()
-        if version % self.snapshot_interval == 0:
+        if snapshot:
             named = list(named)
             self.write_snapshot(version, named)
         report = {"num_receivers": 0}
@@ -120,7 +128,9 @@ class RankCommands:
             shutil.rmtree(previous[0], ignore_errors=True)
         return final
 
-    def snapshot_path(self, version: int) -> tuple[Path, int] | None:
+    @property
+    def snapshot(self) -> tuple[Path, int] | None:
+        """(directory, version) of the newest snapshot written, or None."""
         return self._snapshot
 
     def stop(self) -> None:

@@ -1,11 +1,24 @@
-"""What the learner loop reports, in one place: each training step and each eval become a
-record in metrics.jsonl (and W&B) and update Prometheus; evals also dump their trajectories;
-trained trajectory ids go to trained.jsonl (the run's exact training history).
+"""What the learner loop reports, in one place.
+
+- `metrics.jsonl` (and W&B, `learner/sinks.py`): one record per training step, per eval, and
+  a final `done` record; Prometheus (`learner/prom.py`) is updated from the same records.
+- `trained.jsonl`: one line per training step, `{"step", "version", "trajectory_ids"}`:
+  step s is the update from version s to s + 1, trained on exactly these trajectories.
+- `dropped.jsonl`: one line per dropped group (or the error samples removed from a trained
+  group): `{"version", "group_id", "reason", "trajectory_ids"}`, `version` being the
+  learner's version when it decided.
+- `evals/global_step_<v>/`: the eval trajectories and their aggregate (`learner/eval_dump.py`).
+
+Together, trained.jsonl and dropped.jsonl are the run's exact history: every training
+trajectory the learner consumed appears in one of them, once. The line counts of the three
+JSONL files go into each checkpoint (`position()`); on resume the files are cut back to
+them, so what a crash undid disappears from the history and is written again when redone.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from broker.codec import token_arrays
@@ -14,50 +27,102 @@ from learner.batching import Group
 from learner.config import LearnerConfig
 from learner.env_metrics import rollout_metrics
 from learner.eval_dump import write_aggregated_results, write_eval_dump
-from learner.sinks import MetricsSink
+from learner.sinks import METRICS_FILE, MetricsSink
 from learner.staleness import oldest_version
 
 TRAINED_FILE = "trained.jsonl"
+DROPPED_FILE = "dropped.jsonl"
+
+
+def truncate_lines(path: Path, num_lines: int) -> None:
+    """Keep the first `num_lines` lines of `path` (atomically); a missing file stays so."""
+    if not path.exists():
+        return
+    lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+    if len(lines) <= num_lines and all(line.endswith("\n") for line in lines):
+        return
+    tmp = path.with_name(path.name + ".tmp")
+    kept = [line if line.endswith("\n") else line + "\n" for line in lines[:num_lines]]
+    tmp.write_text("".join(kept), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+class _JsonLines:
+    """An append-only JSONL file that counts its lines."""
+
+    def __init__(self, path: Path, num_lines: int) -> None:
+        truncate_lines(path, num_lines)
+        self.num_lines = num_lines
+        self._file = open(path, "a", encoding="utf-8")  # closed in close()
+
+    def write(self, record: dict) -> None:
+        self._file.write(json.dumps(record) + "\n")
+        self._file.flush()
+        self.num_lines += 1
+
+    def close(self) -> None:
+        self._file.close()
 
 
 class Reporter:
-    def __init__(self, config: LearnerConfig, run_dir: Path) -> None:
+    def __init__(
+        self,
+        config: LearnerConfig,
+        run_dir: Path,
+        *,
+        position: dict[str, int] | None = None,
+        use_wandb: bool = True,
+    ) -> None:
+        """`position`: the line counts a restored checkpoint recorded (None: a fresh run,
+        whose history starts empty)."""
+        position = position or {}
         self.run_dir = run_dir
-        self.sink = MetricsSink(run_dir, config=config.model_dump(mode="json"))
+        run_dir.mkdir(parents=True, exist_ok=True)
+        self.num_metrics_lines = position.get("metrics_lines", 0)
+        truncate_lines(run_dir / METRICS_FILE, self.num_metrics_lines)
+        self.sink = MetricsSink(run_dir, use_wandb=use_wandb, config=config.model_dump(mode="json"))
+        self.trained = _JsonLines(run_dir / TRAINED_FILE, position.get("trained_lines", 0))
+        self.dropped = _JsonLines(run_dir / DROPPED_FILE, position.get("dropped_lines", 0))
         self._tokenizer = None
         self._model_path = config.model_path
-        self._trained = open(run_dir / TRAINED_FILE, "a", encoding="utf-8")  # closed in close()
 
-    def truncate_history(self, version: int) -> None:
-        """After a resume from `version`: forget trained-id lines of later versions (their
-        training was lost with the crash and is redone)."""
-        self._trained.close()
-        path = self.run_dir / TRAINED_FILE
-        kept = [
-            line
-            for line in path.read_text().splitlines()
-            if line and json.loads(line)["version"] <= version
-        ]
-        path.write_text("".join(line + "\n" for line in kept))
-        self._trained = open(path, "a", encoding="utf-8")
+    def position(self) -> dict[str, int]:
+        return {
+            "metrics_lines": self.num_metrics_lines,
+            "trained_lines": self.trained.num_lines,
+            "dropped_lines": self.dropped.num_lines,
+        }
 
-    def record(self, record: dict, *, groups: list[Group] | None = None) -> None:
-        if groups:
-            record.update(rollout_metrics(groups, prefix="rollout/"))
-            self._trained.write(
-                json.dumps(
-                    {
-                        "version": record["version"],
-                        "trajectory_ids": [t.trajectory_id for g in groups for t in g.trajectories],
-                    }
-                )
-                + "\n"
-            )
-            self._trained.flush()
+    def _log(self, record: dict) -> None:
         self.sink.log(record)
+        self.num_metrics_lines += 1
+
+    def record_train(self, record: dict, *, step: int, groups: list[Group]) -> None:
+        record.update(rollout_metrics(groups, prefix="rollout/"))
+        ids = [t.trajectory_id for g in groups for t in g.trajectories]
+        self.trained.write({"step": step, "version": record["version"], "trajectory_ids": ids})
+        self._log(record)
         prom.record_step(record)
 
-    def record_eval(self, version: int, groups: list[Group], wall_s: float) -> dict:
+    def record_skip(self, record: dict) -> None:
+        """A training step skipped for a non-finite loss or gradient (no update)."""
+        self._log(record)
+
+    def record_drop(
+        self, *, version: int, group_id: str, reason: str, trajectory_ids: list[str]
+    ) -> None:
+        self.dropped.write(
+            {
+                "version": version,
+                "group_id": group_id,
+                "reason": reason,
+                "trajectory_ids": trajectory_ids,
+            }
+        )
+
+    def record_eval(
+        self, version: int, groups: list[Group], *, wall_s: float, task_keys: dict[str, str]
+    ) -> dict:
         metrics = rollout_metrics(groups)
         oldest = oldest_version(token_arrays(t).versions for g in groups for t in g.trajectories)
         record = {
@@ -72,11 +137,17 @@ class Reporter:
         }
         if oldest is not None:
             record["generated_version_min"] = oldest  # eval tasks run on weights >= version
-        write_eval_dump(self.run_dir, version, groups, decode=self._decode)
+        write_eval_dump(self.run_dir, version, groups, decode=self._decode, task_keys=task_keys)
         write_aggregated_results(self.run_dir, version, record)
-        self.sink.log(record)
-        prom.record_step(record)
+        self._log(record)
+        # An eval finishes after later steps: its version must not move the version gauge.
+        prom.record_step({k: v for k, v in record.items() if k != "version"})
         return record
+
+    def record_done(self, summary: dict) -> None:
+        self._log(summary)
+        prom.record_step(summary)
+        (self.run_dir / "learner_done.json").write_text(json.dumps(summary, indent=2) + "\n")
 
     def _decode(self, token_ids: list[int]) -> str:
         if self._tokenizer is None:
@@ -86,5 +157,6 @@ class Reporter:
         return self._tokenizer.decode(token_ids)
 
     def close(self) -> None:
-        self._trained.close()
+        self.trained.close()
+        self.dropped.close()
         self.sink.close()

@@ -63,3 +63,12 @@ def test_eval_tasks_pin_the_version():
 def test_empty_dataset_is_a_clear_error():
     with pytest.raises(ValueError, match="empty"):
         PromptStream([], run_id="r", group_size=2, prompts_per_step=1, max_staleness=0)
+
+
+def test_releases_stop_at_the_last_step_but_still_replace_drops():
+    # total 5 steps, P = 2, max_staleness 2: at v=3 the horizon would be step 5; capped at 5
+    # steps (0..4) = 10 prompts; a drop still earns a replacement.
+    kw = dict(prompts_per_step=2, max_staleness=2, total_steps=5)
+    assert num_releasable(version=3, num_released=10, num_dropped_groups=0, **kw) == 0
+    assert num_releasable(version=3, num_released=10, num_dropped_groups=1, **kw) == 1
+    assert num_releasable(version=1, num_released=0, num_dropped_groups=0, **kw) == 8

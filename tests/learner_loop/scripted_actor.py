@@ -1,0 +1,206 @@
+"""A test-only rollout actor: the real bus protocol, no model.
+
+It pulls PromptTasks from the work queue, waits until its "loaded" version reaches the
+task's `min_version` (following the learner's policy version in the NATS KV, every change
+including a step back after a learner resume), "generates" for `delay_s`, and publishes the
+group: prompt tokens (loss mask 0), two assistant turns of policy tokens (loss mask 1,
+behaviour logprob -1.0, tagged with the loaded version) around an observation (mask 0),
+rewards that vary within the group. Trajectory ids are `<task_id>-<sample_index>`, as the
+real actor makes them, so a retried publish is stored once.
+
+`lag` makes a laggard: its loaded version is the announced one minus `lag` (an actor whose
+weight updates arrive late; it has no weights while that is negative). It still honours
+`min_version`, so it waits until `announced - lag >= min_version`; with
+`lag > max_staleness` every group it publishes is certainly too stale by the time the
+learner sees it (the learner's version is at least the announced one the actor read).
+Near the end of a run the version it waits for may never come: with `patience_s` it hands
+such a task back (nak) for another replica to take.
+
+Everything it does is logged (`seen`, `published`) for the tests to check against the
+learner's history.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import time
+from dataclasses import dataclass, field
+
+import nats.errors
+
+from broker import client
+from broker.codec import pack_tokens
+from broker.names import BusNames
+from broker.wire import PromptTask, Trajectory
+
+VOCAB_LOW, VOCAB_HIGH = 5, 400  # token ids the tiny model's vocabulary (464) holds
+
+
+@dataclass(frozen=True)
+class SeenTask:
+    task_id: str
+    min_version: int
+    is_eval: bool
+    announced_at_receipt: int
+    """The KV's version read right after the task arrived."""
+    loaded_at_receipt: int
+    """The actor's own version when the task arrived (announced - lag, as last seen)."""
+
+
+@dataclass(frozen=True)
+class PublishedGroup:
+    group_id: str
+    step: int
+    min_version: int
+    is_eval: bool
+    version: int
+    """The version its policy tokens carry."""
+    announced_at_publish: int
+    """The KV's version read just before publishing: the learner is at least here."""
+    trajectory_ids: tuple[str, ...]
+
+
+@dataclass
+class ScriptedActor:
+    url: str
+    names: BusNames
+    actor_id: str
+    delay_s: float = 0.0
+    lag: int = 0
+    patience_s: float | None = None
+    """Hand a task back (nak) when the weights it needs have not come within this long."""
+    seed: int = 0
+    seen: list[SeenTask] = field(default_factory=list)
+    published: list[PublishedGroup] = field(default_factory=list)
+    handed_back: list[str] = field(default_factory=list)
+
+    async def run(self) -> None:
+        """Serve tasks until cancelled."""
+        self._rng = random.Random(self.seed)
+        self.nc = await client.connect(self.url, name=self.actor_id)
+        js = self.nc.jetstream()
+        self.policy = client.PolicyStore(js, self.names)
+        puller = client.PromptPuller(js, self.names)
+        self.publisher = client.TrajectoryPublisher(js, self.names)
+        self.announced = await self._read_announced()
+        self._changed = asyncio.Event()
+        follower = asyncio.create_task(self._follow())
+        try:
+            while True:
+                for received in await puller.fetch(batch=1, timeout_s=0.2):
+                    await self._serve(received)
+        finally:
+            follower.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await follower
+            await self.nc.close()
+
+    @property
+    def loaded(self) -> int:
+        """The version of the weights it generates with (negative: none yet, it waits)."""
+        return self.announced - self.lag
+
+    async def _read_announced(self) -> int:
+        version = await self.policy.get()
+        return -1 if version is None else version.version
+
+    async def _follow(self) -> None:
+        """Track every change of the announced version (a poll: it may also go down)."""
+        while True:
+            with contextlib.suppress(nats.errors.Error, TimeoutError):
+                announced = await self._read_announced()
+                if announced != self.announced:
+                    self.announced = announced
+                    self._changed.set()
+            await asyncio.sleep(0.02)
+
+    async def _serve(self, received: client.ReceivedPrompt) -> None:
+        task = received.task
+        self.seen.append(
+            SeenTask(
+                task_id=task.task_id,
+                min_version=task.min_version,
+                is_eval=task.is_eval,
+                announced_at_receipt=await self._read_announced(),
+                loaded_at_receipt=self.loaded,
+            )
+        )
+        heartbeat = asyncio.create_task(self._heartbeat(received))
+        deadline = time.monotonic() + (self.patience_s or float("inf"))
+        try:
+            while self.loaded < task.min_version:
+                if time.monotonic() > deadline:
+                    self.handed_back.append(task.task_id)
+                    await received.nak(0.5)  # let another replica take it
+                    return
+                self._changed.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._changed.wait(), timeout=0.2)
+            version = self.loaded
+            await asyncio.sleep(self.delay_s)
+            flip = self._rng.randrange(2)
+            group = [
+                self._trajectory(task, i, version, reward=float((i + flip) % 2))
+                for i in range(task.group_size)
+            ]
+            announced = await self._read_announced()
+            await self.publisher.publish_many(group)
+            self.published.append(
+                PublishedGroup(
+                    group_id=task.task_id,
+                    step=task.step,
+                    min_version=task.min_version,
+                    is_eval=task.is_eval,
+                    version=version,
+                    announced_at_publish=announced,
+                    trajectory_ids=tuple(t.trajectory_id for t in group),
+                )
+            )
+            await received.ack()
+        except asyncio.CancelledError:
+            with contextlib.suppress(nats.errors.Error):
+                await received.nak(0)  # hand it back now, not after the ack wait
+            raise
+        finally:
+            heartbeat.cancel()
+
+    async def _heartbeat(self, received: client.ReceivedPrompt) -> None:
+        while True:
+            await asyncio.sleep(2.0)
+            with contextlib.suppress(nats.errors.Error):
+                await received.in_progress()
+
+    def _trajectory(
+        self, task: PromptTask, sample_index: int, version: int, *, reward: float
+    ) -> Trajectory:
+        rng = self._rng
+        prompt = [rng.randrange(VOCAB_LOW, VOCAB_HIGH) for _ in range(rng.randrange(8, 16))]
+        turn1 = [rng.randrange(VOCAB_LOW, VOCAB_HIGH) for _ in range(rng.randrange(3, 8))]
+        observation = [rng.randrange(VOCAB_LOW, VOCAB_HIGH) for _ in range(4)]
+        turn2 = [rng.randrange(VOCAB_LOW, VOCAB_HIGH) for _ in range(rng.randrange(2, 6))]
+        tokens = prompt + turn1 + observation + turn2
+        mask = [0] * len(prompt) + [1] * len(turn1) + [0] * len(observation) + [1] * len(turn2)
+        return Trajectory(
+            trajectory_id=f"{task.task_id}-{sample_index}",
+            group_id=task.task_id,
+            group_size=task.group_size,
+            sample_index=sample_index,
+            step=task.step,
+            env_class=task.env_class,
+            data_source=task.data_source,
+            actor_id=self.actor_id,
+            is_eval=task.is_eval,
+            prompt_len=len(prompt),
+            reward=reward,
+            stop_reason="stop",
+            num_turns=2,
+            num_tool_calls=1,
+            **pack_tokens(
+                token_ids=tokens,
+                logprobs=[-1.0 if m else 0.0 for m in mask],
+                loss_mask=mask,
+                versions=[version if m else -1 for m in mask],
+            ),
+        )

@@ -1,0 +1,212 @@
+"""The real `learner` CLI against a real nats-server, fed by scripted actors (no model on
+the actor side; a tiny random Qwen2 in the learner).
+
+What the learner wrote (metrics.jsonl, trained.jsonl, dropped.jsonl, the KV) is checked
+against what the actors know they did: which tasks they saw, which groups they published
+with which versions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from collections import Counter
+
+from learner.checkpoint import latest_checkpoint, read_training_state
+from tests.learner_loop.conftest import bus, running
+from tests.learner_loop.scripted_actor import ScriptedActor
+
+TIMEOUT_S = 150
+
+
+def _training_groups(actors) -> dict[str, object]:
+    """group id -> PublishedGroup, over every actor's training (non-eval) publishes."""
+    groups = {}
+    for actor in actors:
+        for g in actor.published:
+            if not g.is_eval:
+                assert g.group_id not in groups, f"group {g.group_id} published twice"
+                groups[g.group_id] = g
+    return groups
+
+
+def _assert_every_trajectory_accounted_for(run, actors) -> tuple[list[dict], list[dict]]:
+    """trained.jsonl + dropped.jsonl hold every published training trajectory exactly once,
+    and the done record's totals agree. Returns (trained lines, dropped lines)."""
+    published = {i for g in _training_groups(actors).values() for i in g.trajectory_ids}
+    trained_lines = run.history("trained.jsonl")
+    dropped_lines = run.history("dropped.jsonl")
+    trained = Counter(i for line in trained_lines for i in line["trajectory_ids"])
+    dropped = Counter(i for line in dropped_lines for i in line["trajectory_ids"])
+    assert max(trained.values(), default=1) == 1, "a trajectory was trained twice"
+    assert max(dropped.values(), default=1) == 1, "a trajectory was dropped twice"
+    assert not set(trained) & set(dropped)
+    assert set(trained) | set(dropped) == published
+    (done,) = run.records("done")
+    assert done["trained"] == len(trained)
+    assert done["dropped"] == len(dropped)
+    assert done["trained"] + done["dropped"] == len(published)
+    assert sum(done["dropped_by_reason"].values()) == done["dropped"]
+    return trained_lines, dropped_lines
+
+
+def _assert_trained_within_bound(trained_lines, actors, max_staleness: int) -> None:
+    """Step s trains on tokens of version >= s - max_staleness, never newer than s."""
+    version_of = {i: g.version for g in _training_groups(actors).values() for i in g.trajectory_ids}
+    for line in trained_lines:
+        for i in line["trajectory_ids"]:
+            assert line["step"] - max_staleness <= version_of[i] <= line["step"], (line, i)
+
+
+async def _scrape_policy_version(run) -> str:
+    """The learner's /metrics text once it shows a policy version >= 1."""
+    while run.process.returncode is None:
+        try:
+            text = await asyncio.to_thread(run.scrape)
+        except OSError:  # not listening yet
+            text = ""
+        for line in text.splitlines():
+            if line.startswith("tether_learner_policy_version ") and float(line.split()[1]) >= 1:
+                return text
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"learner exited before serving a version:\n{run.log_tail()}")
+
+
+async def test_learner_trains_evaluates_and_accounts_for_every_trajectory(
+    learner_run, nats_server, bus_names
+):
+    run = learner_run(total_steps=6, max_staleness=1, eval_interval=3)
+    actors = [
+        ScriptedActor(nats_server.url, bus_names, actor_id="fast", delay_s=0.02, seed=1),
+        ScriptedActor(nats_server.url, bus_names, actor_id="slower", delay_s=0.3, seed=2),
+    ]
+    async with bus(nats_server.url, bus_names) as (js, versions), running(actors):
+        await run.start()
+        metrics_text = await _scrape_policy_version(run)
+        code = await run.wait(TIMEOUT_S)
+        info = await js.stream_info(bus_names.trajectories_stream)
+    assert code == 0, run.log_tail()
+
+    assert versions.versions == list(range(7))  # announced 0 at start, then once per step
+    train = run.records("train")
+    assert [(r["step"], r["version"]) for r in train] == [(s, s + 1) for s in range(6)]
+    assert all(r["num_tokens"] > 0 and r["train/num_sequences"] >= 2 for r in train)
+    evals = run.records("eval")
+    assert sorted(r["version"] for r in evals) == [0, 3, 6]
+    assert all(0.0 <= r["pass_at_1"] <= 1.0 and r["num_prompts"] == 2 for r in evals)
+    dump = run.run_dir / "evals" / "global_step_3" / "calculator.jsonl"
+    assert len(dump.read_text().splitlines()) == 2 * 2  # 2 prompts x 2 samples
+
+    trained_lines, _ = _assert_every_trajectory_accounted_for(run, actors)
+    _assert_trained_within_bound(trained_lines, actors, max_staleness=1)
+    (done,) = run.records("done")
+    assert done["outstanding_groups"] == 0
+    # The stream stored each published trajectory (training and eval) exactly once.
+    num_published = sum(len(g.trajectory_ids) for a in actors for g in a.published)
+    assert info.state.last_seq == num_published
+    assert both_actors_worked(actors)
+    assert "tether_learner_policy_version" in metrics_text
+    assert "tether_learner_trained_trajectories_total" in metrics_text
+
+
+def both_actors_worked(actors) -> bool:
+    return all(any(not g.is_eval for g in a.published) for a in actors)
+
+
+async def test_staleness_bound_holds_with_a_lagging_actor(learner_run, nats_server, bus_names):
+    # The laggard's weights trail the announced version by 2 > max_staleness: everything it
+    # publishes is certainly too stale by the time the learner sees it.
+    # Near the end it could wait forever for a version that never comes (the last step's
+    # prompts are all the learner has left to wait for): it hands such tasks back.
+    run = learner_run(total_steps=8, max_staleness=1, eval_interval=None)
+    fast = ScriptedActor(nats_server.url, bus_names, actor_id="fast", delay_s=0.02, seed=3)
+    laggard = ScriptedActor(
+        nats_server.url, bus_names, actor_id="laggard", lag=2, patience_s=2.0, seed=4
+    )
+    async with bus(nats_server.url, bus_names) as (js, versions), running([fast, laggard]):
+        await run.start()
+        code = await run.wait(TIMEOUT_S)
+    assert code == 0, run.log_tail()
+
+    trained_lines, dropped_lines = _assert_every_trajectory_accounted_for(run, [fast, laggard])
+    _assert_trained_within_bound(trained_lines, [fast, laggard], max_staleness=1)
+    late = {g.group_id: g for g in laggard.published if not g.is_eval}
+    assert late, "the laggard never published: the test would prove nothing"
+    assert all(g.announced_at_publish - g.version > 1 for g in late.values())
+    # Exactly the laggard's groups were dropped as stale, each for a reason the tags show.
+    stale = [line for line in dropped_lines if line["reason"] == "stale"]
+    assert {line["group_id"] for line in stale} == set(late)
+    for line in stale:
+        assert late[line["group_id"]].version < line["version"] - 1
+    (done,) = run.records("done")
+    assert done["dropped_by_reason"]["stale"] == sum(len(g.trajectory_ids) for g in late.values())
+    assert done["max_staleness_seen"] <= 1
+
+
+async def test_max_staleness_zero_is_synchronous(learner_run, nats_server, bus_names):
+    # Also: the weight broadcast switched on with nobody to receive it must not block.
+    run = learner_run(
+        total_steps=4,
+        max_staleness=0,
+        eval_interval=None,
+        broadcast_weights=True,
+        weight_sync={"store_port": 0, "join_timeout_s": 1.0},
+    )
+    actors = [
+        ScriptedActor(nats_server.url, bus_names, actor_id="a", delay_s=0.02, seed=5),
+        ScriptedActor(nats_server.url, bus_names, actor_id="b", delay_s=0.1, seed=6),
+    ]
+    async with bus(nats_server.url, bus_names) as (js, versions), running(actors):
+        await run.start()
+        code = await run.wait(TIMEOUT_S)
+    assert code == 0, run.log_tail()
+
+    seen = [t for a in actors for t in a.seen if not t.is_eval]
+    assert len(seen) == 4 * 2
+    # The version a task needs was announced before the task was released.
+    assert all(t.announced_at_receipt >= t.min_version for t in seen)
+    trained_lines, dropped_lines = _assert_every_trajectory_accounted_for(run, actors)
+    assert dropped_lines == []
+    _assert_trained_within_bound(trained_lines, actors, max_staleness=0)
+    assert all(g.version == g.step for g in _training_groups(actors).values())
+    (done,) = run.records("done")
+    assert done["max_staleness_seen"] == 0 and done["dropped"] == 0
+    assert versions.versions == list(range(5))
+    assert versions.announced[-1].broadcast_addr.startswith("127.0.0.1:")
+    assert all(r["broadcast_receivers"] == 0 for r in run.records("train"))
+
+
+async def test_killed_learner_resumes_without_gap_repeat_or_loss(
+    learner_run, nats_server, bus_names, tmp_path
+):
+    run = learner_run(total_steps=8, max_staleness=1, eval_interval=None)
+    actors = [
+        ScriptedActor(nats_server.url, bus_names, actor_id="a", delay_s=0.02, seed=7),
+        ScriptedActor(nats_server.url, bus_names, actor_id="b", delay_s=0.15, seed=8),
+    ]
+    async with bus(nats_server.url, bus_names) as (js, versions), running(actors):
+        await run.start()
+        while not versions.versions or versions.versions[-1] < 5:
+            assert run.process.returncode is None, run.log_tail()
+            await asyncio.sleep(0.05)
+        os.kill(run.process.pid, signal.SIGKILL)
+        assert await run.wait(30) == -signal.SIGKILL
+        checkpoint = latest_checkpoint(run.run_dir / "checkpoints")
+        resumed_at = read_training_state(checkpoint).version
+        assert resumed_at == 4  # checkpoints every 2 versions; killed at 5 or later
+        num_announced = len(versions.versions)
+        await run.start()
+        code = await run.wait(TIMEOUT_S)
+    assert code == 0, run.log_tail()
+
+    # The KV went back to the checkpoint's version and counted on from there.
+    assert versions.versions[:num_announced] == list(range(num_announced))
+    assert versions.versions[num_announced:] == list(range(resumed_at, 9))
+    trained_lines, dropped_lines = _assert_every_trajectory_accounted_for(run, actors)
+    assert [line["step"] for line in trained_lines] == list(range(8))
+    assert [r["version"] for r in run.records("train")] == list(range(1, 9))
+    _assert_trained_within_bound(trained_lines, actors, max_staleness=1)
+    # After the resume, groups tagged with versions of the lost run are dropped as `future`.
+    for line in dropped_lines:
+        assert line["reason"] in ("stale", "future", "unused"), line
