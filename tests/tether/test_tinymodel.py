@@ -1,0 +1,130 @@
+"""The tiny model builder: architecture, the build cache, the CLI, and vLLM parity."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+from tether.demo_data import CALCULATOR_TOOLS, eval_rows
+from tether.episodes import play_episodes
+from tether.tinymodel import (
+    BUILD_INFO,
+    TinyModelRecipe,
+    build_random_tiny_model,
+    build_tiny_model,
+    recipe_hash,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+FAST = TinyModelRecipe(tokenizer_conversations=100, sft_steps=2, sft_batch_size=2)
+
+
+def test_architecture(tiny_model_dir):
+    config = AutoConfig.from_pretrained(tiny_model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    assert config.model_type == "qwen2"
+    assert (config.num_hidden_layers, config.hidden_size, config.intermediate_size) == (4, 128, 384)
+    assert config.num_attention_heads == config.num_key_value_heads == 2
+    assert config.hidden_size // config.num_attention_heads == 64  # vLLM CPU needs >= 32
+    assert config.tie_word_embeddings and config.vocab_size == len(tokenizer)
+    assert (config.eos_token_id, config.pad_token_id) == (2, 0)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    num_params = sum(p.numel() for p in model.parameters())
+    assert 0.8e6 < num_params < 1.0e6
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+    assert GenerationConfig.from_pretrained(tiny_model_dir).eos_token_id == 2
+    info = json.loads((tiny_model_dir / BUILD_INFO).read_text())
+    assert info["num_params"] == num_params and info["recipe"]["sft_steps"] == 0
+
+
+def test_recipe_rejects_small_head_dim():
+    with pytest.raises(ValueError, match="head_dim"):
+        TinyModelRecipe(hidden_size=128, num_heads=8)
+    with pytest.raises(ValueError):
+        TinyModelRecipe(unknown_field=1)
+
+
+def test_cache_hit_does_not_rebuild(tmp_path):
+    steps = []
+    path = build_tiny_model(tmp_path, recipe=FAST, log=lambda step, loss, n: steps.append(step))
+    assert steps == [0, 1] and path.name == f"tiny-qwen2-{recipe_hash(FAST)}"
+    weights = path / "model.safetensors"
+    stamp = weights.stat().st_mtime_ns
+    again = build_tiny_model(tmp_path, recipe=FAST, log=lambda *a: steps.append("rebuilt"))
+    assert again == path and steps == [0, 1] and weights.stat().st_mtime_ns == stamp
+    other = build_tiny_model(tmp_path, recipe=FAST.model_copy(update={"seed": 1}), log=None)
+    assert other != path
+    # Only finished entries (and their lock files) remain: no half-built temp directories.
+    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.endswith(".lock")) == sorted(
+        [path.name, other.name]
+    )
+
+
+def test_random_model_plays_episodes(tiny_model_dir):
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
+    results = play_episodes(model, tokenizer, eval_rows(3), num_samples=2, max_new_tokens=8)
+    assert len(results) == 6 and all(r.reward == 0.0 for r in results)
+    prompt = tokenizer.apply_chat_template(
+        eval_rows(1)[0]["prompt"],
+        tools=CALCULATOR_TOOLS,
+        add_generation_prompt=True,
+        tokenize=False,
+    )
+    assert tokenizer.decode(results[0].token_ids).startswith(prompt)
+
+
+def test_cli_prints_the_model_directory(tmp_path):
+    out = (
+        subprocess.run(
+            [sys.executable, "-m", "tether.tinymodel", "--out", str(tmp_path), "--no-warmstart"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=300,
+        )
+        .stdout.strip()
+        .splitlines()[-1]
+    )
+    assert Path(out).parent == tmp_path and (Path(out) / BUILD_INFO).is_file()
+    assert Path(out).name == build_random_tiny_model(tmp_path).name  # same entry, cache hit
+
+
+@pytest.mark.vllm
+def test_vllm_greedy_equals_transformers_greedy(tiny_model_dir, monkeypatch):
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    prompts = [
+        tokenizer.encode(
+            tokenizer.apply_chat_template(
+                row["prompt"], tools=CALCULATOR_TOOLS, add_generation_prompt=True, tokenize=False
+            ),
+            add_special_tokens=False,
+        )
+        for row in eval_rows(3)
+    ]
+    llm = LLM(model=str(tiny_model_dir), dtype="float32", max_model_len=1024, seed=0)
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    outputs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params)
+    del llm  # shuts the engine process down
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
+    for prompt, output in zip(prompts, outputs, strict=True):
+        assert list(output.outputs[0].token_ids) == _greedy(model, prompt, 24)
+
+
+@torch.no_grad()
+def _greedy(model, prompt: list[int], num_tokens: int) -> list[int]:
+    """Plain argmax decoding with full forwards: the obvious reference."""
+    ids = list(prompt)
+    for _ in range(num_tokens):
+        ids.append(int(model(input_ids=torch.tensor([ids])).logits[0, -1].argmax()))
+    return ids[len(prompt) :]

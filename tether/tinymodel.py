@@ -1,0 +1,252 @@
+"""Build (and cache) the tiny Qwen2 model and tokenizer that tests and the demo run on.
+
+No model can be downloaded here, so Tether makes its own: a byte-level BPE tokenizer trained
+on the calculator task (tether/tiny_tokenizer.py), a ~0.9M-parameter Qwen2ForCausalLM
+(4 layers, hidden 128, 2 heads of head_dim 64, fp32, tied embeddings), and a supervised warm
+start on tool-use demonstrations (tether/sft.py) that lands sampled pass@1 between never and
+always right, so RL has something to learn.
+
+A build is saved with save_pretrained (model, tokenizer, generation_config) under
+`<cache root>/tiny-qwen2-<hash>`, the hash covering the recipe and the builder's source;
+it is built in a temporary directory and renamed into place, under a file lock, and reused
+while neither changes. The cache root is `$TETHER_CACHE/tinymodel` or `<repo>/.cache/tinymodel`.
+
+    python -m tether.tinymodel --out DIR [--no-warmstart]     # prints the model directory
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pydantic
+
+from tether.config import StrictModel
+
+_REPO_ROOT = Path(__file__).resolve().parent.parent
+# The modules whose source decides what a build produces.
+_BUILDER_MODULES = ("tinymodel", "tiny_tokenizer", "chat_template", "demo_data", "sft")
+BUILD_INFO = "tether_build.json"
+ProgressLog = Callable[[int, float, int], None]
+
+
+class TinyModelRecipe(StrictModel):
+    """Everything that decides a tiny model build (its hash names the cache entry)."""
+
+    seed: int = 0
+    """Seed of the tokenizer corpus, the weight init, the demonstrations and batch order."""
+    vocab_size: int = 512
+    """Upper bound of the tokenizer's vocabulary (BPE stops earlier when the corpus runs out
+    of pairs; the model's vocab_size is the tokenizer's actual size)."""
+    tokenizer_conversations: int = 2000
+    """Number of rendered demo conversations the BPE is trained on."""
+    num_layers: int = 4
+    """Transformer blocks."""
+    hidden_size: int = 128
+    """Model width."""
+    num_heads: int = 2
+    """Attention heads (and KV heads); head_dim = hidden_size / num_heads must be >= 32 for
+    vLLM's CPU attention."""
+    intermediate_size: int = 384
+    """MLP width."""
+    max_position_embeddings: int = 2048
+    """Longest sequence (prompt plus all turns) the model accepts."""
+    sft_steps: int = 1000
+    """Supervised warm-start steps; 0 leaves the model at its random init."""
+    sft_batch_size: int = 32
+    """Conversations per warm-start step."""
+    sft_lr: float = 3e-3
+    """Peak learning rate (linear warmup, cosine decay to 10%)."""
+    sft_warmup_steps: int = 50
+    """Warmup steps of the learning-rate schedule."""
+    tool_fraction: float = 0.5
+    """Fraction of demonstrations that call `add` and copy its result; the rest guess wrong."""
+    num_threads: int = 2
+    """torch threads used while building (the machines are shared 2-core boxes)."""
+
+    @pydantic.model_validator(mode="after")
+    def _check(self) -> TinyModelRecipe:
+        if self.hidden_size % self.num_heads:
+            raise ValueError("hidden_size must be a multiple of num_heads")
+        if self.hidden_size // self.num_heads < 32:
+            raise ValueError("head_dim (hidden_size / num_heads) must be >= 32 for vLLM on CPU")
+        if not 0.0 <= self.tool_fraction <= 1.0:
+            raise ValueError("tool_fraction must be in [0, 1]")
+        return self
+
+
+DEFAULT_RECIPE = TinyModelRecipe()
+
+
+def default_cache_root() -> Path:
+    env = os.environ.get("TETHER_CACHE")
+    return (Path(env) if env else _REPO_ROOT / ".cache") / "tinymodel"
+
+
+def recipe_hash(recipe: TinyModelRecipe) -> str:
+    """Hash of the recipe and of the builder's source files."""
+    digest = hashlib.sha256(recipe.model_dump_json().encode())
+    for name in _BUILDER_MODULES:
+        digest.update((Path(__file__).parent / f"{name}.py").read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def qwen2_config(recipe: TinyModelRecipe, *, vocab_size: int, eos_id: int, pad_id: int):
+    from transformers import Qwen2Config
+
+    return Qwen2Config(
+        vocab_size=vocab_size,
+        hidden_size=recipe.hidden_size,
+        intermediate_size=recipe.intermediate_size,
+        num_hidden_layers=recipe.num_layers,
+        num_attention_heads=recipe.num_heads,
+        num_key_value_heads=recipe.num_heads,
+        max_position_embeddings=recipe.max_position_embeddings,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        tie_word_embeddings=True,
+        eos_token_id=eos_id,
+        pad_token_id=pad_id,
+        bos_token_id=None,
+        dtype="float32",
+    )
+
+
+def _build_into(directory: Path, recipe: TinyModelRecipe, log: ProgressLog | None) -> dict:
+    """Train tokenizer, init the model, warm-start it, save everything into `directory`."""
+    import torch
+    from transformers import GenerationConfig, Qwen2ForCausalLM
+
+    from tether.chat_template import IM_END
+    from tether.demo_data import CALCULATOR_TOOLS, demonstrations
+    from tether.sft import encode_conversation, train_sft
+    from tether.tiny_tokenizer import build_tokenizer
+
+    started = time.monotonic()
+    tokenizer = build_tokenizer(
+        vocab_size=recipe.vocab_size,
+        num_conversations=recipe.tokenizer_conversations,
+        seed=recipe.seed,
+    )
+    eos_id = tokenizer.convert_tokens_to_ids(IM_END)
+    config = qwen2_config(
+        recipe, vocab_size=len(tokenizer), eos_id=eos_id, pad_id=tokenizer.pad_token_id
+    )
+    with torch.random.fork_rng():
+        torch.manual_seed(recipe.seed)
+        model = Qwen2ForCausalLM(config).to(torch.float32)
+        losses: list[float] = []
+        if recipe.sft_steps > 0:
+            conversations = demonstrations(
+                recipe.sft_steps * recipe.sft_batch_size,
+                seed=recipe.seed + 1,
+                tool_fraction=recipe.tool_fraction,
+            )
+            examples = [encode_conversation(tokenizer, c, CALCULATOR_TOOLS) for c in conversations]
+            losses = train_sft(
+                model,
+                examples,
+                pad_id=tokenizer.pad_token_id,
+                num_steps=recipe.sft_steps,
+                batch_size=recipe.sft_batch_size,
+                peak_lr=recipe.sft_lr,
+                warmup_steps=min(recipe.sft_warmup_steps, recipe.sft_steps),
+                seed=recipe.seed + 2,
+                log=None if log is None else lambda step, loss: log(step, loss, recipe.sft_steps),
+            )
+    model.eval()
+    model.generation_config = GenerationConfig(
+        eos_token_id=eos_id, pad_token_id=config.pad_token_id
+    )
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory, save_jinja_files=False)
+    info = {
+        "recipe": recipe.model_dump(),
+        "hash": recipe_hash(recipe),
+        "num_params": sum(p.numel() for p in model.parameters()),
+        "vocab_size": len(tokenizer),
+        "build_seconds": round(time.monotonic() - started, 1),
+        "final_sft_loss": sum(losses[-20:]) / len(losses[-20:]) if losses else None,
+    }
+    (directory / BUILD_INFO).write_text(json.dumps(info, indent=2) + "\n")
+    return info
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    with open(path, "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)  # another process may be building the same entry
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _print_progress(step: int, loss: float, num_steps: int) -> None:
+    if step % 100 == 0 or step == num_steps - 1:
+        print(f"warm start step {step}/{num_steps} loss {loss:.4f}", flush=True)
+
+
+def build_tiny_model(
+    out_dir: str | Path | None = None,
+    *,
+    recipe: TinyModelRecipe = DEFAULT_RECIPE,
+    log: ProgressLog | None = _print_progress,
+) -> Path:
+    """The directory of the tiny model built by `recipe` under cache root `out_dir`
+    (default: `default_cache_root()`); builds it only when no finished build exists.
+    `log(step, loss, num_steps)` is called at every warm-start step (None: silent)."""
+    import torch
+
+    root = Path(out_dir) if out_dir is not None else default_cache_root()
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / f"tiny-qwen2-{recipe_hash(recipe)}"
+    if (final / BUILD_INFO).is_file():
+        return final
+    with _locked(root / f".{final.name}.lock"):
+        if (final / BUILD_INFO).is_file():
+            return final
+        threads = torch.get_num_threads()
+        torch.set_num_threads(min(threads, recipe.num_threads))
+        scratch = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=root))
+        try:
+            _build_into(scratch, recipe, log)
+            if final.exists():  # a half-written entry from an older builder without the lock
+                shutil.rmtree(final)
+            os.rename(scratch, final)
+        finally:
+            torch.set_num_threads(threads)
+            shutil.rmtree(scratch, ignore_errors=True)
+    return final
+
+
+def build_random_tiny_model(
+    out_dir: str | Path | None = None, *, recipe: TinyModelRecipe = DEFAULT_RECIPE
+) -> Path:
+    """Same tokenizer and architecture, random weights (no warm start): seconds to build."""
+    return build_tiny_model(out_dir, recipe=recipe.model_copy(update={"sft_steps": 0}))
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--out",
+        default=None,
+        help="cache root (default: $TETHER_CACHE/tinymodel, else <repo>/.cache/tinymodel)",
+    )
+    parser.add_argument("--no-warmstart", action="store_true", help="random weights, no SFT")
+    args = parser.parse_args(argv)
+    build = build_random_tiny_model if args.no_warmstart else build_tiny_model
+    print(build(args.out))
+
+
+if __name__ == "__main__":
+    main()
