@@ -16,7 +16,9 @@ from broker.server import NatsServer
 
 @pytest.fixture(scope="session")
 def nats_server(tmp_path_factory):
-    with NatsServer(tmp_path_factory.mktemp("nats")) as server:
+    # Every test's streams reserve their byte limits on the server (4 GiB per trajectory
+    # stream by default): give the shared server room for many namespaces.
+    with NatsServer(tmp_path_factory.mktemp("nats"), max_file_store="1TB") as server:
         yield server
 
 
