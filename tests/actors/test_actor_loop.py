@@ -121,20 +121,11 @@ async def _trajectories(js, broker, expected: int, timeout_s=20.0):
     received = []
     deadline = asyncio.get_running_loop().time() + timeout_s
     while len(received) < expected and asyncio.get_running_loop().time() < deadline:
-        received += await _fetch(consumer, 0.2)
-    received += await _fetch(consumer, 0.3)  # nothing more may come
+        received += await consumer.fetch(batch=64, timeout_s=0.2)
+    received += await consumer.fetch(batch=64, timeout_s=0.3)  # nothing more may come
     for r in received:
         await r.ack()
     return sorted((r.trajectory for r in received), key=lambda t: t.sample_index)
-
-
-async def _fetch(consumer, timeout_s):
-    # nats-py at times raises the plain asyncio TimeoutError that TrajectoryConsumer.fetch
-    # does not translate into "nothing arrived" (reported to the broker's owner).
-    try:
-        return await consumer.fetch(batch=64, timeout_s=timeout_s)
-    except TimeoutError:
-        return []
 
 
 def _metric(name, **labels) -> float:
