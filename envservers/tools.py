@@ -90,6 +90,13 @@ class ToolGroup:
     def specs(self) -> list[dict[str, Any]]:
         return [t.spec() for t in self.tools.values()]
 
+    def subset(self, names: list[str]) -> ToolGroup:
+        """The group of just `names`, in that order (ValueError names any unknown tool)."""
+        unknown = [name for name in names if name not in self.tools]
+        if unknown:
+            raise ValueError(f"unknown tools {unknown}; available: {sorted(self.tools)}")
+        return ToolGroup([self.tools[name] for name in names])
+
     async def call(self, call: ToolCall) -> tuple[str, bool]:
         """Run one call: (result text, ok). Failures give ("error: ...", False)."""
         tool = self.tools.get(call.name)

@@ -1,5 +1,6 @@
 """`calculator`: the demo task. Four arithmetic tools; the reward is the exact answer from
-`reward_spec.ground_truth` (subject to must_call_tool / tool_sequence). Kept cheap: the tools
+`reward_spec.ground_truth` (subject to must_call_tool / tool_sequence); a row's
+`extra_info.tools` may narrow the tools offered. Kept cheap: the tools
 run inline on the event loop, no threads, no processes.
 
 Contract (briefs/contracts.md): results print as numbers, integers without ".0"; any
@@ -66,7 +67,14 @@ CALCULATOR_TOOLS = ToolGroup(
 
 class CalculatorEnv(ToolEnv):
     async def make_tools(self, task: dict[str, Any]) -> ToolGroup:
-        return CALCULATOR_TOOLS  # stateless: one shared group
+        # A row may offer fewer tools (`extra_info.tools`: names): a shorter prompt, and a
+        # task that asks for exactly one operation.
+        names = (task.get("extra_info") or {}).get("tools")
+        if names is None:
+            return CALCULATOR_TOOLS  # stateless: one shared group
+        if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
+            raise ValueError("task.extra_info.tools: must be a non-empty list of tool names")
+        return CALCULATOR_TOOLS.subset(names)
 
 
 class CalculatorProvider(EnvProvider):

@@ -27,6 +27,24 @@ async def test_reset_returns_prompt_and_openai_tool_specs():
     assert obs.metadata == {"num_tool_calls": 0, "tool_errors": 0, "turns": 0}
 
 
+async def test_a_row_can_narrow_the_tools_offered():
+    task = calculator_task()
+    task["extra_info"]["tools"] = ["add"]
+    env = CalculatorEnv()
+    obs = await env.reset(task)
+    assert [t["function"]["name"] for t in obs.tools] == ["add"]
+    result = await env.step(_call("multiply", a=2, b=3))
+    assert "unknown tool 'multiply'" in result.observations[0]["content"]
+
+
+@pytest.mark.parametrize("tools", [["add", "power"], [], "add", [1]])
+async def test_bad_tool_subsets_are_refused_at_reset(tools):
+    task = calculator_task()
+    task["extra_info"]["tools"] = tools
+    with pytest.raises(ValueError, match="tools"):
+        await CalculatorEnv().reset(task)
+
+
 @pytest.mark.parametrize(
     "name, a, b, expected",
     [
