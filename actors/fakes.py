@@ -20,7 +20,7 @@ from typing import Any
 
 from actors.rollout import EnvUnavailable, Generation, SamplingSpec, TaskRejected
 from tether.calculator import CalculatorEpisode
-from tether.demo_data import CALCULATOR_TOOLS
+from tether.demo_data import DEMO_TOOLS
 
 GENERATION_PROMPT = "<|im_start|>assistant\n"
 
@@ -135,7 +135,7 @@ class FakeEnvSession:
             ground_truth=str(spec.get("ground_truth", "")),
             must_call_tool=bool(spec.get("must_call_tool", False)),
         )
-        self.observation = FakeObservation(messages=list(task["prompt"]), tools=CALCULATOR_TOOLS)
+        self.observation = FakeObservation(messages=list(task["prompt"]), tools=DEMO_TOOLS)
         self.actions: list[str] = []
         self.closed = False
 

@@ -12,50 +12,25 @@ RL has to learn is the decision to call the tool.
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import json
 import random
 from pathlib import Path
 from typing import Any
 
+from envservers.envs.calculator import CALCULATOR_TOOLS as ENV_TOOLS
+
 SYSTEM_PROMPT = (
-    "You are a calculator assistant. You can call the tools add, subtract, multiply and "
-    "divide. To call one, write <tool_call> JSON </tool_call> and wait for the result. "
-    "Give the final answer as <answer>NUMBER</answer>."
+    "You are a calculator assistant. To call a tool, write <tool_call> JSON </tool_call> "
+    "and wait for the result. Give the final answer as <answer>NUMBER</answer>."
 )
 
-
-_TWO_NUMBERS = {
-    "type": "object",
-    "properties": {
-        "a": {"type": "number", "description": "first operand"},
-        "b": {"type": "number", "description": "second operand"},
-    },
-    "required": ["a", "b"],
-}
-
-
-def _binary_tool(name: str, description: str) -> dict[str, Any]:
-    return {
-        "type": "function",
-        "function": {
-            "name": name,
-            "description": description,
-            "parameters": copy.deepcopy(_TWO_NUMBERS),
-        },
-    }
-
-
-# OpenAI-style function specs of the calculator env, exactly as envservers' calculator hands
-# them out at reset() (a test in tests/tether checks they stay equal): the warm start is
-# trained on this text, so a drift would put the model off its training distribution.
-CALCULATOR_TOOLS: list[dict[str, Any]] = [
-    _binary_tool("add", "Add two numbers: a + b."),
-    _binary_tool("subtract", "Subtract two numbers: a - b."),
-    _binary_tool("multiply", "Multiply two numbers: a * b."),
-    _binary_tool("divide", "Divide two numbers: a / b."),
-]
+# The tools a demo row offers (its `extra_info.tools`): only `add`, so the prompt stays short
+# (~140 tokens; all four calculator tools would make it ~400, which every learner step pays).
+DEMO_TOOL_NAMES = ["add"]
+# Their OpenAI-style specs, taken from the calculator env itself: the warm start is trained
+# on exactly the text the env server hands out at reset().
+DEMO_TOOLS: list[dict[str, Any]] = ENV_TOOLS.subset(DEMO_TOOL_NAMES).specs()
 
 NUMBER_LOW, NUMBER_HIGH = 10, 999  # operands are 2-3 digit numbers
 EVAL_FRACTION = 0.1
@@ -85,7 +60,13 @@ def make_row(a: int, b: int, *, split: str, must_call_tool: bool = False) -> dic
             {"role": "user", "content": f"What is {a} + {b}?"},
         ],
         "reward_spec": reward_spec,
-        "extra_info": {"task_key": task_key(a, b), "split": split, "a": a, "b": b},
+        "extra_info": {
+            "task_key": task_key(a, b),
+            "split": split,
+            "a": a,
+            "b": b,
+            "tools": list(DEMO_TOOL_NAMES),
+        },
     }
 
 

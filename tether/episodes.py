@@ -20,7 +20,7 @@ import torch
 
 from tether.calculator import CalculatorEpisode
 from tether.chat_template import IM_END, observation_delta
-from tether.demo_data import CALCULATOR_TOOLS
+from tether.demo_data import DEMO_TOOLS
 
 
 @dataclass
@@ -92,7 +92,7 @@ def play_episodes(
     keys, histories, episodes = [], [], []
     for row in rows:
         prompt = tokenizer.apply_chat_template(
-            row["prompt"], tools=CALCULATOR_TOOLS, add_generation_prompt=True, tokenize=False
+            row["prompt"], tools=DEMO_TOOLS, add_generation_prompt=True, tokenize=False
         )
         prompt_ids = tokenizer.encode(prompt, add_special_tokens=False)
         spec = row["reward_spec"]

@@ -24,7 +24,7 @@ from tether.chat_template import (
     TEXT_TOKENS,
     render_chat,
 )
-from tether.demo_data import CALCULATOR_TOOLS, demonstrations
+from tether.demo_data import DEMO_TOOLS, demonstrations
 
 _SPLIT_ADDED = re.compile("|".join(re.escape(t) for t in SPECIAL_TOKENS + TEXT_TOKENS))
 
@@ -32,7 +32,7 @@ _SPLIT_ADDED = re.compile("|".join(re.escape(t) for t in SPECIAL_TOKENS + TEXT_T
 def corpus(num_conversations: int, *, seed: int) -> Iterator[str]:
     """Rendered demo conversations, cut at special/added tokens (they never enter BPE)."""
     for messages in demonstrations(num_conversations, seed=seed):
-        text = render_chat(messages, tools=CALCULATOR_TOOLS)
+        text = render_chat(messages, tools=DEMO_TOOLS)
         yield from (piece for piece in _SPLIT_ADDED.split(text) if piece)
 
 

@@ -2,9 +2,10 @@
 
 No model can be downloaded here, so Tether makes its own: a byte-level BPE tokenizer trained
 on the calculator task (tether/tiny_tokenizer.py), a ~0.9M-parameter Qwen2ForCausalLM
-(4 layers, hidden 128, 2 heads of head_dim 64, fp32, tied embeddings), and a supervised warm
-start on tool-use demonstrations (tether/sft.py) that lands sampled pass@1 between never and
-always right, so RL has something to learn.
+(4 layers, hidden 128, 4 heads of head_dim 32, fp32, tied embeddings), and a supervised warm
+start on tool-use demonstrations (tether/sft.py) in two stages — tool calls only, to learn
+the format and to copy numbers, then a mix with wrong guesses — that lands sampled pass@1
+between never and always right, so RL has something to learn: calling the tool.
 
 A build is saved with save_pretrained (model, tokenizer, generation_config) under
 `<cache root>/tiny-qwen2-<hash>`, the hash covering the recipe and the builder's source;
@@ -53,23 +54,30 @@ class TinyModelRecipe(StrictModel):
     """Transformer blocks."""
     hidden_size: int = 128
     """Model width."""
-    num_heads: int = 2
+    num_heads: int = 4
     """Attention heads (and KV heads); head_dim = hidden_size / num_heads must be >= 32 for
-    vLLM's CPU attention."""
+    vLLM's CPU attention. Four heads learn to copy numbers faster than two."""
     intermediate_size: int = 384
     """MLP width."""
     max_position_embeddings: int = 2048
     """Longest sequence (prompt plus all turns) the model accepts."""
-    sft_steps: int = 1000
-    """Supervised warm-start steps; 0 leaves the model at its random init."""
+    sft_steps: int = 800
+    """Warm-start steps on demonstrations that all call `add`: the model learns the format
+    and to copy operands and results (mixed in from the start, random guesses drown that
+    signal: copying then takes twice the steps). 0 leaves the model at its random init."""
+    mix_steps: int = 200
+    """Then steps on demonstrations of which only `tool_fraction` call the tool (the rest
+    guess a wrong number): this sets how often the model calls the tool when RL starts."""
     sft_batch_size: int = 32
     """Conversations per warm-start step."""
     sft_lr: float = 3e-3
-    """Peak learning rate (linear warmup, cosine decay to 10%)."""
+    """Peak learning rate of the tool-only stage (linear warmup, cosine decay to 10%)."""
+    mix_lr: float = 1e-3
+    """Peak learning rate of the mixed stage (same schedule)."""
     sft_warmup_steps: int = 50
-    """Warmup steps of the learning-rate schedule."""
+    """Warmup steps of each stage's learning-rate schedule."""
     tool_fraction: float = 0.5
-    """Fraction of demonstrations that call `add` and copy its result; the rest guess wrong."""
+    """Fraction of the mixed stage's demonstrations that call `add` and copy its result."""
     num_threads: int = 2
     """torch threads used while building (the machines are shared 2-core boxes)."""
 
@@ -93,10 +101,13 @@ def default_cache_root() -> Path:
 
 
 def recipe_hash(recipe: TinyModelRecipe) -> str:
-    """Hash of the recipe and of the builder's source files."""
+    """Hash of the recipe, the builder's source files and the demo's tool specs."""
+    from tether.demo_data import DEMO_TOOLS
+
     digest = hashlib.sha256(recipe.model_dump_json().encode())
     for name in _BUILDER_MODULES:
         digest.update((Path(__file__).parent / f"{name}.py").read_bytes())
+    digest.update(json.dumps(DEMO_TOOLS).encode())  # the specs live in the env server
     return digest.hexdigest()[:16]
 
 
@@ -126,7 +137,7 @@ def _build_into(directory: Path, recipe: TinyModelRecipe, log: ProgressLog | Non
     from transformers import GenerationConfig, Qwen2ForCausalLM
 
     from tether.chat_template import IM_END
-    from tether.demo_data import CALCULATOR_TOOLS, demonstrations
+    from tether.demo_data import DEMO_TOOLS, demonstrations
     from tether.sft import encode_conversation, train_sft
     from tether.tiny_tokenizer import build_tokenizer
 
@@ -144,23 +155,30 @@ def _build_into(directory: Path, recipe: TinyModelRecipe, log: ProgressLog | Non
         torch.manual_seed(recipe.seed)
         model = Qwen2ForCausalLM(config).to(torch.float32)
         losses: list[float] = []
-        if recipe.sft_steps > 0:
+        stages = [
+            (recipe.sft_steps, 1.0, recipe.sft_lr),
+            (recipe.mix_steps, recipe.tool_fraction, recipe.mix_lr),
+        ]
+        total_steps = sum(steps for steps, _, _ in stages)
+        for stage, (num_steps, tool_fraction, peak_lr) in enumerate(stages):
+            if num_steps == 0:
+                continue
             conversations = demonstrations(
-                recipe.sft_steps * recipe.sft_batch_size,
-                seed=recipe.seed + 1,
-                tool_fraction=recipe.tool_fraction,
+                num_steps * recipe.sft_batch_size,
+                seed=recipe.seed + 1 + 10 * stage,
+                tool_fraction=tool_fraction,
             )
-            examples = [encode_conversation(tokenizer, c, CALCULATOR_TOOLS) for c in conversations]
-            losses = train_sft(
+            done = len(losses)
+            losses += train_sft(
                 model,
-                examples,
+                [encode_conversation(tokenizer, c, DEMO_TOOLS) for c in conversations],
                 pad_id=tokenizer.pad_token_id,
-                num_steps=recipe.sft_steps,
+                num_steps=num_steps,
                 batch_size=recipe.sft_batch_size,
-                peak_lr=recipe.sft_lr,
-                warmup_steps=min(recipe.sft_warmup_steps, recipe.sft_steps),
-                seed=recipe.seed + 2,
-                log=None if log is None else lambda step, loss: log(step, loss, recipe.sft_steps),
+                peak_lr=peak_lr,
+                warmup_steps=min(recipe.sft_warmup_steps, num_steps),
+                seed=recipe.seed + 2 + 10 * stage,
+                log=None if log is None else lambda i, loss: log(done + i, loss, total_steps),
             )
     model.eval()
     model.generation_config = GenerationConfig(
@@ -232,7 +250,9 @@ def build_random_tiny_model(
     out_dir: str | Path | None = None, *, recipe: TinyModelRecipe = DEFAULT_RECIPE
 ) -> Path:
     """Same tokenizer and architecture, random weights (no warm start): seconds to build."""
-    return build_tiny_model(out_dir, recipe=recipe.model_copy(update={"sft_steps": 0}))
+    return build_tiny_model(
+        out_dir, recipe=recipe.model_copy(update={"sft_steps": 0, "mix_steps": 0})
+    )
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -28,7 +28,13 @@ def test_row_format():
             {"role": "user", "content": f"What is {a} + {b}?"},
         ],
         "reward_spec": {"method": "rule", "ground_truth": str(a + b)},
-        "extra_info": {"task_key": f"calculator-add-{a}-{b}", "split": "train", "a": a, "b": b},
+        "extra_info": {
+            "task_key": f"calculator-add-{a}-{b}",
+            "split": "train",
+            "a": a,
+            "b": b,
+            "tools": ["add"],
+        },
     }
     assert 10 <= a <= 999 and 10 <= b <= 999
 
@@ -83,9 +89,11 @@ def test_demonstration_mix():
         demonstrations(1, seed=0, tool_fraction=1.5)
 
 
-def test_tool_specs_match_the_env_server():
-    # The warm start is trained on these specs; the real env must hand out the same text.
-    from envservers.envs.calculator import CALCULATOR_TOOLS as ENV_TOOLS
-    from tether.demo_data import CALCULATOR_TOOLS
+async def test_rows_offer_exactly_the_tools_the_warm_start_saw():
+    # The warm start is trained on DEMO_TOOLS; the real env must hand out the same text.
+    from envservers.envs.calculator import CalculatorEnv
+    from tether.demo_data import DEMO_TOOLS, make_rows
 
-    assert ENV_TOOLS.specs() == CALCULATOR_TOOLS
+    observation = await CalculatorEnv().reset(make_rows(1, seed=0)[0])
+    assert observation.tools == DEMO_TOOLS
+    assert [tool["function"]["name"] for tool in DEMO_TOOLS] == ["add"]

@@ -9,7 +9,7 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
-from tether.demo_data import CALCULATOR_TOOLS, eval_rows
+from tether.demo_data import DEMO_TOOLS, eval_rows
 from tether.episodes import play_episodes
 from tether.tinymodel import (
     BUILD_INFO,
@@ -20,7 +20,7 @@ from tether.tinymodel import (
 )
 
 REPO = Path(__file__).resolve().parents[2]
-FAST = TinyModelRecipe(tokenizer_conversations=100, sft_steps=2, sft_batch_size=2)
+FAST = TinyModelRecipe(tokenizer_conversations=100, sft_steps=2, mix_steps=2, sft_batch_size=2)
 
 
 def test_architecture(tiny_model_dir):
@@ -28,8 +28,8 @@ def test_architecture(tiny_model_dir):
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     assert config.model_type == "qwen2"
     assert (config.num_hidden_layers, config.hidden_size, config.intermediate_size) == (4, 128, 384)
-    assert config.num_attention_heads == config.num_key_value_heads == 2
-    assert config.hidden_size // config.num_attention_heads == 64  # vLLM CPU needs >= 32
+    assert config.num_attention_heads == config.num_key_value_heads == 4
+    assert config.hidden_size // config.num_attention_heads == 32  # vLLM CPU needs >= 32
     assert config.tie_word_embeddings and config.vocab_size == len(tokenizer)
     assert (config.eos_token_id, config.pad_token_id) == (2, 0)
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
@@ -38,7 +38,10 @@ def test_architecture(tiny_model_dir):
     assert all(p.dtype == torch.float32 for p in model.parameters())
     assert GenerationConfig.from_pretrained(tiny_model_dir).eos_token_id == 2
     info = json.loads((tiny_model_dir / BUILD_INFO).read_text())
-    assert info["num_params"] == num_params and info["recipe"]["sft_steps"] == 0
+    assert (
+        info["num_params"] == num_params
+        and info["recipe"]["sft_steps"] == 0 == info["recipe"]["mix_steps"]
+    )
 
 
 def test_recipe_rejects_small_head_dim():
@@ -51,11 +54,11 @@ def test_recipe_rejects_small_head_dim():
 def test_cache_hit_does_not_rebuild(tmp_path):
     steps = []
     path = build_tiny_model(tmp_path, recipe=FAST, log=lambda step, loss, n: steps.append(step))
-    assert steps == [0, 1] and path.name == f"tiny-qwen2-{recipe_hash(FAST)}"
+    assert steps == [0, 1, 2, 3] and path.name == f"tiny-qwen2-{recipe_hash(FAST)}"
     weights = path / "model.safetensors"
     stamp = weights.stat().st_mtime_ns
     again = build_tiny_model(tmp_path, recipe=FAST, log=lambda *a: steps.append("rebuilt"))
-    assert again == path and steps == [0, 1] and weights.stat().st_mtime_ns == stamp
+    assert again == path and steps == [0, 1, 2, 3] and weights.stat().st_mtime_ns == stamp
     other = build_tiny_model(tmp_path, recipe=FAST.model_copy(update={"seed": 1}), log=None)
     assert other != path
     # Only finished entries (and their lock files) remain: no half-built temp directories.
@@ -71,7 +74,7 @@ def test_random_model_plays_episodes(tiny_model_dir):
     assert len(results) == 6 and all(r.reward == 0.0 for r in results)
     prompt = tokenizer.apply_chat_template(
         eval_rows(1)[0]["prompt"],
-        tools=CALCULATOR_TOOLS,
+        tools=DEMO_TOOLS,
         add_generation_prompt=True,
         tokenize=False,
     )
@@ -106,7 +109,7 @@ def test_vllm_greedy_equals_transformers_greedy(tiny_model_dir, monkeypatch):
     prompts = [
         tokenizer.encode(
             tokenizer.apply_chat_template(
-                row["prompt"], tools=CALCULATOR_TOOLS, add_generation_prompt=True, tokenize=False
+                row["prompt"], tools=DEMO_TOOLS, add_generation_prompt=True, tokenize=False
             ),
             add_special_tokens=False,
         )
