@@ -168,7 +168,6 @@ def _build_into(directory: Path, recipe: TinyModelRecipe, log: ProgressLog | Non
                 seed=recipe.seed + 1 + 10 * stage,
                 tool_fraction=tool_fraction,
             )
-            done = len(losses)
             losses += train_sft(
                 model,
                 [encode_conversation(tokenizer, c, DEMO_TOOLS) for c in conversations],
@@ -178,7 +177,7 @@ def _build_into(directory: Path, recipe: TinyModelRecipe, log: ProgressLog | Non
                 peak_lr=peak_lr,
                 warmup_steps=min(recipe.sft_warmup_steps, num_steps),
                 seed=recipe.seed + 2 + 10 * stage,
-                log=None if log is None else lambda i, loss: log(done + i, loss, total_steps),
+                log=None if log is None else _offset_log(log, len(losses), total_steps),
             )
     model.eval()
     model.generation_config = GenerationConfig(
@@ -196,6 +195,11 @@ def _build_into(directory: Path, recipe: TinyModelRecipe, log: ProgressLog | Non
     }
     (directory / BUILD_INFO).write_text(json.dumps(info, indent=2) + "\n")
     return info
+
+
+def _offset_log(log: ProgressLog, offset: int, total_steps: int) -> Callable[[int, float], None]:
+    """A stage's `log(step, loss)` as the build's `log(offset + step, loss, total_steps)`."""
+    return lambda step, loss: log(offset + step, loss, total_steps)
 
 
 @contextlib.contextmanager

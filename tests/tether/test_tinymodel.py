@@ -131,3 +131,18 @@ def _greedy(model, prompt: list[int], num_tokens: int) -> list[int]:
     for _ in range(num_tokens):
         ids.append(int(model(input_ids=torch.tensor([ids])).logits[0, -1].argmax()))
     return ids[len(prompt) :]
+
+
+def test_warm_start_lands_between_never_and_always_right(warm_tiny_model_dir):
+    """The default recipe's model (what `make run` starts RL from) calls the tool on some
+    questions and guesses on others, and copies operands and results when it calls: sampled
+    pass@1 well inside (0, 1). Measured: 0.37 (calls 0.39, arguments right in 77 of 78)."""
+    tokenizer = AutoTokenizer.from_pretrained(warm_tiny_model_dir)
+    model = AutoModelForCausalLM.from_pretrained(warm_tiny_model_dir).eval()
+    results = play_episodes(model, tokenizer, eval_rows(100), num_samples=2, seed=0)
+    pass_at_1 = sum(r.reward for r in results) / len(results)
+    call_rate = sum(r.num_tool_calls > 0 for r in results) / len(results)
+    called = [r for r in results if r.num_tool_calls > 0]
+    assert 0.15 < pass_at_1 < 0.75, pass_at_1
+    assert 0.15 < call_rate < 0.85, call_rate  # the decision RL has to learn
+    assert sum(r.reward for r in called) / len(called) > 0.8  # a call is mostly a right answer
