@@ -421,11 +421,14 @@ def replica_main(spec: ReplicaSpec) -> None:
 async def _build_real(spec: ReplicaSpec, config: ActorConfig, broker: BrokerConfig):
     from transformers import AutoTokenizer
 
-    from actors.vllm_engine import VllmEngine
+    from actors.vllm_engine import VllmEngine, threads_bind_for_replica
     from envservers.client import EnvClient
 
     tokenizer = AutoTokenizer.from_pretrained(config.engine.model)
-    engine = await VllmEngine.start(config.engine)
+    bind = threads_bind_for_replica(
+        config.engine.cpu_threads_bind, spec.index, sorted(os.sched_getaffinity(0))
+    )
+    engine = await VllmEngine.start(config.engine.model_copy(update={"cpu_threads_bind": bind}))
     client = EnvClient(
         config.env.addresses,
         timeout_s=config.env.timeout_s,

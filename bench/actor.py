@@ -5,7 +5,7 @@ actors.scripted_model) serves three timed phases per round, its prefix cache res
 each:
 
   actor:        prompt tasks on a real nats-server -> the real `Actor` -> multi-turn episodes
-                (VllmEngine streaming, chat deltas, gRPC steps against a real `envserver
+                (VllmEngine turns, chat deltas, gRPC steps against a real `envserver
                 --env noop` process) -> trajectories published to JetStream. Clock: from
                 publishing the tasks to the last trajectory stored.
   raw offline:  exactly the requests the actor made (read back from the trajectories: each

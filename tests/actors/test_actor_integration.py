@@ -31,8 +31,9 @@ from broker.config import BrokerConfig
 from broker.wire import PolicyVersion, PromptTask
 from envservers.client import EnvClient
 from envservers.config import EnvServerConfig
+from envservers.envs.calculator import CALCULATOR_TOOLS
 from envservers.server import EnvServer
-from tether.demo_data import CALCULATOR_TOOLS, SYSTEM_PROMPT
+from tether.demo_data import SYSTEM_PROMPT
 
 pytestmark = pytest.mark.vllm
 
@@ -60,7 +61,7 @@ def taught_model_dir(tiny_model_dir, tmp_path_factory):
         tiny_model_dir,
         [_script(a, b) for a, b in OPERANDS],
         tmp_path_factory.mktemp("taught") / "model",
-        tools=CALCULATOR_TOOLS,
+        tools=CALCULATOR_TOOLS.specs(),  # the rows name no subset: all four
         num_steps=40,
     )
 
@@ -284,7 +285,10 @@ async def test_actor_turns_prompt_tasks_into_trajectory_groups_on_real_parts(
     ]
     for t in trajectories:
         assert (t.group_size, t.step, t.actor_id, t.env_class) == (
-            GROUP_SIZE, 3, "it", "calculator"
+            GROUP_SIZE,
+            3,
+            "it",
+            "calculator",
         )
         # (c) every generated token carries the engine's version, every other token -1.
         arrays = token_arrays(t)

@@ -7,7 +7,7 @@ import pytest
 
 from actors.chat import ChatTemplate
 from tether.chat_template import observation_delta, render_chat
-from tether.demo_data import CALCULATOR_TOOLS, SYSTEM_PROMPT
+from tether.demo_data import DEMO_TOOLS, SYSTEM_PROMPT
 from tether.tiny_tokenizer import build_tokenizer
 
 PROMPT = [
@@ -32,8 +32,8 @@ def _encode(tokenizer, text: str) -> list[int]:
 
 
 def test_prompt_is_the_templated_prompt_with_generation_prompt(tokenizer, chat):
-    ids = chat.prompt_ids(PROMPT, CALCULATOR_TOOLS)
-    expected = render_chat(PROMPT, tools=CALCULATOR_TOOLS, add_generation_prompt=True)
+    ids = chat.prompt_ids(PROMPT, DEMO_TOOLS)
+    expected = render_chat(PROMPT, tools=DEMO_TOOLS, add_generation_prompt=True)
     assert tokenizer.decode(ids) == expected
     assert ids == _encode(tokenizer, expected)
     assert tokenizer.decode(ids).endswith("<|im_end|>\n<|im_start|>assistant\n")
@@ -58,7 +58,7 @@ def test_appended_deltas_equal_the_whole_conversation_rendered_once(tokenizer, c
     turns = [TOOL_CALL, "<answer>42</answer>"]
     observation = [{"role": "tool", "content": "42"}]
     eos = [tokenizer.eos_token_id]
-    ids = chat.prompt_ids(PROMPT, CALCULATOR_TOOLS)
+    ids = chat.prompt_ids(PROMPT, DEMO_TOOLS)
     ids += _encode(tokenizer, turns[0]) + eos
     ids += chat.observation_ids(observation)
     ids += _encode(tokenizer, turns[1]) + eos
@@ -68,7 +68,7 @@ def test_appended_deltas_equal_the_whole_conversation_rendered_once(tokenizer, c
         *observation,
         {"role": "assistant", "content": turns[1]},
     ]
-    full = render_chat(conversation, tools=CALCULATOR_TOOLS)  # ends "<|im_end|>\n"
+    full = render_chat(conversation, tools=DEMO_TOOLS)  # ends "<|im_end|>\n"
     assert tokenizer.decode(ids) + "\n" == full
     assert ids + _encode(tokenizer, "\n") == _encode(tokenizer, full)
 

@@ -22,7 +22,7 @@ from broker.codec import decode, encode, token_arrays
 from broker.wire import PromptTask, Trajectory
 from tether.calculator import run_tool_call
 from tether.chat_template import observation_delta, render_chat
-from tether.demo_data import CALCULATOR_TOOLS, SYSTEM_PROMPT
+from tether.demo_data import DEMO_TOOLS, SYSTEM_PROMPT
 from tether.tiny_tokenizer import build_tokenizer
 
 TOOL_CALL = '<tool_call>\n{"name": "add", "arguments": {"a": 17, "b": 25}}\n</tool_call>'
@@ -93,7 +93,7 @@ def _segments(mask):
 async def test_tool_call_then_answer_has_the_hand_computed_layout(tokenizer, chat):
     result, engine, env = await _play(tokenizer, chat, by_turn(TOOL_CALL, ANSWER), version=7)
     eos = tokenizer.eos_token_id
-    prompt = chat.prompt_ids(_task().prompt, CALCULATOR_TOOLS)
+    prompt = chat.prompt_ids(_task().prompt, DEMO_TOOLS)
     turn0 = _encode(tokenizer, TOOL_CALL) + [eos]
     delta = _encode(tokenizer, observation_delta([{"role": "tool", "content": "42"}]))
     turn1 = _encode(tokenizer, ANSWER) + [eos]
@@ -137,9 +137,7 @@ async def test_tokens_decode_to_the_template_rendering_of_the_conversation(token
         {"role": "tool", "content": run_tool_call(BAD_CALL.split("\n")[1])},
         {"role": "assistant", "content": ANSWER},
     ]
-    assert tokenizer.decode(result.token_ids) + "\n" == render_chat(
-        conversation, tools=CALCULATOR_TOOLS
-    )
+    assert tokenizer.decode(result.token_ids) + "\n" == render_chat(conversation, tools=DEMO_TOOLS)
     # Masked-in tokens decode to exactly the assistant turns (each closed by its EOS).
     policy_text = tokenizer.decode(ids[mask == 1].tolist())
     assert policy_text == "<|im_end|>".join([TOOL_CALL, BAD_CALL, ANSWER]) + "<|im_end|>"
@@ -212,7 +210,7 @@ async def test_max_turns_ends_after_the_last_allowed_turn(tokenizer, chat):
 
 
 async def test_context_over_max_input_length_ends_the_episode(tokenizer, chat):
-    prompt_len = len(chat.prompt_ids(_task().prompt, CALCULATOR_TOOLS))
+    prompt_len = len(chat.prompt_ids(_task().prompt, DEMO_TOOLS))
     limits = RolloutLimits(max_input_length=prompt_len + 5, max_sequence_length=2048)
     result, engine, _ = await _play(tokenizer, chat, by_turn(TOOL_CALL, ANSWER), limits=limits)
     assert (result.stop_reason, result.num_turns) == ("max_input_length", 1)
@@ -227,7 +225,7 @@ async def test_prompt_longer_than_max_input_length_rejects_the_task(tokenizer, c
 
 
 async def test_generation_is_capped_to_fit_max_sequence_length(tokenizer, chat):
-    prompt_len = len(chat.prompt_ids(_task().prompt, CALCULATOR_TOOLS))
+    prompt_len = len(chat.prompt_ids(_task().prompt, DEMO_TOOLS))
     limits = RolloutLimits(max_input_length=prompt_len, max_sequence_length=prompt_len + 4)
     result, engine, _ = await _play(tokenizer, chat, by_turn(ANSWER), limits=limits)
     assert engine.calls[0][1].max_tokens == 4
@@ -237,7 +235,7 @@ async def test_generation_is_capped_to_fit_max_sequence_length(tokenizer, chat):
 
 
 async def test_observation_past_max_sequence_length_is_truncated(tokenizer, chat):
-    prompt_len = len(chat.prompt_ids(_task().prompt, CALCULATOR_TOOLS))
+    prompt_len = len(chat.prompt_ids(_task().prompt, DEMO_TOOLS))
     n_turn = len(_encode(tokenizer, TOOL_CALL)) + 1
     limits = RolloutLimits(max_input_length=prompt_len, max_sequence_length=prompt_len + n_turn + 3)
     result, _, _ = await _play(tokenizer, chat, by_turn(TOOL_CALL, ANSWER), limits=limits)

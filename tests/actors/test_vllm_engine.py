@@ -245,14 +245,15 @@ async def test_request_after_an_update_reuses_no_prefix_kv_of_older_weights(
 ):
     """RL revisits prompts: a prompt whose KV blocks the old weights cached must be
     recomputed once new weights are in (with stale prefix KV, greedy output differs)."""
-    from tether.demo_data import CALCULATOR_TOOLS, SYSTEM_PROMPT
+    from envservers.envs.calculator import CALCULATOR_TOOLS
+    from tether.demo_data import SYSTEM_PROMPT
 
     rendered = tokenizer.apply_chat_template(
         [
             {"role": "system", "content": SYSTEM_PROMPT},
             {"role": "user", "content": "What is 5 + 6?"},
         ],
-        tools=CALCULATOR_TOOLS,
+        tools=CALCULATOR_TOOLS.specs(),  # all four tools: a long shared prefix
         add_generation_prompt=True,
         tokenize=False,
     )
