@@ -40,16 +40,15 @@ ifeq ($(HAS_GPU),)
 endif
 	@rm -f $(VENV)/.installed-* && touch $@
 
-# The learner-process tests run in a pytest process of their own: the actor tests' session
-# vLLM engine lives until its session ends, and the learner tests start and kill learner
-# subprocesses that must not share a process with it.
+# The learner-process tests and the end-to-end `make run` test run in pytest processes of
+# their own: the actor tests' session vLLM engine lives until its session ends, and those
+# tests start and kill process trees that must not share a process (or the cores) with it.
 test: install
-	@set -e; for suite in "tests --ignore=tests/learner_loop" "tests/learner_loop"; do \
+	@set -e; for suite in "tests --ignore=tests/learner_loop --ignore=tests/e2e" "tests/learner_loop" "tests/e2e"; do \
 	  $(PY) -m pytest $$suite || { code=$$?; [ $$code -eq 5 ] && echo "no tests collected in $$suite" || exit $$code; }; \
 	done
 
 run: install
-	@if [ ! -f deploy/local.py ]; then echo "make run: the single-machine launcher (issue 6) is not built yet" >&2; exit 1; fi
 	$(PY) -m deploy.local $(ARGS)
 
 proto: install

