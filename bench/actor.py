@@ -95,9 +95,7 @@ def requests_of(trajectory) -> list[Request]:
             start = position
         elif not inside and start is not None:
             num = position - start
-            requests.append(
-                Request(trajectory.trajectory_id, len(requests), ids[:start], num)
-            )
+            requests.append(Request(trajectory.trajectory_id, len(requests), ids[:start], num))
             start = None
     return requests
 
@@ -110,8 +108,17 @@ def start_env_server() -> tuple[subprocess.Popen, str]:
 
     port = free_port()
     process = subprocess.Popen(
-        [sys.executable, "-m", "envservers.cli", "--env", "noop", "--port", str(port),
-         "envserver.metrics_port=0", "envserver.log_level=WARNING"],
+        [
+            sys.executable,
+            "-m",
+            "envservers.cli",
+            "--env",
+            "noop",
+            "--port",
+            str(port),
+            "envserver.metrics_port=0",
+            "envserver.log_level=WARNING",
+        ],
         cwd=REPO,
     )
     return process, f"127.0.0.1:{port}"
@@ -340,9 +347,7 @@ async def run(args, model_dir: Path, nats_url: str, env_address: str, meter) -> 
             record["cpu offline"] = meter.delta(before, meter.sample())
             await engine.llm.reset_prefix_cache()
             before = meter.sample()
-            record["by_turn"], record["in engine by_turn"] = await raw_by_turn(
-                engine.llm, requests
-            )
+            record["by_turn"], record["in engine by_turn"] = await raw_by_turn(engine.llm, requests)
             record["cpu by_turn"] = meter.delta(before, meter.sample())
             record["tokens"] = sum(r.num_tokens for r in requests)
             rounds.append(record)
@@ -428,7 +433,8 @@ def main() -> int:
     parser.add_argument("--max-num-seqs", type=int, default=64, help="vLLM max_num_seqs")
     parser.add_argument("--teach-steps", type=int, default=80, help="steps teaching the script")
     parser.add_argument(
-        "--cpu-threads-bind", default=str(os.cpu_count() - 1),
+        "--cpu-threads-bind",
+        default=str(os.cpu_count() - 1),
         help="VLLM_CPU_OMP_THREADS_BIND of the engine: a core list (default: the last core), "
         "auto, or nobind",
     )
@@ -481,10 +487,16 @@ def main() -> int:
             ("generated tokens", figures["generated_tokens"]),
             ("requests / episodes", f"{figures['requests']} / {figures['episodes']}"),
             ("mean tokens per request", figures["mean_tokens_per_request"]),
-            ("requests in flight actor / by turn", f"{figures['actor_requests_in_flight']:.1f} / "
-             f"{figures['by_turn_requests_in_flight']:.1f}"),
-            ("episode wall / generate / env s", f"{figures['episode_wall_s_mean']:.2f} / "
-             f"{figures['episode_generate_s_mean']:.2f} / {figures['episode_env_s_mean']:.3f}"),
+            (
+                "requests in flight actor / by turn",
+                f"{figures['actor_requests_in_flight']:.1f} / "
+                f"{figures['by_turn_requests_in_flight']:.1f}",
+            ),
+            (
+                "episode wall / generate / env s",
+                f"{figures['episode_wall_s_mean']:.2f} / "
+                f"{figures['episode_generate_s_mean']:.2f} / {figures['episode_env_s_mean']:.3f}",
+            ),
             ("CPU s per 1k tokens, actor", per_1k("actor")),
             ("CPU s per 1k tokens, raw offline", per_1k("offline")),
             ("CPU s per 1k tokens, raw by turn", per_1k("by_turn")),

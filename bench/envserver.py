@@ -99,7 +99,9 @@ def measure(kind: str, seconds: float) -> dict[int, tuple[float, float, float]]:
     port = _free_port()
     proc = subprocess.Popen(
         [sys.executable, __file__, "--serve", kind, "--port", str(port)],
-        stdout=subprocess.PIPE, text=True, cwd=REPO,
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
     )
     try:
         assert proc.stdout.readline().strip() == "ready", f"{kind} server did not start"
@@ -134,11 +136,17 @@ def main() -> int:
     for n in CONCURRENCY:
         rate, p50, p99 = ours[n]
         echo_rate, echo_p50, echo_p99 = echo[n]
-        figures.update({
-            f"steps_per_s_{n}": rate, f"p50_ms_{n}": p50, f"p99_ms_{n}": p99,
-            f"echo_steps_per_s_{n}": echo_rate, f"echo_p50_ms_{n}": echo_p50,
-            f"echo_p99_ms_{n}": echo_p99, f"ratio_vs_echo_{n}": rate / echo_rate,
-        })
+        figures.update(
+            {
+                f"steps_per_s_{n}": rate,
+                f"p50_ms_{n}": p50,
+                f"p99_ms_{n}": p99,
+                f"echo_steps_per_s_{n}": echo_rate,
+                f"echo_p50_ms_{n}": echo_p50,
+                f"echo_p99_ms_{n}": echo_p99,
+                f"ratio_vs_echo_{n}": rate / echo_rate,
+            }
+        )
         rows += [
             (f"sessions={n:<3} envserver steps/s", rate),
             (f"sessions={n:<3} echo steps/s", echo_rate),

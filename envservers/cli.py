@@ -18,7 +18,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--config", help="TOML or YAML file with an [envserver] section")
     parser.add_argument(
-        "--env", action="append", default=None, metavar="NAME",
+        "--env",
+        action="append",
+        default=None,
+        metavar="NAME",
         help="host this environment (repeatable; replaces envserver.envs)",
     )
     parser.add_argument("--port", type=int, default=None, help="gRPC port (0 = free port)")

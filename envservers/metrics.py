@@ -1,9 +1,9 @@
 """Prometheus metrics of an env server (served on /metrics by tether.metrics.serve_metrics).
 
-    tether_env_steps_total{env}              steps completed (rate() = steps/s)
-    tether_env_step_seconds{env}             step latency, server side
-    tether_env_active_sessions{env}          open sessions
-    tether_env_errors_total{method, code}    RPCs that ended in a gRPC error
+tether_env_steps_total{env}              steps completed (rate() = steps/s)
+tether_env_step_seconds{env}             step latency, server side
+tether_env_active_sessions{env}          open sessions
+tether_env_errors_total{method, code}    RPCs that ended in a gRPC error
 """
 
 from __future__ import annotations

@@ -88,7 +88,11 @@ class Sandbox:
             os.chown(main, self.uid, self.uid)
         timeout = min(timeout_s or self.config.timeout_s, self.config.timeout_s)
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-I", "-S", str(LAUNCHER), json.dumps(self._spec(["main.py"])),
+            sys.executable,
+            "-I",
+            "-S",
+            str(LAUNCHER),
+            json.dumps(self._spec(["main.py"])),
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,

@@ -109,7 +109,9 @@ class EnvService(env_pb2_grpc.EnvServiceServicer):
         if provider is None:
             hosted = sorted(self.providers)
             await fail(
-                context, "Reset", Code.NOT_FOUND,
+                context,
+                "Reset",
+                Code.NOT_FOUND,
                 f"env_class: unknown environment {request.env_class!r}; hosted here: {hosted}",
             )
         existing = self.sessions.get(request.session_id) if request.session_id else None
@@ -119,7 +121,9 @@ class EnvService(env_pb2_grpc.EnvServiceServicer):
             return existing.reset_response
         if len(self.sessions) >= self.config.max_sessions:
             await fail(
-                context, "Reset", Code.RESOURCE_EXHAUSTED,
+                context,
+                "Reset",
+                Code.RESOURCE_EXHAUSTED,
                 f"too many open sessions ({self.config.max_sessions}); close some",
             )
         try:
@@ -143,7 +147,9 @@ class EnvService(env_pb2_grpc.EnvServiceServicer):
             log.exception("reset of %s failed", request.env_class)
             await self._close_env(env)
             await fail(
-                context, "Reset", Code.INTERNAL,
+                context,
+                "Reset",
+                Code.INTERNAL,
                 f"reset of {request.env_class} failed: {type(e).__name__}: {e}",
             )
         session_id = request.session_id or uuid.uuid4().hex
@@ -167,12 +173,16 @@ class EnvService(env_pb2_grpc.EnvServiceServicer):
         session = self.sessions.get(request.session_id)
         if session is None:
             await fail(
-                context, "Step", Code.NOT_FOUND,
+                context,
+                "Step",
+                Code.NOT_FOUND,
                 f"session_id: no open session {request.session_id!r} (closed or expired?)",
             )
         if len(request.action) > self.config.max_action_chars:
             await fail(
-                context, "Step", Code.RESOURCE_EXHAUSTED,
+                context,
+                "Step",
+                Code.RESOURCE_EXHAUSTED,
                 f"action: {len(request.action)} characters, limit {self.config.max_action_chars}",
             )
         async with session.lock:
@@ -183,7 +193,9 @@ class EnvService(env_pb2_grpc.EnvServiceServicer):
                 return session.last_response  # a retried step: replay, do not step twice
             if request.seq and request.seq != session.last_seq + 1:
                 await fail(
-                    context, "Step", Code.FAILED_PRECONDITION,
+                    context,
+                    "Step",
+                    Code.FAILED_PRECONDITION,
                     f"seq: expected {session.last_seq + 1}, got {request.seq}",
                 )
             if session.done:
@@ -197,7 +209,9 @@ class EnvService(env_pb2_grpc.EnvServiceServicer):
             except Exception as e:  # one env's failure fails only this call
                 log.exception("step of %s session %s failed", session.env_class, session.id)
                 await fail(
-                    context, "Step", Code.INTERNAL,
+                    context,
+                    "Step",
+                    Code.INTERNAL,
                     f"step of {session.env_class} failed: {type(e).__name__}: {e}",
                 )
             session.last_seq += 1
@@ -213,7 +227,9 @@ class EnvService(env_pb2_grpc.EnvServiceServicer):
             await self._fail(context, "Close", Code.INVALID_ARGUMENT, "session_id: required")
         if not await self.close_session(request.session_id):
             await self._fail(
-                context, "Close", Code.NOT_FOUND,
+                context,
+                "Close",
+                Code.NOT_FOUND,
                 f"session_id: no open session {request.session_id!r}",
             )
         return env_pb2.CloseResponse()

@@ -111,8 +111,11 @@ def _parse_plain_json(text: str) -> list[ToolCall | ToolCallError]:
         return []  # prose that merely starts with a bracket: not an attempted call
     if isinstance(value, dict) and "name" in value:
         return [call_from_json(value)]
-    if isinstance(value, list) and value and all(isinstance(v, dict) and "name" in v
-                                                  for v in value):
+    if (
+        isinstance(value, list)
+        and value
+        and all(isinstance(v, dict) and "name" in v for v in value)
+    ):
         return [call_from_json(v) for v in value]
     return []
 

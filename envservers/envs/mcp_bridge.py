@@ -58,7 +58,9 @@ class McpServer:
 
         command = sys.executable if self.config.command == "python" else self.config.command
         params = StdioServerParameters(
-            command=command, args=self.config.args, env=self.config.env or None,
+            command=command,
+            args=self.config.args,
+            env=self.config.env or None,
             cwd=self.config.cwd,
         )
         try:
@@ -133,11 +135,19 @@ class McpProvider(EnvProvider):
         for server in self.servers.values():
             for t in server.tools:
                 if t.name in owner:
-                    raise ValueError(f"MCP tool {t.name!r} offered by {owner[t.name]!r} and "
-                                     f"{server.name!r}; tool names must be unique")
+                    raise ValueError(
+                        f"MCP tool {t.name!r} offered by {owner[t.name]!r} and "
+                        f"{server.name!r}; tool names must be unique"
+                    )
                 owner[t.name] = server.name
-                tools.append(Tool(t.name, t.description or "", dict(t.input_schema),
-                                  self._caller(server, t.name)))
+                tools.append(
+                    Tool(
+                        t.name,
+                        t.description or "",
+                        dict(t.input_schema),
+                        self._caller(server, t.name),
+                    )
+                )
         self.tools = ToolGroup(tools)
 
     @staticmethod

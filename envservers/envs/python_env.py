@@ -33,8 +33,9 @@ class PythonEnv(ToolEnv):
         assert self.sandbox is not None
         result = await self.sandbox.run(code)
         if result.killed == "timeout":
-            raise ToolError(f"killed after {self.config.timeout_s}s (wall-clock limit)\n"
-                            + result.output)
+            raise ToolError(
+                f"killed after {self.config.timeout_s}s (wall-clock limit)\n" + result.output
+            )
         if result.killed:
             raise ToolError(f"killed: {result.killed}\n{result.output}")
         if result.exit_code != 0:
@@ -44,8 +45,14 @@ class PythonEnv(ToolEnv):
     async def make_tools(self, task: dict[str, Any]) -> ToolGroup:
         self.sandbox = Sandbox(self.config)
         return ToolGroup(
-            [Tool("run_python", "Run a Python program; returns its output.", _CODE,
-                  self.run_python)]
+            [
+                Tool(
+                    "run_python",
+                    "Run a Python program; returns its output.",
+                    _CODE,
+                    self.run_python,
+                )
+            ]
         )
 
     async def close(self) -> None:

@@ -28,7 +28,10 @@ from envservers.tools import Tool, ToolError, ToolGroup
 from envservers.types import EnvProvider
 
 _ALLOWED_ACTIONS = {
-    sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_FUNCTION, sqlite3.SQLITE_RECURSIVE
+    sqlite3.SQLITE_SELECT,
+    sqlite3.SQLITE_READ,
+    sqlite3.SQLITE_FUNCTION,
+    sqlite3.SQLITE_RECURSIVE,
 }
 _NO_ARGS = {"type": "object", "properties": {}}
 
@@ -61,11 +64,13 @@ def open_database(extra_info: dict[str, Any]) -> sqlite3.Connection:
 
 def normalize_rows(rows: list[Any]) -> Counter:
     """Rows as a multiset of tuples; floats rounded so 0.1+0.2 equals 0.3."""
+
     def cell(v: Any) -> Any:
         return round(v, 6) if isinstance(v, float) else v
 
-    return Counter(tuple(cell(v) for v in (row if isinstance(row, list | tuple) else [row]))
-                   for row in rows)
+    return Counter(
+        tuple(cell(v) for v in (row if isinstance(row, list | tuple) else [row])) for row in rows
+    )
 
 
 class SqlEnv(ToolEnv):
@@ -140,11 +145,14 @@ class SqlEnv(ToolEnv):
         }
         return ToolGroup(
             [
-                Tool("list_tables", "List the tables of the database.", _NO_ARGS,
-                     self.list_tables),
+                Tool("list_tables", "List the tables of the database.", _NO_ARGS, self.list_tables),
                 Tool("describe", "Show the CREATE statement of a table.", table, self.describe),
-                Tool("execute_sql", "Run a read-only SQL query; returns the rows.", one_string,
-                     self.execute_sql),
+                Tool(
+                    "execute_sql",
+                    "Run a read-only SQL query; returns the rows.",
+                    one_string,
+                    self.execute_sql,
+                ),
             ]
         )
 

@@ -28,9 +28,15 @@ def calculator_task(question: str = "What is 17 + 25?", truth: str = "42", **spe
 
 def server_config(**overrides) -> EnvServerConfig:
     values = dict(
-        port=0, envs=["calculator", "noop", "sql", "python"], metrics_port=0,
-        session_idle_ttl_s=600, max_action_chars=100_000, max_message_bytes=1024 * 1024,
-        drain_s=0, python={"timeout_s": 3, "cpu_s": 2}, sql={"query_timeout_s": 0.5},
+        port=0,
+        envs=["calculator", "noop", "sql", "python"],
+        metrics_port=0,
+        session_idle_ttl_s=600,
+        max_action_chars=100_000,
+        max_message_bytes=1024 * 1024,
+        drain_s=0,
+        python={"timeout_s": 3, "cpu_s": 2},
+        sql={"query_timeout_s": 0.5},
     )
     values.update(overrides)
     return EnvServerConfig(**values)
@@ -38,8 +44,9 @@ def server_config(**overrides) -> EnvServerConfig:
 
 @pytest_asyncio.fixture(scope="session")
 async def env_server(tmp_path_factory):
-    config = server_config(python={"timeout_s": 3, "cpu_s": 2,
-                                   "scratch_root": str(tmp_path_factory.mktemp("sandbox"))})
+    config = server_config(
+        python={"timeout_s": 3, "cpu_s": 2, "scratch_root": str(tmp_path_factory.mktemp("sandbox"))}
+    )
     providers = build_providers(config)
     providers["faulty"] = FaultyProvider()
     providers["slow"] = SlowProvider()

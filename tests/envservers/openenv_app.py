@@ -60,8 +60,9 @@ def main() -> None:
     init("echo_env", output_dir=str(workdir))
     sys.path.insert(0, str(workdir / "echo_env"))
     echo = importlib.import_module("server.app").app
-    calc = create_app(CalcEnv, CallToolAction, CallToolObservation, env_name="calc",
-                      max_concurrent_envs=8)
+    calc = create_app(
+        CalcEnv, CallToolAction, CallToolObservation, env_name="calc", max_concurrent_envs=8
+    )
     root = FastAPI()
     root.mount("/echo", echo)
     root.mount("/calc", calc)

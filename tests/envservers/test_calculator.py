@@ -90,7 +90,10 @@ async def test_full_episode_tool_then_answer():
     result = await env.step("The tool says 42. <answer>42</answer>")
     assert (result.reward, result.done, result.observations) == (1.0, True, [])
     assert result.metadata == {
-        "num_tool_calls": 1, "tool_errors": 0, "turns": 2, "stop_reason": "answer"
+        "num_tool_calls": 1,
+        "tool_errors": 0,
+        "turns": 2,
+        "stop_reason": "answer",
     }
 
 
@@ -136,7 +139,9 @@ async def test_too_many_calls_in_one_message():
     await env.reset(calculator_task())
     result = await env.step(_call("add", a=1, b=1) * 3)
     assert [m["content"] for m in result.observations] == [
-        "2", "2", "error: at most 2 tool calls per turn"
+        "2",
+        "2",
+        "error: at most 2 tool calls per turn",
     ]
 
 
@@ -152,5 +157,9 @@ async def test_max_turns_from_extra_info():
 
 def test_format_number():
     assert [format_number(x) for x in (42, 42.0, -3.0, 2.5, 10**20)] == [
-        "42", "42", "-3", "2.5", "100000000000000000000"
+        "42",
+        "42",
+        "-3",
+        "2.5",
+        "100000000000000000000",
     ]

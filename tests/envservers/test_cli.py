@@ -21,8 +21,15 @@ ENV = {**os.environ, "PYTHONPATH": str(REPO)}
 
 
 def _envserver(*args: str, **kwargs) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "envservers.cli", *args], cwd=REPO, env=ENV,
-                          capture_output=True, text=True, timeout=60, **kwargs)
+    return subprocess.run(
+        [sys.executable, "-m", "envservers.cli", *args],
+        cwd=REPO,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        **kwargs,
+    )
 
 
 def test_help_is_fast_and_imports_nothing_heavy():
@@ -30,10 +37,13 @@ def test_help_is_fast_and_imports_nothing_heavy():
     result = _envserver("--help")
     assert result.returncode == 0 and "--config" in result.stdout
     assert time.monotonic() - start < 3
-    probe = ("import sys; from envservers import cli; cli.load_config(cli.parse_args([]));"
-             "print(sorted(m for m in ('grpc', 'torch', 'mcp', 'skyrl_gym') if m in sys.modules))")
-    out = subprocess.run([sys.executable, "-c", probe], cwd=REPO, env=ENV, capture_output=True,
-                         text=True, timeout=60)
+    probe = (
+        "import sys; from envservers import cli; cli.load_config(cli.parse_args([]));"
+        "print(sorted(m for m in ('grpc', 'torch', 'mcp', 'skyrl_gym') if m in sys.modules))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], cwd=REPO, env=ENV, capture_output=True, text=True, timeout=60
+    )
     assert out.stdout.strip() == "[]", out.stderr
 
 
@@ -48,29 +58,57 @@ def test_bad_config_fails_fast_with_the_field(tmp_path):
 
 
 def test_flags_are_fixed():
-    args = parse_args(["--config", "c.toml", "--env", "calculator", "--env", "sql", "--port",
-                       "5", "--host", "0.0.0.0", "envserver.max_sessions=3"])
-    assert vars(args) == {"config": "c.toml", "env": ["calculator", "sql"], "port": 5,
-                          "host": "0.0.0.0", "overrides": ["envserver.max_sessions=3"]}
+    args = parse_args(
+        [
+            "--config",
+            "c.toml",
+            "--env",
+            "calculator",
+            "--env",
+            "sql",
+            "--port",
+            "5",
+            "--host",
+            "0.0.0.0",
+            "envserver.max_sessions=3",
+        ]
+    )
+    assert vars(args) == {
+        "config": "c.toml",
+        "env": ["calculator", "sql"],
+        "port": 5,
+        "host": "0.0.0.0",
+        "overrides": ["envserver.max_sessions=3"],
+    }
 
 
 async def test_sigterm_drains_then_finishes_in_flight_steps(tmp_path):
     config = tmp_path / "c.toml"
     config.write_text("[envserver]\nmetrics_port = 0\ndrain_s = 1.0\nshutdown_grace_s = 10\n")
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-c",
+        sys.executable,
+        "-c",
         "import sys; from tests.envservers.fakes import SlowProvider;"
         "from envservers import registry; registry.register('slow', lambda c: SlowProvider());"
         "from envservers.cli import main; sys.exit(main(sys.argv[1:]))",
-        "--config", str(config), "--env", "slow", "--port", "0",
-        cwd=REPO, env=ENV, stdout=asyncio.subprocess.PIPE,
+        "--config",
+        str(config),
+        "--env",
+        "slow",
+        "--port",
+        "0",
+        cwd=REPO,
+        env=ENV,
+        stdout=asyncio.subprocess.PIPE,
     )
     try:
         line = (await asyncio.wait_for(proc.stdout.readline(), 30)).decode()
         assert line.startswith("envserver ready on "), line
         address = line.split()[3]
-        async with EnvClient(address, max_retries=0) as client, \
-                grpc.aio.insecure_channel(address) as channel:
+        async with (
+            EnvClient(address, max_retries=0) as client,
+            grpc.aio.insecure_channel(address) as channel,
+        ):
             session = await client.open("slow", {})
             in_flight = asyncio.create_task(session.step("1.5"))
             await asyncio.sleep(0.3)

@@ -23,7 +23,8 @@ async def mcp_client():
 
 def _task(**spec):
     return {
-        "data_source": "time", "env_class": "mcp",
+        "data_source": "time",
+        "env_class": "mcp",
         "prompt": [{"role": "user", "content": "What time is 12:00 UTC in Tokyo?"}],
         "reward_spec": {"method": "rule", "ground_truth": {"answer": "21:00", **spec}},
     }
@@ -37,10 +38,11 @@ async def test_tools_come_from_the_mcp_server(mcp_client):
     session = await mcp_client.open("mcp", _task())
     names = {t["function"]["name"] for t in session.observation.tools}
     assert names == {"get_current_time", "convert_time"}
-    convert = next(t for t in session.observation.tools
-                   if t["function"]["name"] == "convert_time")
+    convert = next(t for t in session.observation.tools if t["function"]["name"] == "convert_time")
     assert convert["function"]["parameters"]["required"] == [
-        "source_timezone", "time", "target_timezone"
+        "source_timezone",
+        "time",
+        "target_timezone",
     ]
 
 
@@ -48,8 +50,9 @@ async def test_episode_with_a_real_tool_call_and_tool_sequence_reward(mcp_client
     session = await mcp_client.open(
         "mcp", _task(tool_sequence=[{"step": 1, "server": "time", "tool": "convert_time"}])
     )
-    result = await session.step(_call("convert_time", source_timezone="UTC", time="12:00",
-                                      target_timezone="Asia/Tokyo"))
+    result = await session.step(
+        _call("convert_time", source_timezone="UTC", time="12:00", target_timezone="Asia/Tokyo")
+    )
     reply = json.loads(result.observations[0]["content"])
     assert reply["target"]["datetime"].endswith("T21:00:00+09:00")
     assert reply["time_difference"] == "+9.0h"
@@ -76,9 +79,12 @@ async def test_tool_failures_are_error_observations(mcp_client, action, fragment
 
 async def test_a_server_that_cannot_start_fails_the_env_server_start():
     config = server_config(
-        envs=["mcp"], metrics_port=None,
-        mcp={"servers": {"bad": {"command": "python", "args": ["-c", "raise SystemExit(3)"]}},
-             "startup_timeout_s": 10},
+        envs=["mcp"],
+        metrics_port=None,
+        mcp={
+            "servers": {"bad": {"command": "python", "args": ["-c", "raise SystemExit(3)"]}},
+            "startup_timeout_s": 10,
+        },
     )
     with pytest.raises(ValueError, match="MCP server 'bad'"):
         async with EnvServer(config):

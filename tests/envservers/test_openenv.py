@@ -28,8 +28,12 @@ def _free_port() -> int:
 async def openenv_url(tmp_path_factory):
     port = _free_port()
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, str(APP), str(port), str(tmp_path_factory.mktemp("openenv")),
-        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+        sys.executable,
+        str(APP),
+        str(port),
+        str(tmp_path_factory.mktemp("openenv")),
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
     )
     try:
         deadline = time.monotonic() + 90
@@ -51,10 +55,15 @@ async def openenv_url(tmp_path_factory):
 @pytest_asyncio.fixture(scope="module")
 async def proxy(openenv_url):
     config = server_config(
-        envs=["openenv:echo", "openenv:calc"], metrics_port=None,
+        envs=["openenv:echo", "openenv:calc"],
+        metrics_port=None,
         openenv={
-            "echo": {"base_url": f"{openenv_url}/echo", "mode": "text",
-                     "action_field": "message", "observation_field": "echoed_message"},
+            "echo": {
+                "base_url": f"{openenv_url}/echo",
+                "mode": "text",
+                "action_field": "message",
+                "observation_field": "echoed_message",
+            },
             "calc": {"base_url": f"{openenv_url}/calc", "mode": "tools"},
         },
     )
@@ -63,14 +72,18 @@ async def proxy(openenv_url):
 
 
 def _task(prompt="hi", **spec):
-    return {"data_source": "openenv", "prompt": [{"role": "user", "content": prompt}],
-            "reward_spec": {"method": "rule", **spec}}
+    return {
+        "data_source": "openenv",
+        "prompt": [{"role": "user", "content": prompt}],
+        "reward_spec": {"method": "rule", **spec},
+    }
 
 
 async def test_text_mode_echo_env(proxy):
     session = await proxy.open("openenv:echo", _task())
     assert session.observation.messages[-1] == {
-        "role": "user", "content": "Echo Env environment ready!"
+        "role": "user",
+        "content": "Echo Env environment ready!",
     }
     result = await session.step("hello")
     assert result.observations == [{"role": "user", "content": "hello"}]

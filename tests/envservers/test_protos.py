@@ -35,17 +35,25 @@ def test_wire_surface():
     string, double, boolean, uint32, message = 9, 1, 8, 13, 11
     assert _fields(env_pb2.ChatMessage) == [("role", string), ("content", string), ("name", string)]
     assert _fields(env_pb2.ResetRequest) == [
-        ("env_class", string), ("task_json", string), ("session_id", string)
+        ("env_class", string),
+        ("task_json", string),
+        ("session_id", string),
     ]
     assert _fields(env_pb2.ResetResponse) == [
-        ("session_id", string), ("messages", message), ("tools", message),
+        ("session_id", string),
+        ("messages", message),
+        ("tools", message),
         ("metadata_json", string),
     ]
     assert _fields(env_pb2.StepRequest) == [
-        ("session_id", string), ("action", string), ("seq", uint32)
+        ("session_id", string),
+        ("action", string),
+        ("seq", uint32),
     ]
     assert _fields(env_pb2.StepResponse) == [
-        ("observations", message), ("reward", double), ("done", boolean),
+        ("observations", message),
+        ("reward", double),
+        ("done", boolean),
         ("metadata_json", string),
     ]
     assert Path(PROTO_DIR / "env.proto").is_file()

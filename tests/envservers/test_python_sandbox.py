@@ -15,8 +15,10 @@ pytestmark = pytest.mark.skipif(os.getuid() != 0, reason="namespaces sandbox nee
 
 
 def _run(code: str) -> str:
-    return "<tool_call>" + json.dumps({"name": "run_python", "arguments": {"code": code}}) + (
-        "</tool_call>"
+    return (
+        "<tool_call>"
+        + json.dumps({"name": "run_python", "arguments": {"code": code}})
+        + ("</tool_call>")
     )
 
 
@@ -54,13 +56,19 @@ async def test_exception_in_model_code_is_an_error_observation(python_session):
 @pytest.mark.parametrize(
     "code, expected",
     [
-        ("import socket; socket.create_connection(('127.0.0.1', 1), timeout=1)",
-         "Network is unreachable"),
-        ("import socket; s = socket.socket(); s.bind(('0.0.0.0', 8080)); s.listen();"
-         "socket.create_connection(('127.0.0.1', 8080), timeout=1); print('reached')",
-         "Network is unreachable"),
-        ("import urllib.request; urllib.request.urlopen('http://127.0.0.1:1', timeout=1)",
-         "error: exit code 1"),
+        (
+            "import socket; socket.create_connection(('127.0.0.1', 1), timeout=1)",
+            "Network is unreachable",
+        ),
+        (
+            "import socket; s = socket.socket(); s.bind(('0.0.0.0', 8080)); s.listen();"
+            "socket.create_connection(('127.0.0.1', 8080), timeout=1); print('reached')",
+            "Network is unreachable",
+        ),
+        (
+            "import urllib.request; urllib.request.urlopen('http://127.0.0.1:1', timeout=1)",
+            "error: exit code 1",
+        ),
         ("print(open('/etc/passwd').read())", "No such file or directory: '/etc/passwd'"),
         ("open('/usr/evil', 'w')", "Read-only file system"),
         ("open('/evil', 'w')", "Read-only file system"),
@@ -75,8 +83,18 @@ async def test_network_and_host_files_are_refused(python_session, code, expected
 async def test_the_sandbox_root_holds_only_the_interpreter_and_scratch(python_session):
     out = await _output(python_session, "import os; print(sorted(os.listdir('/')))")
     visible = set(eval(out))
-    assert visible <= {"usr", "lib", "lib32", "lib64", "libx32", "bin", "sbin", "dev",
-                       "scratch", *os.path.realpath(__import__("sys").base_prefix).split("/")}
+    assert visible <= {
+        "usr",
+        "lib",
+        "lib32",
+        "lib64",
+        "libx32",
+        "bin",
+        "sbin",
+        "dev",
+        "scratch",
+        *os.path.realpath(__import__("sys").base_prefix).split("/"),
+    }
     assert not visible & {"etc", "work", "proc", "home", "tmp", "var"}
 
 
@@ -114,9 +132,14 @@ async def test_infinite_loop_and_sleep_are_killed_on_time(client, python_session
         start = time.monotonic()
         out = await _output(python_session, code)
         assert time.monotonic() - start < 6  # timeout_s = 3 in the test config
-        assert out.startswith("error: killed") or "exit code 137" in out or "-9" in out \
+        assert (
+            out.startswith("error: killed")
+            or "exit code 137" in out
+            or "-9" in out
             or "exit code 152" in out
+        )
     session = await client.open("calculator", calculator_task())
-    result = await session.step('<tool_call>{"name": "add", "arguments": {"a": 1, "b": 1}}'
-                                "</tool_call>")
+    result = await session.step(
+        '<tool_call>{"name": "add", "arguments": {"a": 1, "b": 1}}</tool_call>'
+    )
     assert result.observations[0]["content"] == "2"

@@ -118,11 +118,13 @@ async def test_tool_group_turns_every_failure_into_an_error_string():
         return str(x * 2)
 
     empty = {"type": "object", "properties": {}}
-    group = ToolGroup([
-        Tool("boom", "", empty, boom),
-        Tool("refuse", "", empty, refuse),
-        Tool("later", "", {"type": "object", "properties": {"x": {"type": "integer"}}}, later),
-    ])
+    group = ToolGroup(
+        [
+            Tool("boom", "", empty, boom),
+            Tool("refuse", "", empty, refuse),
+            Tool("later", "", {"type": "object", "properties": {"x": {"type": "integer"}}}, later),
+        ]
+    )
     assert await group.call(ToolCall("later", {"x": 21})) == ("42", True)
     assert await group.call(ToolCall("refuse")) == ("error: not today", False)
     text, ok = await group.call(ToolCall("boom"))

@@ -74,16 +74,23 @@ async def test_unknown_and_closed_sessions_are_not_found(client, stub):
         (env_pb2.ResetRequest(env_class=""), "env_class"),
         (env_pb2.ResetRequest(env_class="calculator", task_json="{oops"), "task_json"),
         (env_pb2.ResetRequest(env_class="calculator", task_json="[1, 2]"), "task_json"),
-        (env_pb2.ResetRequest(env_class="calculator", task_json='{"prompt": "hi"}'),
-         "task.prompt"),
-        (env_pb2.ResetRequest(env_class="calculator",
-                              task_json='{"prompt": [{"role": "user", "content": 3}]}'),
-         "task.prompt[0].content"),
-        (env_pb2.ResetRequest(env_class="calculator",
-                              task_json='{"reward_spec": {"must_call_tool": 5}}'),
-         "must_call_tool"),
-        (env_pb2.ResetRequest(env_class="faulty", task_json='{"extra_info": {"reject": 1}}'),
-         "extra_info.reject"),
+        (env_pb2.ResetRequest(env_class="calculator", task_json='{"prompt": "hi"}'), "task.prompt"),
+        (
+            env_pb2.ResetRequest(
+                env_class="calculator", task_json='{"prompt": [{"role": "user", "content": 3}]}'
+            ),
+            "task.prompt[0].content",
+        ),
+        (
+            env_pb2.ResetRequest(
+                env_class="calculator", task_json='{"reward_spec": {"must_call_tool": 5}}'
+            ),
+            "must_call_tool",
+        ),
+        (
+            env_pb2.ResetRequest(env_class="faulty", task_json='{"extra_info": {"reject": 1}}'),
+            "extra_info.reject",
+        ),
     ],
 )
 async def test_malformed_reset_is_invalid_argument_naming_the_field(stub, request_, field):
@@ -112,9 +119,7 @@ async def test_oversized_action_and_message_are_resource_exhausted(client, stub)
 async def test_exception_in_one_session_fails_only_that_call(client):
     faulty = await client.open("faulty", {"prompt": []})
     healthy = await client.open("calculator", calculator_task())
-    results = await asyncio.gather(
-        faulty.step("boom"), healthy.step(ADD), return_exceptions=True
-    )
+    results = await asyncio.gather(faulty.step("boom"), healthy.step(ADD), return_exceptions=True)
     assert isinstance(results[0], grpc.aio.AioRpcError)
     assert results[0].code() == Code.INTERNAL and "the env blew up" in results[0].details()
     assert results[1].observations[0]["content"] == "42"
@@ -163,8 +168,9 @@ async def test_concurrent_sessions_are_independent(client):
     sessions = await asyncio.gather(
         *(client.open("calculator", calculator_task(truth=str(i))) for i in range(20))
     )
-    results = await asyncio.gather(*(s.step(f"<answer>{i}</answer>") for i, s in
-                                     enumerate(sessions)))
+    results = await asyncio.gather(
+        *(s.step(f"<answer>{i}</answer>") for i, s in enumerate(sessions))
+    )
     assert [r.reward for r in results] == [1.0] * 20
 
 
@@ -194,8 +200,9 @@ async def test_metrics_are_served(env_server, client):
 
 
 async def test_idle_sessions_expire_and_max_sessions_is_enforced():
-    config = server_config(envs=["calculator"], session_idle_ttl_s=0.2, max_sessions=2,
-                           metrics_port=None)
+    config = server_config(
+        envs=["calculator"], session_idle_ttl_s=0.2, max_sessions=2, metrics_port=None
+    )
     async with EnvServer(config) as server, EnvClient(server.address, max_retries=0) as client:
         first = await client.open("calculator", calculator_task())
         await client.open("calculator", calculator_task())

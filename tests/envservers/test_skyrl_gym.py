@@ -14,25 +14,33 @@ from tests.envservers.conftest import server_config
 
 @pytest_asyncio.fixture(scope="module")
 async def gym_client():
-    config = server_config(envs=["skyrl_gym:gsm8k", "skyrl_gym:gsm8k_multi_turn"],
-                           metrics_port=None)
+    config = server_config(
+        envs=["skyrl_gym:gsm8k", "skyrl_gym:gsm8k_multi_turn"], metrics_port=None
+    )
     async with EnvServer(config) as server, EnvClient(server.address) as client:
         yield client
 
 
 def _row(env_class="gsm8k", truth="72"):
     return {
-        "data_source": "openai/gsm8k", "env_class": env_class,
-        "prompt": [{"role": "user", "content": "Natalia sold clips to 48 of her friends in "
-                    "April, and then half as many in May. How many clips altogether? "
-                    "Let's think step by step and output the final answer after \"####\"."}],
+        "data_source": "openai/gsm8k",
+        "env_class": env_class,
+        "prompt": [
+            {
+                "role": "user",
+                "content": "Natalia sold clips to 48 of her friends in "
+                "April, and then half as many in May. How many clips altogether? "
+                'Let\'s think step by step and output the final answer after "####".',
+            }
+        ],
         "reward_spec": {"method": "rule", "ground_truth": truth},
         "extra_info": {"split": "train", "index": 0},
     }
 
 
-@pytest.mark.parametrize("answer, reward", [("48 + 24 = 72\n#### 72", 1.0),
-                                            ("#### 71", 0.0), ("72", 0.0)])
+@pytest.mark.parametrize(
+    "answer, reward", [("48 + 24 = 72\n#### 72", 1.0), ("#### 71", 0.0), ("72", 0.0)]
+)
 async def test_gsm8k_through_our_server(gym_client, answer, reward):
     session = await gym_client.open("gsm8k", _row())
     assert session.observation.messages == _row()["prompt"]

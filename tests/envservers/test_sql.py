@@ -14,10 +14,13 @@ INSERT INTO orders VALUES (1, 'ann', 10.5), (2, 'bob', 20.0), (3, 'ann', 4.5);
 
 def _task(**extra_info):
     return {
-        "data_source": "shop", "env_class": "sql",
+        "data_source": "shop",
+        "env_class": "sql",
         "prompt": [{"role": "user", "content": "Total spent per customer?"}],
-        "reward_spec": {"method": "rule",
-                        "ground_truth": "SELECT customer, SUM(total) FROM orders GROUP BY 1"},
+        "reward_spec": {
+            "method": "rule",
+            "ground_truth": "SELECT customer, SUM(total) FROM orders GROUP BY 1",
+        },
         "extra_info": extra_info or {"db_sql": SCHEMA},
     }
 
