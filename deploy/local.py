@@ -173,7 +173,7 @@ def launch(config_path: Path, overrides: list[str]) -> int:
 
 def _follow(children, metrics_path, records, total_steps, timeout_s, stopping) -> int:
     """Print progress until the learner exits; 0 on success, non-zero otherwise."""
-    offset, last_eval = 0, None
+    offset, last_eval, first_train = 0, None, None
     deadline = time.monotonic() + timeout_s
     learner = next(c for c in children.children if c.name == "learner")
     while True:
@@ -184,10 +184,11 @@ def _follow(children, metrics_path, records, total_steps, timeout_s, stopping) -
                 last_eval = record
                 print(progress.eval_line(record), flush=True)
             elif record["kind"] == "train":
-                print(
-                    progress.progress_line(record, total_steps=total_steps, last_eval=last_eval),
-                    flush=True,
+                first_train = first_train or record
+                line = progress.progress_line(
+                    record, total_steps=total_steps, last_eval=last_eval, first=first_train
                 )
+                print(line, flush=True)
         if learner.returncode == 0:
             new, offset = progress.read_records(metrics_path, offset)
             records.extend(new)

@@ -1,6 +1,6 @@
 """What a user sees of a run: one progress line per learner record, and at the end a summary
 table, `summary.json` and `progress.png`. Pure functions over the learner's `metrics.jsonl`
-records (see docs/running.md for their fields), plus the plot.
+records (see docs/running.md and docs/learner.md for their fields), plus the plot.
 """
 
 from __future__ import annotations
@@ -28,10 +28,18 @@ def _fmt_duration(seconds: float) -> str:
     return f"{seconds // 60:02d}:{seconds % 60:02d}"
 
 
-def progress_line(record: dict, *, total_steps: int, last_eval: dict | None) -> str:
-    """One line per training step: step, version, reward, eval, staleness, speed, time left."""
+def progress_line(
+    record: dict, *, total_steps: int, last_eval: dict | None, first: dict | None = None
+) -> str:
+    """One line per training step: step, version, reward, eval, staleness, speed, time left.
+    Time left extrapolates the pace since the `first` training record (start-up and the
+    first eval are not part of it); it shows "--" until there is a pace to go by."""
     step, wall = record["version"], record["wall_s"]  # steps taken = the policy version
-    left = wall / step * (total_steps - step) if step else 0.0
+    if first is not None and step > first["version"]:
+        pace = (wall - first["wall_s"]) / (step - first["version"])
+        left = _fmt_duration(pace * (total_steps - step))
+    else:
+        left = "--:--"
     eval_text = (
         f"eval pass@1 {last_eval['pass_at_1']:.2f} (v{last_eval['version']})"
         if last_eval
@@ -42,7 +50,7 @@ def progress_line(record: dict, *, total_steps: int, last_eval: dict | None) -> 
         f"reward {record['reward_mean']:.2f} | {eval_text} | "
         f"staleness max {record['max_staleness_seen']} | "
         f"{record['tokens_per_s']:,.0f} tok/s | "
-        f"{_fmt_duration(wall)} elapsed, ~{_fmt_duration(left)} left"
+        f"{_fmt_duration(wall)} elapsed, ~{left} left"
     )
 
 

@@ -1,0 +1,89 @@
+"""What a user sees of a run (deploy/progress.py): pure functions over metrics.jsonl records."""
+
+import json
+
+import pytest
+
+from deploy import progress
+
+
+def _train(version, wall_s, reward=0.5, staleness=1):
+    return {
+        "kind": "train",
+        "version": version,
+        "wall_s": wall_s,
+        "reward_mean": reward,
+        "max_staleness_seen": staleness,
+        "tokens_per_s": 2000.0,
+        "trained": 64 * version,
+        "dropped": 0,
+    }
+
+
+def _eval(version, wall_s, pass_at_1):
+    return {
+        "kind": "eval",
+        "version": version,
+        "wall_s": wall_s,
+        "pass_at_1": pass_at_1,
+        "num_prompts": 100,
+        "samples_per_prompt": 2,
+    }
+
+
+def test_read_records_leaves_a_half_written_line_for_later(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    assert progress.read_records(path) == ([], 0)  # not written yet
+    path.write_text(json.dumps({"a": 1}) + "\n" + '{"b": ')
+    records, offset = progress.read_records(path)
+    assert records == [{"a": 1}]
+    with open(path, "a") as f:
+        f.write("2}\n")
+    assert progress.read_records(path, offset) == ([{"b": 2}], path.stat().st_size)
+
+
+def test_time_left_follows_the_pace_since_the_first_step():
+    first = _train(1, wall_s=80.0)
+    line = progress.progress_line(first, total_steps=30, last_eval=None, first=first)
+    assert "01:20 elapsed, ~--:-- left" in line and "eval pass@1 --" in line
+    # 10 s per step after the first, 20 steps to go: 200 s (start-up is not extrapolated).
+    line = progress.progress_line(
+        _train(10, wall_s=170.0), total_steps=30, last_eval=_eval(5, 120.0, 0.79), first=first
+    )
+    assert line.startswith("step  10/30 | v  10 | reward 0.50 | eval pass@1 0.79 (v5)")
+    assert "02:50 elapsed, ~03:20 left" in line
+
+
+def test_summary_from_records():
+    records = [
+        _eval(0, 60.0, 0.41),
+        _train(1, 80.0, reward=0.4, staleness=0),
+        _train(2, 90.0, reward=0.9),
+        _eval(2, 95.0, 0.9),
+        {
+            "kind": "done",
+            "wall_s": 100.0,
+            "stream_messages_stored": 528,
+            "trained": 128,
+            "dropped": 0,
+            "dropped_by_reason": {},
+        },
+    ]
+    summary = progress.summarize(records)
+    assert summary["eval_pass1_start"] == 0.41 and summary["eval_pass1_end"] == 0.9
+    assert summary["eval_pass1_gain"] == pytest.approx(0.49)
+    assert (summary["steps"], summary["wall_s"], summary["max_staleness_seen"]) == (2, 100.0, 1)
+    assert (summary["published"], summary["trained"], summary["dropped"]) == (528, 128, 0)
+    table = progress.summary_table(summary)
+    assert "eval pass@1 at end       0.900" in table and "wall time                01:40" in table
+
+
+def test_a_run_without_steps_or_evals_has_no_summary():
+    with pytest.raises(ValueError, match="nothing to summarize"):
+        progress.summarize([_eval(0, 60.0, 0.4)])
+
+
+def test_plot_is_written(tmp_path):
+    records = [_eval(0, 60.0, 0.41), _train(1, 80.0), _train(2, 90.0), _eval(2, 95.0, 0.9)]
+    path = progress.plot(records, tmp_path / "progress.png")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
