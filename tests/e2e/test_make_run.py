@@ -57,19 +57,35 @@ def _launch(runs_dir: Path, *extra: str) -> subprocess.Popen:
     )
 
 
-def _processes_mentioning(text: str) -> list[str]:
-    """Command lines of live processes that mention `text` (the run directory)."""
-    found = []
+def _command_lines() -> dict[int, str]:
+    """Every live process's command line, by PID."""
+    lines = {}
     for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue  # exited meanwhile
-        if text in cmdline:
-            found.append(f"{entry.name}: {cmdline[:200]}")
-    return found
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            try:
+                raw = (entry / "cmdline").read_bytes()
+            except OSError:
+                continue  # exited meanwhile
+            lines[int(entry.name)] = raw.replace(b"\0", b" ").decode(errors="replace")
+    return lines
+
+
+def _leftovers(run_dir: Path, before: set[int]) -> list[str]:
+    """Processes of the run still alive: any that mention its directory, and any vLLM engine
+    process started since `before` (they rename themselves `VLLM::...`, so they mention
+    nothing; this pytest process starts no engine of its own)."""
+    return [
+        f"{pid}: {line[:200]}"
+        for pid, line in _command_lines().items()
+        if str(run_dir) in line or (pid not in before and line.startswith("VLLM"))
+    ]
+
+
+def _wait_for_no_leftovers(run_dir: Path, before: set[int], timeout_s: float = 10) -> list[str]:
+    deadline = time.monotonic() + timeout_s
+    while (left := _leftovers(run_dir, before)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return left
 
 
 def _port_is_free(port: int) -> bool:
@@ -93,8 +109,10 @@ def _answering(port: int) -> bool:
 
 @pytest.fixture(scope="module")
 def finished_run(tmp_path_factory):
-    """A whole short run: (its directory, its output, the metrics ports that answered)."""
+    """A whole short run: its directory, its output, its metrics ports, those that answered,
+    and the PIDs alive before it started."""
     runs_dir = tmp_path_factory.mktemp("runs")
+    before = set(_command_lines())
     launcher = _launch(runs_dir)
     answered: set[int] = set()
     ports: list[int] = []
@@ -110,17 +128,17 @@ def finished_run(tmp_path_factory):
         pytest.fail("the launcher did not finish in 900 s")
     output = launcher.stdout.read()
     assert launcher.returncode == 0, output[-5000:]
-    return (runs_dir / "latest").resolve(), output, ports, answered
+    return (runs_dir / "latest").resolve(), output, ports, answered, before
 
 
 def test_every_metrics_endpoint_answered_while_it_ran(finished_run):
-    _, _, ports, answered = finished_run
+    _, _, ports, answered, _ = finished_run
     assert len(ports) == 4  # learner, env server, two actor replicas
     assert answered == set(ports)
 
 
 def test_summary_versions_and_staleness(finished_run):
-    run_dir, output, _, _ = finished_run
+    run_dir, output, _, _, _ = finished_run
     summary = json.loads((run_dir / "summary.json").read_text())
     for key in (
         "eval_pass1_start",
@@ -149,7 +167,7 @@ def _trajectory_ids(path: Path) -> list[str]:
 
 
 def test_every_published_trajectory_is_trained_dropped_or_eval(finished_run):
-    run_dir, _, _, _ = finished_run
+    run_dir, _, _, _, _ = finished_run
     summary = json.loads((run_dir / "summary.json").read_text())
     trained = _trajectory_ids(run_dir / "trained.jsonl")
     dropped = (
@@ -166,17 +184,15 @@ def test_every_published_trajectory_is_trained_dropped_or_eval(finished_run):
 
 
 def test_nothing_is_left_running_after_the_run(finished_run):
-    run_dir, _, ports, _ = finished_run
-    deadline = time.monotonic() + 10
-    while _processes_mentioning(str(run_dir)) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert _processes_mentioning(str(run_dir)) == []
+    run_dir, _, ports, _, before = finished_run
+    assert _wait_for_no_leftovers(run_dir, before) == []
     assert all(_port_is_free(port) for port in ports)
 
 
 def test_ctrl_c_on_a_second_run_stops_everything(finished_run):
-    first_run, _, _, _ = finished_run
+    first_run, _, _, _, _ = finished_run
     runs_dir = first_run.parent  # the same runs directory: a second run in a row
+    before = set(_command_lines())
     launcher = _launch(runs_dir)
     deadline = time.monotonic() + 300
     output = ""
@@ -194,5 +210,5 @@ def test_ctrl_c_on_a_second_run_stops_everything(finished_run):
     second_run = (runs_dir / "latest").resolve()
     assert second_run != first_run
     assert "interrupted: stopping every process" in output
-    assert _processes_mentioning(str(second_run)) == []
+    assert _wait_for_no_leftovers(second_run, before) == []
     assert all(_port_is_free(port) for port in _metrics_ports(second_run))
