@@ -236,6 +236,10 @@ def build_tiny_model(
     with _locked(root / f".{final.name}.lock"):
         if (final / BUILD_INFO).is_file():
             return final
+        # Scratch directories of this entry left by a build that was killed outright
+        # (SIGKILL, SIGTERM): no one else can be using them while we hold the lock.
+        for stale in root.glob(f".{final.name}-*"):
+            shutil.rmtree(stale, ignore_errors=True)
         threads = torch.get_num_threads()
         torch.set_num_threads(min(threads, recipe.num_threads))
         scratch = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=root))

@@ -52,6 +52,9 @@ def test_recipe_rejects_small_head_dim():
 
 
 def test_cache_hit_does_not_rebuild(tmp_path):
+    # A build killed outright left its scratch directory: the next build sweeps it.
+    killed = tmp_path / f".tiny-qwen2-{recipe_hash(FAST)}-killed"
+    (killed / "partial").mkdir(parents=True)
     steps = []
     path = build_tiny_model(tmp_path, recipe=FAST, log=lambda step, loss, n: steps.append(step))
     assert steps == [0, 1, 2, 3] and path.name == f"tiny-qwen2-{recipe_hash(FAST)}"
