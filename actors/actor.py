@@ -10,7 +10,7 @@ Delivery rules (the bus is at-least-once; trajectory ids make it exactly-once in
 - Trajectory ids are `<task_id>/<sample_index>` and go out as `Nats-Msg-Id`: a group
   re-played by another replica stores only the samples the first one had not published.
 - Weights: before generating, a new replica loads the newest snapshot the learner
-  announced; then it joins every broadcast round (`actors.vllm_engine.follow_weights`). A
+  announced; then it joins every broadcast round (`weights.follower.BroadcastFollower`). A
   task runs only once the engine's version is at least the task's `min_version`.
 
 The engine and the env connector are parameters (`Actor(engine=..., env=...)`), so the
@@ -28,7 +28,6 @@ import socket
 import time
 from typing import Any
 
-import grpc
 import nats.errors
 
 from actors import metrics
@@ -36,17 +35,16 @@ from actors.chat import ChatTemplate
 from actors.config import ActorConfig
 from actors.replicas import ReplicaSpec
 from actors.rollout import (
-    EnvUnavailable,
     EpisodeResult,
-    TaskRejected,
     run_group,
     to_trajectory,
     validate_task,
 )
-from actors.vllm_engine import WeightUpdateError
 from broker import client as bus
 from broker.config import BrokerConfig
 from broker.wire import PolicyVersion, PromptTask
+from protos.client import GrpcEnvConnector, TaskRejected
+from weights.follower import WeightUpdateError
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +76,7 @@ class Actor:
         self._version_changed = asyncio.Event()
         self._broadcast: asyncio.Task | None = None
         self._broadcast_addr = ""
-        self._subscription = None
+        self._follower = None
         self._failure: BaseException | None = None
         self._stop = asyncio.Event()
 
@@ -263,36 +261,18 @@ class Actor:
         if announced.broadcast_addr and announced.broadcast_addr != self._broadcast_addr:
             await self._stop_weights()  # a restarted learner serves a new store
             self._broadcast_addr = announced.broadcast_addr
-            self._broadcast = self._background(self._follow_broadcast(announced.broadcast_addr))
+            self._start_broadcast(announced.broadcast_addr)
         self._record_versions()
 
-    async def _follow_broadcast(self, address: str) -> None:
-        """Join every weight round served at `address`, forever; a lost store (learner
-        restarting) is re-joined after a pause."""
-        from actors.vllm_engine import follow_weights
-        from tether.weight_sync import WeightSubscription
-
-        host, _, port = address.rpartition(":")
-        sync = self.config.weight_sync.model_copy(
-            update={"store_host": host, "store_port": int(port)}
-        )
+    def _start_broadcast(self, address: str) -> None:
+        from weights.follower import BroadcastFollower
 
         def on_update(update) -> None:
             metrics.WEIGHT_UPDATE_STALL_SECONDS.labels("broadcast").observe(update.stall_s)
             self._record_versions()
 
-        while True:
-            try:
-                self._subscription = await asyncio.to_thread(
-                    WeightSubscription, sync, slots=self.engine.num_weight_slots
-                )
-                await follow_weights(self.engine, self._subscription, on_update=on_update)
-            # Network boundary: the learner's TCPStore is unreachable (torch raises
-            # DistStoreError, a RuntimeError) or went away; try again shortly.
-            except (RuntimeError, OSError, TimeoutError) as e:
-                log.warning("weight broadcast at %s unavailable (%s); retrying", address, e)
-                self._subscription = None
-                await asyncio.sleep(self.config.weight_sync.join_timeout_s)
+        self._follower = BroadcastFollower(self.engine, address, on_update=on_update)
+        self._broadcast = self._background(self._follower.run())
 
     async def _stop_weights(self) -> None:
         if self._broadcast is not None:
@@ -300,10 +280,9 @@ class Actor:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._broadcast
             self._broadcast = None
-        if self._subscription is not None:
-            with contextlib.suppress(RuntimeError, OSError):  # the store may be gone already
-                await asyncio.to_thread(self._subscription.leave)
-            self._subscription = None
+        if self._follower is not None:
+            await self._follower.leave()
+            self._follower = None
 
     def _record_versions(self) -> None:
         metrics.record_versions(
@@ -334,48 +313,6 @@ async def _quietly(call, what: str, task: PromptTask) -> bool:
         return False
 
 
-# ---- env servers over gRPC ---------------------------------------------------------------------
-
-
-class GrpcEnvConnector:
-    """`envservers.client.EnvClient` as the rollout's EnvConnector: gRPC failures become
-    EnvUnavailable (retry elsewhere) or TaskRejected (the task itself is bad)."""
-
-    # At open, these mean the task cannot be run anywhere (all servers host the same envs).
-    _TASK_ERRORS = (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND)
-
-    def __init__(self, client) -> None:
-        self.client = client
-
-    async def open(self, env_class: str, task: dict) -> _GrpcSession:
-        try:
-            return _GrpcSession(await self.client.open(env_class, task))
-        except grpc.aio.AioRpcError as e:
-            if e.code() in self._TASK_ERRORS:
-                raise TaskRejected(f"env server refused the task: {e.details()}") from e
-            raise EnvUnavailable(f"open {env_class}: {e.code().name}: {e.details()}") from e
-
-
-class _GrpcSession:
-    def __init__(self, session) -> None:
-        self.session = session
-        self.observation = session.observation
-
-    async def step(self, action_text: str):
-        try:
-            return await self.session.step(action_text)
-        except grpc.aio.AioRpcError as e:
-            # Whatever went wrong (server gone, session expired, deadline, env crash), the
-            # episode can only continue on a re-opened session elsewhere.
-            raise EnvUnavailable(f"step: {e.code().name}: {e.details()}") from e
-
-    async def close(self) -> None:
-        try:
-            await self.session.close()
-        except grpc.aio.AioRpcError as e:
-            raise EnvUnavailable(f"close: {e.code().name}: {e.details()}") from e
-
-
 # ---- process entry point -----------------------------------------------------------------------
 
 
@@ -386,7 +323,7 @@ def actor_id_of(spec: ReplicaSpec) -> str:
 def run_replica(spec: ReplicaSpec, build) -> None:
     """Common process body: logging, metrics, SIGTERM/SIGINT -> graceful stop, then
     `await build(spec, config, broker)` -> (Actor, cleanup) and run it."""
-    from tether.config import load_section
+    from common.config import load_section
 
     config = load_section(ActorConfig, spec.config_path, "actor", spec.overrides)
     broker = load_section(BrokerConfig, spec.config_path, "broker", spec.overrides)
@@ -394,7 +331,7 @@ def run_replica(spec: ReplicaSpec, build) -> None:
         level=config.log_level,
         format=f"%(asctime)s %(levelname)s actor[{spec.index}] %(name)s: %(message)s",
     )
-    from tether.metrics import serve_metrics
+    from common.metrics import serve_metrics
 
     port = serve_metrics(config.metrics_port + spec.index if config.metrics_port else 0)
     log.info("replica %d: /metrics on port %d", spec.index, port)
@@ -422,7 +359,7 @@ async def _build_real(spec: ReplicaSpec, config: ActorConfig, broker: BrokerConf
     from transformers import AutoTokenizer
 
     from actors.vllm_engine import VllmEngine, threads_bind_for_replica
-    from envservers.client import EnvClient
+    from protos.client import EnvClient
 
     tokenizer = AutoTokenizer.from_pretrained(config.engine.model)
     bind = threads_bind_for_replica(

@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from actors.config import ActorConfig
     from broker.config import BrokerConfig
-    from tether.config import load_section
+    from common.config import load_section
 
     try:
         config = load_section(ActorConfig, args.config, "actor", args.overrides)

@@ -12,8 +12,7 @@ import pydantic
 
 from actors.rollout import EnvRetry, RolloutLimits, SamplingSpec
 from actors.vllm_engine import VllmEngineConfig
-from tether.config import StrictModel
-from tether.weight_sync import WeightSyncConfig
+from common.config import StrictModel
 
 
 class SamplingConfig(StrictModel):
@@ -75,9 +74,6 @@ class ActorConfig(StrictModel):
     """The vLLM engine of each replica (model directory, dtype, max_model_len, ...)."""
     env: EnvConfig = EnvConfig()
     """Env servers."""
-    weight_sync: WeightSyncConfig = WeightSyncConfig()
-    """Timeouts of the weight broadcast; its address is taken from the policy version the
-    learner announces (`broadcast_addr`), so store_host/store_port here are ignored."""
     sampling: SamplingConfig = SamplingConfig()
     """Sampling for training prompts."""
     eval_sampling: SamplingConfig = SamplingConfig()

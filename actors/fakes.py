@@ -6,7 +6,7 @@ rollout logic and the actor loop (acme's `fakes.py`): no vLLM, no gRPC, same int
   fixed function of position, versions come from `engine.version` (or a per-token
   schedule), and every call and answer is recorded for the test to compare against.
 - `FakeEnvClient`: the `EnvConnector` interface over in-process calculator sessions
-  (`tether.calculator` rules), with addresses that a test can take down to simulate an
+  (`demo.calculator` rules), with addresses that a test can take down to simulate an
   outage, an optional step delay, and env classes it does not know (task rejected).
 """
 
@@ -18,9 +18,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from actors.rollout import EnvUnavailable, Generation, SamplingSpec, TaskRejected
-from tether.calculator import CalculatorEpisode
-from tether.demo_data import DEMO_TOOLS
+from actors.rollout import Generation, SamplingSpec
+from demo.calculator import CalculatorEpisode
+from demo.data import DEMO_TOOLS
+from protos.client import EnvUnavailable, TaskRejected
 
 GENERATION_PROMPT = "<|im_start|>assistant\n"
 
@@ -156,7 +157,7 @@ class FakeEnvSession:
         )
 
     async def close(self) -> None:
-        if not self.closed:  # idempotent, like envservers.client
+        if not self.closed:  # idempotent, like protos.client
             self.closed = True
             self.client.num_closed += 1
 
@@ -200,7 +201,7 @@ def fake_replica_main(spec) -> None:
     (by_turn script), `delay_s`, `delay_for_seed` ({seed: seconds}) and `env_down`."""
     from actors.actor import Actor, actor_id_of, run_replica
     from actors.chat import ChatTemplate
-    from tether.tiny_tokenizer import build_tokenizer
+    from demo.tokenizer import build_tokenizer
 
     async def build(spec, config, broker):
         tokenizer = build_tokenizer(num_conversations=200)

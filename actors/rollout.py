@@ -44,6 +44,7 @@ from typing import Any, Protocol
 from actors.chat import ChatTemplate
 from broker.codec import pack_tokens
 from broker.wire import PromptTask, Trajectory
+from protos.client import EnvUnavailable, TaskRejected
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +79,7 @@ class Engine(Protocol):
     async def generate(self, prompt_token_ids: list[int], params: SamplingSpec) -> Generation: ...
 
 
-# ---- the environment interface (contracts.md; envservers.client sessions) -----------------------
+# ---- the environment interface (contracts.md; protos.client sessions) -----------------------
 
 
 class EnvSession(Protocol):
@@ -97,15 +98,6 @@ class EnvConnector(Protocol):
         """Open and reset a session; each call may pick another server address.
         Raises EnvUnavailable (retryable) or TaskRejected (never retry this task)."""
         ...
-
-
-class EnvUnavailable(Exception):
-    """An env server is down, timed out, or lost the session: retry elsewhere."""
-
-
-class TaskRejected(ValueError):
-    """The prompt task can never succeed (malformed, prompt too long, unknown env):
-    terminate it, do not redeliver."""
 
 
 # ---- configuration of one rollout ---------------------------------------------------------------

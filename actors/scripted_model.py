@@ -1,7 +1,7 @@
 """A real tiny model taught to follow a script, for integration tests and benchmarks.
 
 The random tiny model never writes `<tool_call>`, so real vLLM on it cannot drive a
-multi-turn episode. A few seconds of supervised steps (tether.sft: loss on assistant tokens,
+multi-turn episode. A few seconds of supervised steps (demo.sft: loss on assistant tokens,
 sequences built exactly as the actor builds them) on a handful of scripted conversations
 make it play them: it still samples, so it strays now and then, as a policy does. The
 result is saved as a full model directory (weights, config, tokenizer) that an engine can
@@ -33,7 +33,7 @@ def teach_script(
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from tether.sft import encode_conversation, train_sft
+    from demo.sft import encode_conversation, train_sft
 
     if not conversations:
         raise ValueError("teach_script needs at least one conversation")

@@ -39,11 +39,13 @@ from typing import Any, Literal
 import pydantic
 
 from actors.rollout import Generation, SamplingSpec
-from tether.config import StrictModel
+from common.config import StrictModel
+from weights.follower import WeightUpdate, WeightUpdateError
+from weights.subscription import RoundTicket
 
 log = logging.getLogger(__name__)
 
-WORKER_EXTENSION = "actors.worker_extension.WeightSyncExtension"
+WORKER_EXTENSION = "weights.vllm_worker.WeightSyncExtension"
 
 
 class VllmEngineConfig(StrictModel):
@@ -131,27 +133,6 @@ def threads_bind_for_replica(bind: str, replica_index: int, cores: list[int]) ->
     if not cores:
         raise ValueError("cpu_threads_bind = 'spread' needs at least one usable core")
     return str(sorted(cores)[replica_index % len(cores)])
-
-
-class WeightUpdateError(RuntimeError):
-    """A weight round or snapshot load failed in the engine worker; the engine still runs
-    (with the old weights when loads are staged) and keeps its old version."""
-
-
-@dataclass(frozen=True)
-class WeightUpdate:
-    """What one in-flight update cost."""
-
-    version: int
-    stall_s: float
-    """Time generation was paused: pause + receive + load + relabel and resume."""
-    pause_s: float
-    """Time pause_generation took (the running step finishing, outputs drained)."""
-    receive_s: float
-    """Forming the round's group and receiving every bucket (slowest worker)."""
-    load_s: float
-    """reload_weights (slowest worker)."""
-    num_bytes: int
 
 
 @dataclass
@@ -299,8 +280,8 @@ class VllmEngine:
                 raise  # the engine itself died: not a failed round
             raise WeightUpdateError(f"{method} failed in the engine worker: {e}") from e
 
-    async def update_weights(self, ticket) -> WeightUpdate:
-        """In-flight update from a weight round (`tether.weight_sync.RoundTicket`): pause
+    async def update_weights(self, ticket: RoundTicket) -> WeightUpdate:
+        """In-flight update from a weight round (`weights.subscription.RoundTicket`): pause
         with requests kept, receive and load in the workers, relabel, resume. If the round
         fails, generation resumes, the version stays, and WeightUpdateError is raised."""
         async with self._update_lock:
@@ -386,24 +367,3 @@ def _expand_spans(spans, num_tokens: int) -> list[int] | None:
     for span in spans:
         versions += [int(span.version)] * (span.end - span.start)
     return versions if len(versions) == num_tokens else None
-
-
-async def follow_weights(
-    engine: VllmEngine, subscription, *, poll_s: float = 5.0, on_update=None
-) -> None:
-    """Keep `engine` current: join every weight round after its version, until the task is
-    cancelled or the subscription left. `on_update(WeightUpdate)` is called after each
-    successful update."""
-    while not subscription.left:
-        ticket = await asyncio.to_thread(subscription.wait_round, engine.version, poll_s)
-        if ticket is None:
-            continue
-        try:
-            update = await engine.update_weights(ticket)
-        except WeightUpdateError as e:
-            # The round failed (the learner or a peer died mid-broadcast); weights are the
-            # old ones when staged. Join the next round.
-            log.warning("weight update to version %d failed: %s", ticket.version, e)
-            continue
-        if on_update is not None:
-            on_update(update)

@@ -104,7 +104,7 @@ def requests_of(trajectory) -> list[Request]:
 
 
 def start_env_server() -> tuple[subprocess.Popen, str]:
-    from broker.server import free_port
+    from common.procs import free_port
 
     port = free_port()
     process = subprocess.Popen(
@@ -125,7 +125,7 @@ def start_env_server() -> tuple[subprocess.Popen, str]:
 
 
 async def wait_for_env_server(address: str, timeout_s: float = 60.0) -> None:
-    from envservers.client import EnvClient
+    from protos.client import EnvClient
 
     deadline = time.monotonic() + timeout_s
     async with EnvClient(address, timeout_s=2.0, max_retries=0) as client:
@@ -266,14 +266,14 @@ async def raw_offline(llm, requests: list[Request]) -> float:
 async def run(args, model_dir: Path, nats_url: str, env_address: str, meter) -> dict:
     from transformers import AutoTokenizer
 
-    from actors.actor import Actor, GrpcEnvConnector
+    from actors.actor import Actor
     from actors.chat import ChatTemplate
     from actors.config import ActorConfig
     from actors.vllm_engine import VllmEngine
     from broker import client as bus
     from broker.config import BrokerConfig
     from broker.wire import PromptTask
-    from envservers.client import EnvClient
+    from protos.client import EnvClient, GrpcEnvConnector
 
     await wait_for_env_server(env_address)
     config = ActorConfig.model_validate(
@@ -442,8 +442,8 @@ def main() -> int:
 
     from actors.scripted_model import teach_script
     from broker.server import NatsServer
+    from demo.tinymodel import build_random_tiny_model
     from envservers.envs.noop import NOOP_TOOLS
-    from tether.tinymodel import build_random_tiny_model
 
     with tempfile.TemporaryDirectory(prefix="bench-actor-") as scratch:
         started = time.monotonic()

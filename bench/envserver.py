@@ -6,7 +6,7 @@ Two server processes, measured one after the other with the same load generator:
   baseline: a bare grpc.aio servicer of the same proto whose Step returns a fixed reply
             (same channel options, same message sizes)
 The load generator (this process) runs N concurrent sessions, each stepping in a closed loop
-through envservers.client (deadlines on, as actors use it), for 1, 16 and 64 sessions.
+through protos.client (deadlines on, as actors use it), for 1, 16 and 64 sessions.
 Writes bench/results/envserver.json: steps_per_s_{1,16,64}, p50_ms_*, p99_ms_*,
 echo_steps_per_s_*, ratio_vs_echo_*. Target: >= 2,000 steps/s and ratio >= 0.7 at 64.
 """
@@ -34,8 +34,8 @@ CONCURRENCY = (1, 16, 64)
 async def serve_echo(port: int) -> None:
     import grpc
 
-    from envservers.channel import channel_options
     from protos import env_pb2, env_pb2_grpc
+    from protos.channel import channel_options
 
     reply = env_pb2.StepResponse(
         observations=[env_pb2.ChatMessage(role="tool", content="ok")],
@@ -69,7 +69,7 @@ async def serve_ours(port: int) -> None:
 
 async def load(address: str, sessions: int, seconds: float) -> tuple[float, list[float]]:
     """Closed-loop load: returns (steps/s, per-step latencies in s)."""
-    from envservers.client import EnvClient
+    from protos.client import EnvClient
 
     async with EnvClient(address, timeout_s=30, max_retries=0) as client:
         opened = await asyncio.gather(*(client.open("noop", {}) for _ in range(sessions)))

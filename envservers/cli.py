@@ -33,8 +33,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def load_config(args: argparse.Namespace):
+    from common.config import load_section
     from envservers.config import EnvServerConfig
-    from tether.config import load_section
 
     overrides = list(args.overrides)
     if args.env:

@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 import pydantic
 
-from tether.config import StrictModel
+from common.config import StrictModel
 
 MiB = 1024 * 1024
 

@@ -1,4 +1,4 @@
-"""Prometheus metrics of an env server (served on /metrics by tether.metrics.serve_metrics).
+"""Prometheus metrics of an env server (served on /metrics by common.metrics.serve_metrics).
 
 tether_env_steps_total{env}              steps completed (rate() = steps/s)
 tether_env_step_seconds{env}             step latency, server side

@@ -19,12 +19,12 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from envservers.channel import channel_options
 from envservers.config import EnvServerConfig
 from envservers.registry import build_providers
 from envservers.service import EnvService
 from envservers.types import EnvProvider
 from protos import env_pb2, env_pb2_grpc
+from protos.channel import channel_options
 
 log = logging.getLogger(__name__)
 SERVICE_NAME = env_pb2.DESCRIPTOR.services_by_name["EnvService"].full_name
@@ -74,7 +74,7 @@ class EnvServer:
         await self.health.set(SERVICE_NAME, serving)
         self._sweeper = asyncio.create_task(self.service.run_sweeper())
         if self.config.metrics_port is not None:
-            from tether.metrics import serve_metrics
+            from common.metrics import serve_metrics
 
             self.metrics_port = serve_metrics(self.config.metrics_port, self.config.host)
         log.info("env server on %s hosting %s", self.address, sorted(self.providers))

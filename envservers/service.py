@@ -26,8 +26,9 @@ import grpc
 
 from envservers import metrics
 from envservers.config import EnvServerConfig
-from envservers.types import Environment, EnvProvider, Observation, StepResult
+from envservers.types import Environment, EnvProvider
 from protos import env_pb2, env_pb2_grpc
+from protos.types import Observation, StepResult
 
 log = logging.getLogger(__name__)
 Code = grpc.StatusCode

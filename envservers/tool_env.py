@@ -7,7 +7,7 @@ One step reads one assistant message:
     else <answer>X</answer>     -> done; reward = score(X) under the row's reward_spec
     else                        -> done, reward 0 (the model neither acted nor answered)
 
-Tool calls win over an answer in the same message (as in tether/calculator.py, the
+Tool calls win over an answer in the same message (as in demo/calculator.py, the
 in-process twin the demo model is measured with): the model has to answer again after
 seeing the results.
 Every failure of a call — malformed block, unknown tool, bad arguments, an exception in the
@@ -23,7 +23,8 @@ from typing import Any
 from envservers import rewards
 from envservers.tool_parsing import ToolCallError, extract_tag, parse_tool_calls
 from envservers.tools import ToolGroup
-from envservers.types import Environment, Observation, StepResult, validate_task
+from envservers.types import Environment, validate_task
+from protos.types import Observation, StepResult
 
 
 class ToolEnv(Environment):

@@ -1,5 +1,6 @@
 """The environment interface in message space, shared by the server, the built-in
-environments, the adapters and the gRPC client.
+environments and the adapters (its result types, `Observation` and `StepResult`, are the
+service contract's and live in protos/types.py, with the gRPC client).
 
 It has the shape of skyrl-gym's `BaseTextEnv` (`init` -> prompt, `step` -> observations,
 reward, done, metadata) with async methods, because most of our environments wait on
@@ -17,28 +18,9 @@ function specs ({"type": "function", "function": {"name", "description", "parame
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
 from typing import Any
 
-
-@dataclass
-class Observation:
-    """What reset returns: the prompt messages, the tools offered, metadata."""
-
-    messages: list[dict[str, Any]]
-    tools: list[dict[str, Any]] = field(default_factory=list)
-    metadata: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass
-class StepResult:
-    """What step returns: the messages to append, this step's reward, whether the episode
-    ended, metadata (at least `num_tool_calls` and `tool_errors` for tool environments)."""
-
-    observations: list[dict[str, Any]]
-    reward: float = 0.0
-    done: bool = False
-    metadata: dict[str, Any] = field(default_factory=dict)
+from protos.types import Observation, StepResult
 
 
 class Environment(ABC):

@@ -33,8 +33,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.nproc is not None:
         overrides.append(f"learner.nproc={args.nproc}")
     from broker.config import BrokerConfig
+    from common.config import load_section
     from learner.config import LearnerConfig
-    from tether.config import load_section
 
     try:
         config = load_section(LearnerConfig, args.config, "learner", overrides)
@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
 def _relaunch_under_torchrun(nproc: int, config: str, overrides: list[str]) -> int:
     import subprocess
 
-    from broker.server import free_port
+    from common.procs import free_port
 
     command = [
         sys.executable,

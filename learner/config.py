@@ -12,8 +12,8 @@ from typing import Literal
 
 import pydantic
 
-from tether.config import StrictModel
-from tether.weight_sync import WeightSyncConfig
+from common.config import StrictModel
+from weights.config import WeightSyncConfig
 
 
 class OptimConfig(StrictModel):
@@ -158,8 +158,6 @@ class LearnerConfig(StrictModel):
     """Run eval every this many steps; None never."""
     nan_skip_limit: int = pydantic.Field(default=3, ge=1)
     """Stop after this many consecutive steps skipped for a non-finite loss or gradient."""
-    weight_bucket_mb: float = pydantic.Field(default=256.0, gt=0)
-    """Size of one bucket of the weight broadcast."""
     total_steps: int = pydantic.Field(default=100, ge=1)
     """Optimizer steps (policy versions) in the run; the learner stops after the last one."""
     run_dir: str = "runs/learner"

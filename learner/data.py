@@ -108,7 +108,7 @@ def task_key(row: Row) -> str:
 
 
 def hash_fraction(key: str) -> float:
-    """A stable number in [0, 1) from the MD5 of `key` (same rule as tether.demo_data)."""
+    """A stable number in [0, 1) from the MD5 of `key` (same rule as demo.data)."""
     return int(hashlib.md5(key.encode()).hexdigest()[:8], 16) / 0x1_0000_0000
 
 

@@ -13,14 +13,14 @@ import torch
 import torch.distributed as dist
 
 from broker.config import BrokerConfig
+from common.config import load_section
+from common.metrics import serve_metrics
 from learner.checkpoint import latest_checkpoint, read_training_state
 from learner.config import LearnerConfig
 from learner.loop import Learner
 from learner.ranks import RankCommands, follow
 from learner.reporting import Reporter
 from learner.trainer import Trainer, load_model
-from tether.config import load_section
-from tether.metrics import serve_metrics
 
 log = logging.getLogger("learner")
 
@@ -45,7 +45,7 @@ def run(config_path: str, overrides: list[str]) -> int:
         dist.destroy_process_group()
         return 0
 
-    from tether.weight_sync import WeightSender
+    from weights.sender import WeightSender
 
     run_dir = Path(config.run_dir)
     resume_from = latest_checkpoint(config.checkpoint.dir) if config.checkpoint.resume else None

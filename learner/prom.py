@@ -1,4 +1,4 @@
-"""Prometheus metrics of the learner (served on /metrics by tether.metrics.serve_metrics).
+"""Prometheus metrics of the learner (served on /metrics by common.metrics.serve_metrics).
 
     tether_learner_policy_version                      optimizer steps taken (gauge)
     tether_learner_loss                                last step's loss (gauge)

@@ -10,19 +10,16 @@ ranks sit in `follow()` and mirror it. With one rank nothing is broadcast.
 from __future__ import annotations
 
 import logging
-import os
 import shutil
-import tempfile
 from pathlib import Path
 
 import torch.distributed as dist
 
 from learner.checkpoint import TrainingState, prune_checkpoints
 from learner.trainer import Trainer
+from weights.snapshot import write_snapshot
 
 log = logging.getLogger(__name__)
-
-SNAPSHOT_FILE = "model.safetensors"
 
 
 def _broadcast_command(command: str, payload=None):
@@ -80,7 +77,7 @@ class RankCommands:
         _broadcast_command("load", str(path))
         state = self.trainer.load(path)
         # Actors that start now know only the initial weights: give them these.
-        self.write_snapshot(self.trainer.version, self._full_weights())
+        self.write_snapshot(self.trainer.version, self.trainer.full_weights())
         return state
 
     def publish_weights(self, version: int) -> dict:
@@ -91,7 +88,7 @@ class RankCommands:
         if self.sender is None and not snapshot:
             return {"num_receivers": 0}  # nothing to gather the full weights for
         _broadcast_command("weights")
-        named = self._full_weights()
+        named = self.trainer.full_weights()
         if snapshot:
             named = list(named)
             self.write_snapshot(version, named)
@@ -108,21 +105,10 @@ class RankCommands:
             pass
         return report
 
-    def _full_weights(self):
-        return (pair for bucket in self.trainer.weight_buckets() for pair in bucket)
-
     def write_snapshot(self, version: int, named) -> Path:
-        """Full weights as safetensors in `<snapshot_dir>/v<version>/`, written atomically;
-        older snapshots are removed once the new one is in place."""
-        from safetensors.torch import save_file
-
-        self.snapshot_dir.mkdir(parents=True, exist_ok=True)
-        final = self.snapshot_dir / f"v{version:06d}"
-        tmp = Path(tempfile.mkdtemp(prefix=".snapshot-", dir=self.snapshot_dir))
-        save_file({name: t.detach().contiguous().cpu() for name, t in named}, tmp / SNAPSHOT_FILE)
-        if final.exists():
-            shutil.rmtree(final)
-        os.rename(tmp, final)
+        """Write version `version` for actors that join later; the previous snapshot is
+        removed once the new one is in place."""
+        final = write_snapshot(self.snapshot_dir, version, named)
         previous, self._snapshot = self._snapshot, (final, version)
         if previous is not None and previous[0] != final:
             shutil.rmtree(previous[0], ignore_errors=True)
@@ -144,13 +130,13 @@ def follow(trainer: Trainer, *, checkpoint_dir: str) -> None:
         if command == "train":
             trainer.train_step(payload)
         elif command == "weights":
-            for _ in trainer.weight_buckets():
+            for _ in trainer.full_weights():
                 pass
         elif command == "save":
             trainer.save(checkpoint_dir, payload)
         elif command == "load":
             trainer.load(payload)
-            for _ in trainer.weight_buckets():  # rank 0 writes a snapshot after loading
+            for _ in trainer.full_weights():  # rank 0 writes a snapshot after loading
                 pass
         elif command == "stop":
             return

@@ -44,7 +44,7 @@ from learner.losses import (
 )
 from learner.reductions import token_weights
 from learner.schedule import lr_multiplier
-from learner.weights import iter_weight_buckets
+from weights.fsdp import full_parameters
 
 
 class TooManySkippedSteps(RuntimeError):
@@ -355,10 +355,9 @@ class Trainer:
 
     # ---- weights and checkpoints ---------------------------------------------------------
 
-    def weight_buckets(self, *, bucket_bytes: int | None = None, dtype: torch.dtype | None = None):
-        """Full weights in buckets on rank 0 (every rank must exhaust the iterator)."""
-        bucket_bytes = bucket_bytes or int(self.config.weight_bucket_mb * 1024 * 1024)
-        return iter_weight_buckets(self.model, bucket_bytes=bucket_bytes, dtype=dtype)
+    def full_weights(self, *, dtype: torch.dtype | None = None):
+        """(name, full tensor) per parameter on rank 0 (every rank must exhaust it)."""
+        return full_parameters(self.model, dtype=dtype)
 
     def save(self, root: str | Path, state: TrainingState) -> Path:
         """Collective DCP save; `state.step`/`state.version` are overwritten from the trainer."""

@@ -24,7 +24,8 @@ from typing import Any
 from envservers.config import OpenEnvConfig
 from envservers.tool_env import ToolEnv
 from envservers.tools import Tool, ToolError, ToolGroup, ToolUnavailable
-from envservers.types import Environment, EnvProvider, Observation, StepResult, validate_task
+from envservers.types import Environment, EnvProvider, validate_task
+from protos.types import Observation, StepResult
 
 
 def render(observation: Any, field: str | None = None) -> str:

@@ -18,7 +18,8 @@ import asyncio
 from typing import Any
 
 from envservers.config import EnvServerConfig
-from envservers.types import Environment, EnvProvider, Observation, StepResult, validate_task
+from envservers.types import Environment, EnvProvider, validate_task
+from protos.types import Observation, StepResult
 
 
 class SkyrlGymEnv(Environment):

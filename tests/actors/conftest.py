@@ -11,7 +11,7 @@ import pytest
 
 @pytest.fixture(scope="session")
 def tiny_model_dir() -> Path:
-    from tether.tinymodel import build_random_tiny_model
+    from demo.tinymodel import build_random_tiny_model
 
     return build_random_tiny_model()  # cached under .cache/tinymodel: seconds the first time
 

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 import torch
 
-from actors.actor import Actor, GrpcEnvConnector
+from actors.actor import Actor
 from actors.chat import ChatTemplate
 from actors.config import ActorConfig
 from actors.rollout import task_row
@@ -29,11 +29,11 @@ from broker import client as bus
 from broker.codec import token_arrays
 from broker.config import BrokerConfig
 from broker.wire import PolicyVersion, PromptTask
-from envservers.client import EnvClient
+from demo.data import SYSTEM_PROMPT
 from envservers.config import EnvServerConfig
 from envservers.envs.calculator import CALCULATOR_TOOLS
 from envservers.server import EnvServer
-from tether.demo_data import SYSTEM_PROMPT
+from protos.client import EnvClient, GrpcEnvConnector
 
 pytestmark = pytest.mark.vllm
 

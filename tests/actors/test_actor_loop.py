@@ -20,8 +20,8 @@ from broker import client as bus
 from broker.codec import token_arrays
 from broker.config import BrokerConfig
 from broker.wire import PolicyVersion, PromptTask
-from tether.demo_data import SYSTEM_PROMPT
-from tether.tiny_tokenizer import build_tokenizer
+from demo.data import SYSTEM_PROMPT
+from demo.tokenizer import build_tokenizer
 
 TOOL_CALL = '<tool_call>\n{"name": "add", "arguments": {"a": 17, "b": 25}}\n</tool_call>'
 ANSWER = "<answer>42</answer>"

@@ -10,7 +10,7 @@ import pytest
 
 from actors.cli import main, parse_args
 from actors.config import ActorConfig
-from tether.config import load_section
+from common.config import load_section
 
 
 def test_cli_flags_are_fixed():

@@ -14,7 +14,7 @@ import pytest
 from actors.replicas import LocalProcesses, ReplicaSpec, supervise
 from broker import client as bus
 from broker.wire import PromptTask
-from tether.demo_data import SYSTEM_PROMPT
+from demo.data import SYSTEM_PROMPT
 
 FAKE_TARGET = "actors.fakes:fake_replica_main"
 TOOL_CALL = '<tool_call>\n{"name": "add", "arguments": {"a": 17, "b": 25}}\n</tool_call>'

@@ -24,18 +24,19 @@ import prometheus_client
 import pytest
 import torch
 
-from actors.actor import Actor, GrpcEnvConnector
+from actors.actor import Actor
 from actors.chat import ChatTemplate
 from actors.config import ActorConfig
 from broker import client as bus
 from broker.codec import token_arrays
 from broker.config import BrokerConfig
 from broker.wire import PolicyVersion, PromptTask, Trajectory
-from envservers.client import EnvClient
+from demo.data import SYSTEM_PROMPT
 from envservers.config import EnvServerConfig
 from envservers.server import EnvServer
-from tether.demo_data import SYSTEM_PROMPT
-from tether.weight_sync import BroadcastReport, WeightSender, WeightSyncConfig
+from protos.client import EnvClient, GrpcEnvConnector
+from weights.config import WeightSyncConfig
+from weights.sender import BroadcastReport, WeightSender
 
 pytestmark = pytest.mark.vllm
 
@@ -165,7 +166,6 @@ def _config(tiny_model_dir) -> ActorConfig:
         dict(
             engine={"model": str(tiny_model_dir), "max_model_len": 1024},
             env={"backoff_s": 0.0},
-            weight_sync={"join_timeout_s": 10.0, "transfer_timeout_s": 30.0},
             sampling={"temperature": 0.0},  # greedy: comparable with transformers
             max_turns=1,
             max_generate_length=MAX_TOKENS,

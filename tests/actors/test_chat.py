@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from actors.chat import ChatTemplate
-from tether.chat_template import observation_delta, render_chat
-from tether.demo_data import DEMO_TOOLS, SYSTEM_PROMPT
-from tether.tiny_tokenizer import build_tokenizer
+from demo.chat_template import observation_delta, render_chat
+from demo.data import DEMO_TOOLS, SYSTEM_PROMPT
+from demo.tokenizer import build_tokenizer
 
 PROMPT = [
     {"role": "system", "content": SYSTEM_PROMPT},

@@ -20,10 +20,10 @@ from actors.rollout import (
 )
 from broker.codec import decode, encode, token_arrays
 from broker.wire import PromptTask, Trajectory
-from tether.calculator import run_tool_call
-from tether.chat_template import observation_delta, render_chat
-from tether.demo_data import DEMO_TOOLS, SYSTEM_PROMPT
-from tether.tiny_tokenizer import build_tokenizer
+from demo.calculator import run_tool_call
+from demo.chat_template import observation_delta, render_chat
+from demo.data import DEMO_TOOLS, SYSTEM_PROMPT
+from demo.tokenizer import build_tokenizer
 
 TOOL_CALL = '<tool_call>\n{"name": "add", "arguments": {"a": 17, "b": 25}}\n</tool_call>'
 BAD_CALL = '<tool_call>\n{"name": "pow", "arguments": {"a": 1}}\n</tool_call>'

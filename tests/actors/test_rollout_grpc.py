@@ -1,5 +1,5 @@
 """The rollout against real env servers over gRPC (actors.actor.GrpcEnvConnector around
-envservers.client.EnvClient), on the scripted engine: observations templated from what the
+protos.client.EnvClient), on the scripted engine: observations templated from what the
 real calculator env returned, a dead address skipped, a server lost mid-episode replaced
 by another (the episode replayed there), and env outages as error stop reasons."""
 
@@ -10,18 +10,17 @@ import asyncio
 import numpy as np
 import pytest
 
-from actors.actor import GrpcEnvConnector
 from actors.chat import ChatTemplate
 from actors.fakes import ScriptedEngine, by_turn
-from actors.rollout import EnvRetry, RolloutLimits, SamplingSpec, TaskRejected, run_group
-from broker.server import free_port
+from actors.rollout import EnvRetry, RolloutLimits, SamplingSpec, run_group
 from broker.wire import PromptTask
-from envservers.client import EnvClient
+from common.procs import free_port
+from demo.chat_template import observation_delta
+from demo.data import SYSTEM_PROMPT
+from demo.tokenizer import build_tokenizer
 from envservers.config import EnvServerConfig
 from envservers.server import EnvServer
-from tether.chat_template import observation_delta
-from tether.demo_data import SYSTEM_PROMPT
-from tether.tiny_tokenizer import build_tokenizer
+from protos.client import EnvClient, GrpcEnvConnector, TaskRejected
 
 TOOL_CALL = '<tool_call>\n{"name": "add", "arguments": {"a": 17, "b": 25}}\n</tool_call>'
 ANSWER = "<answer>42</answer>"

@@ -12,7 +12,7 @@ from actors.chat import ChatTemplate
 from actors.fakes import FakeObservation, FakeStepResult
 from actors.rollout import RolloutLimits, SamplingSpec, run_group
 from broker.wire import PromptTask
-from tether.chat_template import observation_delta
+from demo.chat_template import observation_delta
 
 pytestmark = pytest.mark.vllm
 

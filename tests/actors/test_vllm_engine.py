@@ -15,14 +15,12 @@ import pytest
 import torch
 
 from actors.rollout import SamplingSpec
-from actors.vllm_engine import (
-    VllmEngineConfig,
-    WeightUpdateError,
-    _expand_spans,
-    follow_weights,
-)
-from actors.worker_extension import checksum
-from tether.weight_sync import RoundTicket, WeightSender, WeightSubscription, WeightSyncConfig
+from actors.vllm_engine import VllmEngineConfig, _expand_spans
+from weights.config import WeightSyncConfig
+from weights.follower import WeightUpdateError, follow_weights
+from weights.sender import WeightSender
+from weights.subscription import RoundTicket, WeightSubscription
+from weights.vllm_worker import checksum
 
 vllm = pytest.mark.vllm
 
@@ -52,7 +50,7 @@ def channel():
     sender = WeightSender(
         WeightSyncConfig(store_port=0, join_timeout_s=10.0, transfer_timeout_s=30.0)
     )
-    subscription = WeightSubscription(sender.config)
+    subscription = WeightSubscription(sender.config.store_host, sender.config.store_port)
     yield sender, subscription
     subscription.leave()
     sender.close()
@@ -265,8 +263,8 @@ async def test_request_after_an_update_reuses_no_prefix_kv_of_older_weights(
 ):
     """RL revisits prompts: a prompt whose KV blocks the old weights cached must be
     recomputed once new weights are in (with stale prefix KV, greedy output differs)."""
+    from demo.data import SYSTEM_PROMPT
     from envservers.envs.calculator import CALCULATOR_TOOLS
-    from tether.demo_data import SYSTEM_PROMPT
 
     rendered = tokenizer.apply_chat_template(
         [

@@ -17,11 +17,11 @@ ANSWER = "<answer>42</answer>"
 
 
 async def build(spec, config, broker):
-    from actors.actor import Actor, GrpcEnvConnector, actor_id_of
+    from actors.actor import Actor, actor_id_of
     from actors.chat import ChatTemplate
     from actors.fakes import ScriptedEngine, by_turn
-    from envservers.client import EnvClient
-    from tether.tiny_tokenizer import build_tokenizer
+    from demo.tokenizer import build_tokenizer
+    from protos.client import EnvClient, GrpcEnvConnector
 
     tokenizer = build_tokenizer(num_conversations=50)
     engine = ScriptedEngine(tokenizer, by_turn(TOOL_CALL, ANSWER), delay_s=0.05)

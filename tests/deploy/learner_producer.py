@@ -1,5 +1,5 @@
 """A real process that exports the learner's Prometheus metrics without training, for the
-live Prometheus test: it serves /metrics with `tether.metrics.serve_metrics` and feeds
+live Prometheus test: it serves /metrics with `common.metrics.serve_metrics` and feeds
 `learner.prom.record_step` the records learner/loop.py (train) and learner/reporting.py
 (eval) write — the learner's own code path, with made-up numbers.
 
@@ -13,8 +13,8 @@ from __future__ import annotations
 import sys
 import time
 
+from common.metrics import serve_metrics
 from learner import prom
-from tether.metrics import serve_metrics
 
 PROMPTS_PER_STEP = 4
 GROUP_SIZE = 4

@@ -33,11 +33,11 @@ import pytest
 
 from broker import client as bus
 from broker.config import BrokerConfig
-from broker.server import free_port
 from broker.wire import PolicyVersion, PromptTask
+from common.procs import free_port
+from demo.data import SYSTEM_PROMPT
 from deploy import observability
 from deploy.grafana.dashboard import DASHBOARD_PATH, queries
-from tether.demo_data import SYSTEM_PROMPT
 
 REPO = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "PYTHONPATH": str(REPO)}
@@ -151,10 +151,10 @@ def _task(index: int, *, min_version: int) -> PromptTask:
 
 
 async def _env_traffic(address: str, stop: asyncio.Event) -> None:
-    """Episodes and two kinds of failed RPCs straight through envservers.client, until stop."""
+    """Episodes and two kinds of failed RPCs straight through protos.client, until stop."""
     import grpc
 
-    from envservers.client import EnvClient
+    from protos.client import EnvClient
 
     task = {"prompt": _task(0, min_version=0).prompt, "reward_spec": {"ground_truth": "42"}}
     async with EnvClient(address, max_retries=0) as client:

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import pytest_asyncio
 
-from envservers.client import EnvClient
 from envservers.config import EnvServerConfig
 from envservers.registry import build_providers
 from envservers.server import EnvServer
+from protos.client import EnvClient
 from tests.envservers.fakes import FaultyProvider, SlowProvider
 
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
-from envservers.types import Environment, EnvProvider, Observation, StepResult
+from envservers.types import Environment, EnvProvider
+from protos.types import Observation, StepResult
 
 
 class FaultyEnv(Environment):

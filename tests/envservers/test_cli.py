@@ -14,7 +14,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from envservers.cli import parse_args
-from envservers.client import EnvClient
+from protos.client import EnvClient
 
 REPO = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "PYTHONPATH": str(REPO)}
@@ -132,8 +132,8 @@ async def test_sigterm_drains_then_finishes_in_flight_steps(tmp_path):
 
 
 def test_shipped_config_is_valid():
+    from common.config import load_section
     from envservers.config import EnvServerConfig
-    from tether.config import load_section
 
     config = load_section(EnvServerConfig, REPO / "configs" / "envserver.toml", "envserver")
     assert "calculator" in config.envs and config.mcp.servers["time"].command == "python"

@@ -7,8 +7,8 @@ import grpc
 import pytest
 import pytest_asyncio
 
-from envservers.client import EnvClient
 from envservers.server import EnvServer
+from protos.client import EnvClient
 from tests.envservers.conftest import server_config
 
 TIME_SERVER = {"command": "python", "args": ["-m", "mcp_server_time", "--local-timezone", "UTC"]}

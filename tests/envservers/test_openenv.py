@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
-from envservers.client import EnvClient
 from envservers.server import EnvServer
+from protos.client import EnvClient
 from tests.envservers.conftest import server_config
 
 APP = Path(__file__).with_name("openenv_app.py")

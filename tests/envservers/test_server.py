@@ -12,9 +12,9 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from envservers.client import EnvClient
 from envservers.server import EnvServer
 from protos import env_pb2, env_pb2_grpc
+from protos.client import EnvClient
 from tests.envservers.conftest import calculator_task, server_config
 from tests.envservers.fakes import FaultyProvider
 

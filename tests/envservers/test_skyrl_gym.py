@@ -5,10 +5,10 @@ import grpc
 import pytest
 import pytest_asyncio
 
-from envservers.client import EnvClient
 from envservers.config import EnvServerConfig
 from envservers.registry import build_providers
 from envservers.server import EnvServer
+from protos.client import EnvClient
 from tests.envservers.conftest import server_config
 
 

@@ -24,15 +24,12 @@ from tests.learner.builders import random_samples, tiny_qwen2
 
 BATCH_1 = {"lengths": [62, 62, 62, 12], "seed": 1}
 BATCH_2 = {"lengths": [30, 41, 55, 20, 9, 70], "seed": 2, "version": 0}
-BUCKET_BYTES = 64 * 1024
 
 
 def gather(trainer: Trainer) -> tuple[dict[str, torch.Tensor], int]:
-    weights, num_buckets = {}, 0
-    for bucket in trainer.weight_buckets(bucket_bytes=BUCKET_BYTES):
-        num_buckets += 1
-        weights.update({name: tensor.clone() for name, tensor in bucket})
-    return weights, num_buckets
+    """Full weights on rank 0 (nothing elsewhere) and how many tensors the gather yielded."""
+    weights = {name: tensor.clone() for name, tensor in trainer.full_weights()}
+    return weights, len(weights)
 
 
 def main() -> None:
@@ -43,7 +40,7 @@ def main() -> None:
 
     trainer = Trainer(tiny_qwen2(seed=0), config)
     results["metrics_1"] = trainer.train_step(random_samples(**BATCH_1))
-    weights_1, results["num_buckets"] = gather(trainer)
+    weights_1, results["num_tensors"] = gather(trainer)
     trainer.save(out / "checkpoints", TrainingState(trained_ids=["t0", "t1"]))
     results["metrics_2"] = trainer.train_step(random_samples(**BATCH_2))
     weights_2, _ = gather(trainer)
@@ -65,7 +62,7 @@ def main() -> None:
         )
         (out / "results.json").write_text(json.dumps(results))
     else:
-        assert not weights_1, "only rank 0 receives buckets"
+        assert not weights_1, "only rank 0 receives full weights"
     dist.barrier()
     dist.destroy_process_group()
 

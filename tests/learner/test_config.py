@@ -4,8 +4,8 @@ import textwrap
 
 import pytest
 
+from common.config import load_section
 from learner.config import LearnerConfig
-from tether.config import load_section
 
 
 def _config(**fields):

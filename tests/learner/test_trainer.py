@@ -188,19 +188,15 @@ def test_latest_and_prune_ignore_incomplete_checkpoints(tmp_path):
         trainer.load(tmp_path / "step_00000009")
 
 
-def test_weight_buckets_stream_every_parameter_once():
+def test_full_weights_stream_every_parameter_once():
     trainer = Trainer(tiny_qwen2(tie_word_embeddings=True), learner_config())
-    bucket_bytes = 40_000
-    buckets = list(trainer.weight_buckets(bucket_bytes=bucket_bytes))
-    assert len(buckets) > 3
-    for bucket in buckets:
-        size = sum(t.numel() * t.element_size() for _, t in bucket)
-        assert len(bucket) == 1 or size <= bucket_bytes
-    streamed = {name: t for bucket in buckets for name, t in bucket}
+    names = [name for name, _ in trainer.full_weights()]
+    assert len(names) == len(set(names))
+    streamed = dict(trainer.full_weights())
     assert streamed.keys() == dict(trainer.model.named_parameters()).keys()
     assert "lm_head.weight" not in streamed  # tied: vLLM fills it from the embedding
     assert _max_diff(streamed, _params(trainer.model)) == 0.0
-    half = [t for bucket in trainer.weight_buckets(dtype=torch.bfloat16) for _, t in bucket]
+    half = [t for _, t in trainer.full_weights(dtype=torch.bfloat16)]
     assert all(t.dtype == torch.bfloat16 for t in half)
 
 

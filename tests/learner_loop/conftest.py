@@ -17,8 +17,8 @@ import pytest
 from broker import client
 from broker.codec import decode
 from broker.names import BusNames
-from broker.server import free_port
 from broker.wire import PolicyVersion
+from common.procs import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIG = REPO / "configs" / "learner_test.toml"
@@ -26,7 +26,7 @@ CONFIG = REPO / "configs" / "learner_test.toml"
 
 @pytest.fixture(scope="session")
 def tiny_model_dir() -> Path:
-    from tether.tinymodel import build_random_tiny_model
+    from demo.tinymodel import build_random_tiny_model
 
     return build_random_tiny_model()  # cached under .cache/tinymodel
 

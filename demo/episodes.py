@@ -2,7 +2,7 @@
 
 An oracle for the rest of Tether (no vLLM, no env server, no bus): each episode is templated
 once, every assistant turn is sampled until `<|im_end|>`, tool calls run in the in-process
-calculator (tether/calculator.py), and each observation is appended as a templated delta,
+calculator (demo/calculator.py), and each observation is appended as a templated delta,
 exactly as the rollout actor builds its token history. Episodes are batched turn by turn.
 
     prompts ──► sample turn (batched, left-padded) ──► calculator.step ──► delta ──┐
@@ -18,9 +18,9 @@ from typing import Any
 
 import torch
 
-from tether.calculator import CalculatorEpisode
-from tether.chat_template import IM_END, observation_delta
-from tether.demo_data import DEMO_TOOLS
+from demo.calculator import CalculatorEpisode
+from demo.chat_template import IM_END, observation_delta
+from demo.data import DEMO_TOOLS
 
 
 @dataclass

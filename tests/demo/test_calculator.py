@@ -2,7 +2,7 @@
 
 import pytest
 
-from tether.calculator import CalculatorEpisode, answers_equal, format_number, run_tool_call
+from demo.calculator import CalculatorEpisode, answers_equal, format_number, run_tool_call
 
 
 @pytest.mark.parametrize(

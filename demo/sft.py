@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from tether.chat_template import IM_END, render_chat
+from demo.chat_template import IM_END, render_chat
 
 IGNORE_INDEX = -100
 

@@ -9,9 +9,9 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
-from tether.demo_data import DEMO_TOOLS, eval_rows
-from tether.episodes import play_episodes
-from tether.tinymodel import (
+from demo.data import DEMO_TOOLS, eval_rows
+from demo.episodes import play_episodes
+from demo.tinymodel import (
     BUILD_INFO,
     TinyModelRecipe,
     build_random_tiny_model,
@@ -87,7 +87,7 @@ def test_random_model_plays_episodes(tiny_model_dir):
 def test_cli_prints_the_model_directory(tmp_path):
     out = (
         subprocess.run(
-            [sys.executable, "-m", "tether.tinymodel", "--out", str(tmp_path), "--no-warmstart"],
+            [sys.executable, "-m", "demo.tinymodel", "--out", str(tmp_path), "--no-warmstart"],
             cwd=REPO,
             capture_output=True,
             text=True,

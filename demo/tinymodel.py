@@ -1,9 +1,9 @@
 """Build (and cache) the tiny Qwen2 model and tokenizer that tests and the demo run on.
 
 No model can be downloaded here, so Tether makes its own: a byte-level BPE tokenizer trained
-on the calculator task (tether/tiny_tokenizer.py), a ~0.9M-parameter Qwen2ForCausalLM
+on the calculator task (demo/tokenizer.py), a ~0.9M-parameter Qwen2ForCausalLM
 (4 layers, hidden 128, 4 heads of head_dim 32, fp32, tied embeddings), and a supervised warm
-start on tool-use demonstrations (tether/sft.py) in two stages — tool calls only, to learn
+start on tool-use demonstrations (demo/sft.py) in two stages — tool calls only, to learn
 the format and to copy numbers, then a mix with wrong guesses — that lands sampled pass@1
 between never and always right, so RL has something to learn: calling the tool.
 
@@ -12,7 +12,7 @@ A build is saved with save_pretrained (model, tokenizer, generation_config) unde
 it is built in a temporary directory and renamed into place, under a file lock, and reused
 while neither changes. The cache root is `$TETHER_CACHE/tinymodel` or `<repo>/.cache/tinymodel`.
 
-    python -m tether.tinymodel --out DIR [--no-warmstart]     # prints the model directory
+    python -m demo.tinymodel --out DIR [--no-warmstart]     # prints the model directory
 """
 
 from __future__ import annotations
@@ -31,11 +31,11 @@ from pathlib import Path
 
 import pydantic
 
-from tether.config import StrictModel
+from common.config import StrictModel
 
 _REPO_ROOT = Path(__file__).resolve().parent.parent
 # The modules whose source decides what a build produces.
-_BUILDER_MODULES = ("tinymodel", "tiny_tokenizer", "chat_template", "demo_data", "sft")
+_BUILDER_MODULES = ("tinymodel", "tokenizer", "chat_template", "data", "sft")
 BUILD_INFO = "tether_build.json"
 ProgressLog = Callable[[int, float, int], None]
 
@@ -102,7 +102,7 @@ def default_cache_root() -> Path:
 
 def recipe_hash(recipe: TinyModelRecipe) -> str:
     """Hash of the recipe, the builder's source files and the demo's tool specs."""
-    from tether.demo_data import DEMO_TOOLS
+    from demo.data import DEMO_TOOLS
 
     digest = hashlib.sha256(recipe.model_dump_json().encode())
     for name in _BUILDER_MODULES:
@@ -136,10 +136,10 @@ def _build_into(directory: Path, recipe: TinyModelRecipe, log: ProgressLog | Non
     import torch
     from transformers import GenerationConfig, Qwen2ForCausalLM
 
-    from tether.chat_template import IM_END
-    from tether.demo_data import DEMO_TOOLS, demonstrations
-    from tether.sft import encode_conversation, train_sft
-    from tether.tiny_tokenizer import build_tokenizer
+    from demo.chat_template import IM_END
+    from demo.data import DEMO_TOOLS, demonstrations
+    from demo.sft import encode_conversation, train_sft
+    from demo.tokenizer import build_tokenizer
 
     started = time.monotonic()
     tokenizer = build_tokenizer(

@@ -5,12 +5,6 @@ Packing is pure: `bucketize` groups consecutive (name, tensor) pairs into lists 
 gathered tensors); `pack_bucket` copies one list into a flat uint8 buffer, each tensor at a
 64-byte aligned offset so any dtype can be viewed in place, described by a JSON header of
 [name, dtype, shape, offset]; `unpack_bucket` views the tensors back out, without copies.
-
-Framing over a broadcast group (rank 0 sends, everyone else receives), per bucket:
-
-    int64[2] (header bytes, buffer bytes) ─► JSON header (uint8) ─► flat buffer (uint8)
-    ... end of round: int64[2] zeros
-
 torch is imported inside functions so that configs importing this package stay fast.
 """
 
@@ -87,54 +81,3 @@ def unpack_bucket(header: bytes, buffer: torch.Tensor) -> list[tuple[str, torch.
         nbytes = numel * torch.empty((), dtype=dtype).element_size()
         out.append((name, buffer[start : start + nbytes].view(dtype).reshape(shape)))
     return out
-
-
-# ---- framing over a broadcast group --------------------------------------------------------------
-
-
-def _broadcast(group, tensor: torch.Tensor) -> None:
-    group.broadcast(tensor, 0).wait()
-
-
-def buffer_device(backend: str):
-    import torch
-
-    return torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else "cpu"
-
-
-def send_buckets(
-    group, named_tensors: Iterable[tuple[str, torch.Tensor]], *, backend: str, bucket_bytes: int
-) -> tuple[int, int]:
-    """Broadcast every tensor from rank 0, bucket by bucket. Returns (tensors, bytes)."""
-    import torch
-
-    device = buffer_device(backend)
-    num_tensors = num_bytes = 0
-    for bucket in bucketize(named_tensors, bucket_bytes):
-        header, buffer = pack_bucket(bucket, device)
-        sizes = torch.tensor([len(header), buffer.numel()], dtype=torch.int64, device=device)
-        _broadcast(group, sizes)
-        _broadcast(group, torch.frombuffer(bytearray(header), dtype=torch.uint8).to(device))
-        _broadcast(group, buffer)
-        num_tensors += len(bucket)
-        num_bytes += buffer.numel()
-    _broadcast(group, torch.zeros(2, dtype=torch.int64, device=device))  # end of round
-    return num_tensors, num_bytes
-
-
-def receive_buckets(group, *, backend: str) -> Iterator[tuple[str, torch.Tensor]]:
-    """Yield (name, tensor) as buckets arrive from rank 0, until the end marker."""
-    import torch
-
-    device = buffer_device(backend)
-    while True:
-        sizes = torch.zeros(2, dtype=torch.int64, device=device)
-        _broadcast(group, sizes)
-        header_len, num_bytes = sizes.tolist()
-        if header_len == 0:
-            return
-        header = torch.empty(header_len, dtype=torch.uint8, device=device)
-        _broadcast(group, header)
-        buffer = torch.empty(num_bytes, dtype=torch.uint8, device=device)
-        _broadcast(group, buffer)
-        yield from unpack_bucket(header.cpu().numpy().tobytes(), buffer)

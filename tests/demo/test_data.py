@@ -5,8 +5,8 @@ import random
 
 import pytest
 
-from tether.calculator import CalculatorEpisode
-from tether.demo_data import (
+from demo.calculator import CalculatorEpisode
+from demo.data import (
     SYSTEM_PROMPT,
     demonstration,
     demonstrations,
@@ -91,8 +91,8 @@ def test_demonstration_mix():
 
 async def test_rows_offer_exactly_the_tools_the_warm_start_saw():
     # The warm start is trained on DEMO_TOOLS; the real env must hand out the same text.
+    from demo.data import DEMO_TOOLS, make_rows
     from envservers.envs.calculator import CalculatorEnv
-    from tether.demo_data import DEMO_TOOLS, make_rows
 
     observation = await CalculatorEnv().reset(make_rows(1, seed=0)[0])
     assert observation.tools == DEMO_TOOLS

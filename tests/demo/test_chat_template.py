@@ -2,7 +2,7 @@
 
 import pytest
 
-from tether.chat_template import CHAT_TEMPLATE, observation_delta, render_chat
+from demo.chat_template import CHAT_TEMPLATE, observation_delta, render_chat
 
 ADD_SPEC = {
     "type": "function",

@@ -1,6 +1,6 @@
 """vLLM worker extension: the engine-worker half of the weight broadcast.
 
-Passed to vLLM as `worker_extension_cls="actors.worker_extension.WeightSyncExtension"`;
+Passed to vLLM as `worker_extension_cls="weights.vllm_worker.WeightSyncExtension"`;
 vLLM mixes it into its worker class, so these methods run inside the engine process (next
 to the model) and are called from the actor with `AsyncLLM.collective_rpc(name, ...)`.
 Arguments cross a process boundary, so they are plain dicts, strings and numbers.
@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Iterator
-from pathlib import Path
 from typing import Any
 
 import torch
 
-from tether.weight_sync import RoundTicket, receive_round
+from weights.receiver import receive_round
+from weights.snapshot import safetensors_weights
+from weights.subscription import RoundTicket
 
 
 class Checksum:
@@ -51,17 +52,6 @@ def checksum(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> dict[str, flo
     for _, tensor in named_tensors:
         fingerprint.add(tensor)
     return fingerprint.values
-
-
-def safetensors_weights(path: str | Path) -> Iterator[tuple[str, torch.Tensor]]:
-    """Every tensor of every *.safetensors file in a checkpoint directory, HF names."""
-    from safetensors.torch import load_file
-
-    files = sorted(Path(path).glob("*.safetensors"))
-    if not files:
-        raise ValueError(f"no *.safetensors files in {path}")
-    for file in files:
-        yield from load_file(file).items()
 
 
 def tied_aliases(model: torch.nn.Module) -> dict[str, list[str]]:

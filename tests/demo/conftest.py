@@ -9,7 +9,7 @@ import pytest
 @pytest.fixture(scope="session")
 def tiny_tokenizer():
     """The tiny tokenizer as the builder trains it (about a second)."""
-    from tether.tiny_tokenizer import build_tokenizer
+    from demo.tokenizer import build_tokenizer
 
     return build_tokenizer()
 
@@ -17,7 +17,7 @@ def tiny_tokenizer():
 @pytest.fixture(scope="session")
 def tiny_model_dir():
     """Directory of the tiny Qwen2 with random weights (seconds to build)."""
-    from tether.tinymodel import build_random_tiny_model
+    from demo.tinymodel import build_random_tiny_model
 
     return build_random_tiny_model()
 
@@ -25,6 +25,6 @@ def tiny_model_dir():
 @pytest.fixture(scope="session")
 def warm_tiny_model_dir():
     """Directory of the warm-started tiny Qwen2 of DEFAULT_RECIPE (minutes on a cache miss)."""
-    from tether.tinymodel import build_tiny_model
+    from demo.tinymodel import build_tiny_model
 
     return build_tiny_model()

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Iterator
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
-from tether.chat_template import (
+from demo.chat_template import (
     CHAT_TEMPLATE,
     END_OF_TEXT,
     IM_END,
@@ -24,7 +24,7 @@ from tether.chat_template import (
     TEXT_TOKENS,
     render_chat,
 )
-from tether.demo_data import DEMO_TOOLS, demonstrations
+from demo.data import DEMO_TOOLS, demonstrations
 
 _SPLIT_ADDED = re.compile("|".join(re.escape(t) for t in SPECIAL_TOKENS + TEXT_TOKENS))
 

@@ -15,25 +15,24 @@ from pathlib import Path
 import pytest
 import torch
 
-from actors.worker_extension import checksum, tied_aliases, with_aliases
-from tether.weight_buckets import bucketize, pack_bucket, unpack_bucket
-from tether.weight_sync import (
-    RoundTicket,
-    WeightSender,
-    WeightSubscription,
-    WeightSyncConfig,
-    assign_ranks,
-    receive_round,
-)
+from weights.buckets import bucketize, pack_bucket, unpack_bucket
+from weights.config import WeightSyncConfig
+from weights.receiver import receive_round
+from weights.rendezvous import assign_ranks
+from weights.sender import WeightSender
+from weights.subscription import RoundTicket, WeightSubscription
+from weights.vllm_worker import checksum, tied_aliases, with_aliases
 
 REPO = Path(__file__).resolve().parents[2]
 
 # A receiver process: registers, prints "ready", joins the first round, prints a checksum.
 RECEIVER = """
 import json, sys
-from actors.worker_extension import checksum, tied_aliases, with_aliases
-from tether.weight_sync import WeightSubscription, WeightSyncConfig, receive_round
-sub = WeightSubscription(WeightSyncConfig.model_validate_json(sys.argv[1]))
+from weights.receiver import receive_round
+from weights.subscription import WeightSubscription
+from weights.vllm_worker import checksum
+host, port = sys.argv[1].rsplit(":", 1)
+sub = WeightSubscription(host, int(port))
 print("ready", flush=True)
 ticket = sub.wait_round(-1, 60)
 weights = [(name, tensor.clone()) for name, tensor in receive_round(ticket)]
@@ -48,6 +47,10 @@ def _config(**overrides) -> WeightSyncConfig:
     )
 
 
+def _subscribe(config: WeightSyncConfig) -> WeightSubscription:
+    return WeightSubscription(config.store_host, config.store_port)
+
+
 @pytest.fixture
 def sender():
     sender = WeightSender(_config())
@@ -58,7 +61,7 @@ def sender():
 def _start_receiver(config: WeightSyncConfig) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen(
-        [sys.executable, "-c", RECEIVER, config.model_dump_json()],
+        [sys.executable, "-c", RECEIVER, f"{config.store_host}:{config.store_port}"],
         stdout=subprocess.PIPE,
         text=True,
         env=env,
@@ -173,7 +176,7 @@ def test_broadcast_reaches_two_receiver_processes_bit_exact():
 
 
 def test_registered_member_that_never_joins_costs_one_join_timeout(sender):
-    dead = WeightSubscription(sender.config)  # registers, then never calls wait_round
+    dead = _subscribe(sender.config)  # registers, then never calls wait_round
     started = time.monotonic()
     report = sender.broadcast(1, [("w", torch.ones(4))])
     first_s = time.monotonic() - started
@@ -185,7 +188,7 @@ def test_registered_member_that_never_joins_costs_one_join_timeout(sender):
 
 
 def test_member_that_joins_but_never_connects_fails_the_round_within_timeout(sender):
-    silent = WeightSubscription(sender.config)
+    silent = _subscribe(sender.config)
     thread, ticket = _in_thread(silent.wait_round, -1, 10.0)  # joins, never receives
     num_pulled = 0
 
@@ -207,7 +210,7 @@ def test_member_that_joins_but_never_connects_fails_the_round_within_timeout(sen
 
 def test_receiver_that_missed_a_round_takes_the_next(sender):
     assert sender.broadcast(1, [("w", torch.zeros(3))]).num_receivers == 0  # nobody there
-    late = WeightSubscription(sender.config)
+    late = _subscribe(sender.config)
     thread, ticket = _in_thread(late.wait_round, -1, 10.0)  # sees round 1: closed, skips it
     time.sleep(0.3)
     report_thread, report = _in_thread(sender.broadcast, 2, [("w", torch.full((3,), 2.0))])
@@ -218,14 +221,14 @@ def test_receiver_that_missed_a_round_takes_the_next(sender):
 
 
 def test_wait_round_gives_up_when_no_round_comes(sender):
-    sub = WeightSubscription(sender.config)
+    sub = _subscribe(sender.config)
     started = time.monotonic()
     assert sub.wait_round(-1, 0.5) is None
     assert time.monotonic() - started < 1.5
 
 
 def test_leave_ends_a_waiting_subscription_at_once(sender):
-    subscription = WeightSubscription(sender.config)
+    subscription = _subscribe(sender.config)
     thread, ticket = _in_thread(subscription.wait_round, -1, 30.0)
     time.sleep(0.2)
     started = time.monotonic()
@@ -242,8 +245,8 @@ def test_leave_ends_a_waiting_subscription_at_once(sender):
 def test_member_that_leaves_after_joining_gets_no_seat(sender):
     """A stopping actor's poll thread joined round 1 and left before the roster: seating it
     would fail the round for everyone after transfer_timeout_s."""
-    leaving = WeightSubscription(sender.config)
-    slow = WeightSubscription(sender.config)  # never joins: the sender waits join_timeout_s
+    leaving = _subscribe(sender.config)
+    slow = _subscribe(sender.config)  # never joins: the sender waits join_timeout_s
     waiting, ticket = _in_thread(leaving.wait_round, -1, 30.0)
     broadcasting, report = _in_thread(sender.broadcast, 1, [("w", torch.ones(2))])
     time.sleep(0.5)  # `leaving` joined round 1 and polls for its roster
@@ -271,7 +274,7 @@ def _wait(thread: threading.Thread, result: dict) -> RoundTicket:
 def test_subscription_reconnects_after_a_learner_restart():
     first = WeightSender(_config())
     config = first.config
-    subscription = WeightSubscription(config)
+    subscription = _subscribe(config)
     first.close()  # the learner goes away; its store with it
     thread, ticket = _in_thread(subscription.wait_round, -1, 30.0)
     time.sleep(1.0)

@@ -5,9 +5,9 @@ import json
 import pytest
 from transformers import AutoTokenizer
 
-from tether.chat_template import render_chat
-from tether.demo_data import DEMO_TOOLS, demonstrations
-from tether.tiny_tokenizer import build_tokenizer, train_bpe
+from demo.chat_template import render_chat
+from demo.data import DEMO_TOOLS, demonstrations
+from demo.tokenizer import build_tokenizer, train_bpe
 
 
 def test_vocabulary_size_and_special_ids(tiny_tokenizer):

@@ -6,9 +6,9 @@ import pytest
 import torch
 from transformers import Qwen2ForCausalLM
 
-from tether.chat_template import render_chat
-from tether.demo_data import DEMO_TOOLS, demonstrations
-from tether.sft import (
+from demo.chat_template import render_chat
+from demo.data import DEMO_TOOLS, demonstrations
+from demo.sft import (
     collate,
     encode_conversation,
     lr_at,
@@ -16,7 +16,7 @@ from tether.sft import (
     shared_prefix_length,
     train_sft,
 )
-from tether.tinymodel import DEFAULT_RECIPE, qwen2_config
+from demo.tinymodel import DEFAULT_RECIPE, qwen2_config
 
 
 def _model(tokenizer, seed=0):

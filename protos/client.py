@@ -28,9 +28,9 @@ from typing import Any, TypeVar
 
 import grpc
 
-from envservers.channel import DEFAULT_MAX_MESSAGE_BYTES, channel_options
-from envservers.types import Observation, StepResult
 from protos import env_pb2, env_pb2_grpc
+from protos.channel import DEFAULT_MAX_MESSAGE_BYTES, channel_options
+from protos.types import Observation, StepResult
 
 T = TypeVar("T")
 
@@ -173,3 +173,54 @@ class EnvClient:
 
     async def __aexit__(self, *exc) -> None:
         await self.close()
+
+
+# ---- the rollout's view: errors that say what to do next -------------------------------------
+
+
+class EnvUnavailable(Exception):
+    """An env server is down, timed out, or lost the session: retry elsewhere."""
+
+
+class TaskRejected(ValueError):
+    """The prompt task can never succeed (malformed, prompt too long, unknown env):
+    terminate it, do not redeliver."""
+
+
+class GrpcEnvConnector:
+    """An `EnvClient` as the rollout's env connector (actors/rollout.py): gRPC failures
+    become EnvUnavailable (retry elsewhere) or TaskRejected (the task itself is bad)."""
+
+    # At open, these mean the task cannot be run anywhere (all servers host the same envs).
+    _TASK_ERRORS = (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND)
+
+    def __init__(self, client: EnvClient) -> None:
+        self.client = client
+
+    async def open(self, env_class: str, task: dict) -> _GrpcSession:
+        try:
+            return _GrpcSession(await self.client.open(env_class, task))
+        except grpc.aio.AioRpcError as e:
+            if e.code() in self._TASK_ERRORS:
+                raise TaskRejected(f"env server refused the task: {e.details()}") from e
+            raise EnvUnavailable(f"open {env_class}: {e.code().name}: {e.details()}") from e
+
+
+class _GrpcSession:
+    def __init__(self, session: EnvSession) -> None:
+        self.session = session
+        self.observation = session.observation
+
+    async def step(self, action_text: str) -> StepResult:
+        try:
+            return await self.session.step(action_text)
+        except grpc.aio.AioRpcError as e:
+            # Whatever went wrong (server gone, session expired, deadline, env crash), the
+            # episode can only continue on a re-opened session elsewhere.
+            raise EnvUnavailable(f"step: {e.code().name}: {e.details()}") from e
+
+    async def close(self) -> None:
+        try:
+            await self.session.close()
+        except grpc.aio.AioRpcError as e:
+            raise EnvUnavailable(f"close: {e.code().name}: {e.details()}") from e

@@ -1,0 +1,127 @@
+"""Keep an engine current: join every weight round newer than its weights and apply it in
+flight, across failed rounds and learner restarts.
+
+    BroadcastFollower.run ─► WeightSubscription(address)      (register with the store)
+                               └─ loop: wait_round(engine.version) ─► engine.update_weights
+                                        failed round: keep the old weights, join the next
+                             store lost (learner restarting): pause, register anew
+
+The engine is anything with the `WeightReceiver` shape: the vLLM engine (actors/vllm_engine.py)
+or a fake in the tests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from weights.subscription import RoundTicket, WeightSubscription
+
+log = logging.getLogger(__name__)
+
+
+class WeightUpdateError(RuntimeError):
+    """A weight round or snapshot load failed in the engine worker; the engine still runs
+    (with the old weights when loads are staged) and keeps its old version."""
+
+
+@dataclass(frozen=True)
+class WeightUpdate:
+    """What one in-flight update cost."""
+
+    version: int
+    stall_s: float
+    """Time generation was paused: pause + receive + load + relabel and resume."""
+    pause_s: float
+    """Time pause_generation took (the running step finishing, outputs drained)."""
+    receive_s: float
+    """Forming the round's group and receiving every bucket (slowest worker)."""
+    load_s: float
+    """reload_weights (slowest worker)."""
+    num_bytes: int
+
+
+class WeightReceiver(Protocol):
+    version: int
+    """Policy version of the weights loaded now."""
+    num_weight_slots: int
+    """Ranks the engine takes in a round (one per worker)."""
+
+    async def update_weights(self, ticket: RoundTicket) -> WeightUpdate:
+        """Receive and load round `ticket`; WeightUpdateError if it failed."""
+        ...
+
+
+async def follow_weights(
+    engine: WeightReceiver,
+    subscription: WeightSubscription,
+    *,
+    poll_s: float = 5.0,
+    on_update: Callable[[WeightUpdate], None] | None = None,
+) -> None:
+    """Keep `engine` current: join every weight round after its version, until the task is
+    cancelled or the subscription left. `on_update(WeightUpdate)` is called after each
+    successful update."""
+    while not subscription.left:
+        ticket = await asyncio.to_thread(subscription.wait_round, engine.version, poll_s)
+        if ticket is None:
+            continue
+        try:
+            update = await engine.update_weights(ticket)
+        except WeightUpdateError as e:
+            # The round failed (the learner or a peer died mid-broadcast); weights are the
+            # old ones when staged. Join the next round.
+            log.warning("weight update to version %d failed: %s", ticket.version, e)
+            continue
+        if on_update is not None:
+            on_update(update)
+
+
+class BroadcastFollower:
+    """Follows the broadcast served at `address` ("host:port" of the learner's store) for
+    one engine, forever: `await follower.run()` in a task; `await follower.leave()` before
+    the engine stops, so the learner stops counting on it."""
+
+    def __init__(
+        self,
+        engine: WeightReceiver,
+        address: str,
+        *,
+        on_update: Callable[[WeightUpdate], None] | None = None,
+        retry_s: float = 2.0,
+    ) -> None:
+        host, _, port = address.rpartition(":")
+        if not host or not port.isdigit():
+            raise ValueError(f"broadcast address {address!r} must look like host:port")
+        self.engine, self.address = engine, address
+        self.host, self.port = host, int(port)
+        self.on_update = on_update
+        self.retry_s = retry_s
+        self.subscription: WeightSubscription | None = None
+
+    async def run(self) -> None:
+        while True:
+            try:
+                self.subscription = await asyncio.to_thread(
+                    WeightSubscription, self.host, self.port, slots=self.engine.num_weight_slots
+                )
+                await follow_weights(self.engine, self.subscription, on_update=self.on_update)
+                return  # left
+            # Network boundary: the learner's TCPStore is unreachable (torch raises
+            # DistStoreError, a RuntimeError) or went away; try again shortly.
+            except (RuntimeError, OSError, TimeoutError) as e:
+                log.warning("weight broadcast at %s unavailable (%s); retrying", self.address, e)
+                self.subscription = None
+                await asyncio.sleep(self.retry_s)
+
+    async def leave(self) -> None:
+        subscription, self.subscription = self.subscription, None
+        if subscription is not None:
+            # Network boundary: the store may be gone already (the learner stopped first).
+            try:
+                await asyncio.to_thread(subscription.leave)
+            except (RuntimeError, OSError) as e:
+                log.info("leaving the weight broadcast at %s: %s", self.address, e)
