@@ -28,23 +28,34 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from broker.codec import token_arrays
+from broker.codec import TokenArrays, token_arrays
 from broker.wire import Trajectory
 from learner.advantages import compute_advantages
 
 
 @dataclass
 class Group:
-    """All `group_size` samples of one prompt, ordered by sample index."""
+    """All `group_size` samples of one prompt, ordered by sample index. Their packed token
+    arrays are decoded once, here (zero-copy views of the message bytes), for everyone
+    downstream: staleness decisions, advantages and batching, reports."""
 
     group_id: str
     step: int
     env_class: str
     trajectories: list[Trajectory]
+    tokens: list[TokenArrays] = field(init=False, repr=False)
+    """`token_arrays` of each trajectory, in the same order."""
+
+    def __post_init__(self) -> None:
+        self.tokens = [token_arrays(t) for t in self.trajectories]
 
     @property
     def rewards(self) -> list[float]:
         return [t.reward for t in self.trajectories]
+
+    @property
+    def trajectory_ids(self) -> list[str]:
+        return [t.trajectory_id for t in self.trajectories]
 
 
 @dataclass
@@ -119,8 +130,9 @@ def samples_from_groups(
     for group in groups:
         rewards = torch.tensor([group.rewards], dtype=torch.float32)  # [1, K]
         advantages = compute_advantages(rewards, estimator, normalize_std=normalize_std, eps=eps)
-        for trajectory, advantage in zip(group.trajectories, advantages[0].tolist(), strict=True):
-            arrays = token_arrays(trajectory)
+        for trajectory, arrays, advantage in zip(
+            group.trajectories, group.tokens, advantages[0].tolist(), strict=True
+        ):
             loss_mask = arrays.loss_mask
             if len(loss_mask) and loss_mask[0]:
                 # The first token has no preceding logits to predict it from.

@@ -24,12 +24,10 @@ class OptimConfig(StrictModel):
     warmup_steps: int = pydantic.Field(default=0, ge=0)
     """Linear warmup over this many optimizer steps (from lr/warmup_steps up to lr)."""
     schedule: Literal["constant", "cosine", "linear"] = "constant"
-    """Shape after warmup: constant, cosine or linear decay to `min_lr_ratio * lr` at
-    `total_steps`."""
+    """Shape after warmup: constant, cosine or linear decay to `min_lr_ratio * lr` at the
+    run's last step (`learner.total_steps`)."""
     min_lr_ratio: float = pydantic.Field(default=0.0, ge=0, le=1)
     """Floor of the decaying schedules, as a fraction of `lr`."""
-    total_steps: int | None = pydantic.Field(default=None, ge=1)
-    """Optimizer steps in the run; required by the decaying schedules; None trains forever."""
     grad_clip: float | None = pydantic.Field(default=1.0, gt=0)
     """Clip the global gradient norm to this; None disables clipping (norm still logged)."""
     weight_decay: float = pydantic.Field(default=0.0, ge=0)
@@ -43,12 +41,6 @@ class OptimConfig(StrictModel):
     def _check(self) -> OptimConfig:
         if not all(0.0 <= b < 1.0 for b in self.betas):
             raise ValueError(f"betas must both be in [0, 1), got {self.betas}")
-        if self.schedule != "constant" and self.total_steps is None:
-            raise ValueError(f"schedule {self.schedule!r} needs optim.total_steps")
-        if self.total_steps is not None and self.warmup_steps > self.total_steps:
-            raise ValueError(
-                f"warmup_steps ({self.warmup_steps}) exceeds total_steps ({self.total_steps})"
-            )
         return self
 
 
@@ -61,24 +53,36 @@ class AlgorithmConfig(StrictModel):
     """GRPO only: divide by the group's reward std."""
     std_eps: float = pydantic.Field(default=1e-6, gt=0)
     """GRPO only: added to the std before dividing."""
-    policy_loss: Literal["ppo", "decoupled_ppo", "gspo"] = "ppo"
-    """ppo: clip against the behaviour logprobs; decoupled_ppo: AReaL's proximal policy;
-    gspo: sequence-level ratio."""
+    policy_loss: Literal["ppo", "gspo"] = "ppo"
+    """ppo: token-level clipped ratio; gspo: one clipped ratio per sequence (the geometric
+    mean of its token ratios), always against the behaviour logprobs."""
     loss_reduction: Literal["token_mean", "seq_mean_token_sum", "seq_mean_token_mean"] = (
         "token_mean"
     )
     """How per-token losses become the batch loss."""
+    ratio_anchor: Literal["behaviour", "proximal"] = "behaviour"
+    """ppo only: what the clipped ratio is taken against. `behaviour`: the logprobs vLLM
+    reported when sampling (PPO against the policy that acted). `proximal`: the trainer's
+    own recomputation with the current weights before the update (AReaL's proximal policy;
+    costs one extra forward)."""
+    importance_weight: Literal["none", "tis", "decoupled"] = "none"
+    """ppo only: what multiplies each token's clipped loss. `none`: 1. `tis`: truncated
+    importance sampling, `min(pi_prox / pi_behaviour, tis_cap)`, correcting the
+    trainer/engine mismatch and staleness. `decoupled`: AReaL's behaviour weight
+    `pi_prox / pi_behaviour`, tokens above `behaviour_weight_cap` getting weight 0. Both
+    need the proximal recomputation. AReaL's decoupled PPO is
+    `ratio_anchor = "proximal", importance_weight = "decoupled"`."""
     eps_low: float = pydantic.Field(default=0.2, gt=0, lt=1)
     """Lower clip: the ratio is clipped at 1 - eps_low."""
     eps_high: float = pydantic.Field(default=0.2, gt=0)
     """Upper clip: 1 + eps_high (DAPO's clip-higher uses 0.28)."""
     clip_ratio_c: float | None = pydantic.Field(default=None, gt=1)
     """Dual clip for negative advantages (3.0 in verl); None disables it."""
-    tis_cap: float | None = pydantic.Field(default=None, gt=0)
-    """Truncated importance sampling (ppo only): weight min(pi_trainer/pi_engine, cap), with
-    the trainer's logprobs recomputed before the update; None disables it."""
+    tis_cap: float = pydantic.Field(default=2.0, gt=0)
+    """Cap of the `tis` importance weight."""
     behaviour_weight_cap: float | None = pydantic.Field(default=None, gt=0)
-    """decoupled_ppo only: tokens whose pi_prox/pi_behaviour exceeds this get no loss."""
+    """`decoupled` importance weight: tokens whose pi_prox/pi_behaviour exceeds this get no
+    loss (None: no cap)."""
     kl_coef: float = pydantic.Field(default=0.0, ge=0)
     """Weight of KL(pi || reference) per token; 0 skips the reference model entirely."""
     kl_estimator: Literal["k1", "k2", "k3"] = "k3"
@@ -86,15 +90,22 @@ class AlgorithmConfig(StrictModel):
     entropy_coef: float = pydantic.Field(default=0.0, ge=0)
     """Weight of the entropy bonus per token."""
 
+    @property
+    def needs_proximal(self) -> bool:
+        """Whether the trainer must recompute logprobs with the current weights first."""
+        return self.ratio_anchor == "proximal" or self.importance_weight != "none"
+
     @pydantic.model_validator(mode="after")
     def _check(self) -> AlgorithmConfig:
-        if self.tis_cap is not None and self.policy_loss != "ppo":
+        if self.policy_loss == "gspo" and (
+            self.ratio_anchor != "behaviour" or self.importance_weight != "none"
+        ):
             raise ValueError(
-                f"tis_cap applies to policy_loss 'ppo' only (got {self.policy_loss!r}); "
-                "decoupled_ppo uses behaviour_weight_cap"
+                "gspo's ratio is against the behaviour logprobs with no importance weight: "
+                "leave ratio_anchor = 'behaviour' and importance_weight = 'none'"
             )
-        if self.behaviour_weight_cap is not None and self.policy_loss != "decoupled_ppo":
-            raise ValueError("behaviour_weight_cap applies to policy_loss 'decoupled_ppo' only")
+        if self.behaviour_weight_cap is not None and self.importance_weight != "decoupled":
+            raise ValueError("behaviour_weight_cap applies to importance_weight 'decoupled' only")
         if self.policy_loss == "gspo" and self.loss_reduction != "seq_mean_token_mean":
             raise ValueError(
                 "gspo's objective is a mean over sequences of sequence losses: set "
@@ -188,7 +199,9 @@ class LearnerConfig(StrictModel):
     def _check(self) -> LearnerConfig:
         if self.eval_interval is not None and self.eval_data is None:
             raise ValueError("eval_interval is set but eval_data is not")
-        if self.optim.total_steps is None and self.optim.schedule == "constant":
-            # The schedule's horizon is the run's unless it was set on its own.
-            self.optim = self.optim.model_copy(update={"total_steps": self.total_steps})
+        if self.optim.warmup_steps > self.total_steps:
+            raise ValueError(
+                f"optim.warmup_steps ({self.optim.warmup_steps}) exceeds total_steps "
+                f"({self.total_steps})"
+            )
         return self

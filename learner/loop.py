@@ -30,8 +30,6 @@ import json
 import logging
 import os
 import time
-import uuid
-from collections import Counter
 from pathlib import Path
 
 import nats.js.errors
@@ -43,8 +41,10 @@ from learner import dispatcher as dispatch
 from learner.batching import Group, samples_from_groups
 from learner.checkpoint import STATE_FILE, TrainingState, checkpoint_dir
 from learner.config import LearnerConfig
-from learner.data import load_dataset, task_key
+from learner.data import load_dataset
+from learner.evals import Evals
 from learner.intake import Intake
+from learner.ledger import Ledger
 from learner.ranks import RankCommands
 from learner.reporting import Reporter
 from learner.steps import decide_group, staleness_of
@@ -74,17 +74,8 @@ class Learner:
         self.resume_from = resume_from
         self.dispatch_path = Path(config.checkpoint.dir) / DISPATCH_FILE
         self.window_ids: list[str] = []  # taken since the last checkpoint
-        self.counts: Counter[str] = Counter()  # "trained", "dropped:<reason>"
-        self.num_released = 0  # training prompts released (written ahead)
-        self.num_dropped_groups = 0  # each earns a replacement prompt
-        self.num_taken_groups = 0  # trained + dropped
-        self.max_staleness_seen = 0
-        self.eval_results: dict[int, dict] = {}
-        self.eval_versions: dict[str, int] = {}  # eval group id -> version it evaluates
-        self.eval_pending: dict[int, list[Group]] = {}
+        self.ledger = Ledger()
         self.checkpointed_version = -1
-        # Eval task ids are unique per process: an eval lost in a crash runs again.
-        self.eval_run_id = f"{self.names.namespace}-{uuid.uuid4().hex[:8]}"
         self.started = time.monotonic()
 
     # ---- set-up ----------------------------------------------------------------------------
@@ -110,31 +101,17 @@ class Learner:
         covered: set[str] = set()
         if self.resume_from is not None:
             state = self.commands.load(self.resume_from)
-            cursor = state.dataset_cursor
-            self.num_released = cursor.get("num_released", 0)
-            self.num_dropped_groups = cursor.get("num_dropped_groups", 0)
-            self.num_taken_groups = cursor.get("num_taken_groups", 0)
-            self.counts.update(cursor.get("counts", {}))
-            self.max_staleness_seen = cursor.get("max_staleness_seen", 0)
-            self.eval_results = {int(v): r for v, r in cursor.get("eval_results", {}).items()}
+            self.ledger = Ledger.from_cursor(state.dataset_cursor)
             self.checkpointed_version = state.version
             covered = set(state.trained_ids)
             log.info("resumed from %s at version %d", self.resume_from, state.version)
         if self.config.checkpoint.resume and self.dispatch_path.is_file():
             released = json.loads(self.dispatch_path.read_text())["num_released"]
-            self.num_released = max(self.num_released, released)
+            self.ledger.num_released = max(self.ledger.num_released, released)
         return covered
 
     def _cursor(self) -> dict:
-        return {
-            "num_released": self.num_released,
-            "num_dropped_groups": self.num_dropped_groups,
-            "num_taken_groups": self.num_taken_groups,
-            "counts": dict(self.counts),
-            "max_staleness_seen": self.max_staleness_seen,
-            "eval_results": {str(v): r for v, r in self.eval_results.items()},
-            **self.reporter.position(),
-        }
+        return {**self.ledger.to_cursor(), **self.reporter.position()}
 
     # ---- the loop ----------------------------------------------------------------------------
 
@@ -150,13 +127,22 @@ class Learner:
             max_staleness=cfg.max_staleness,
             seed=cfg.seed,
         )
-        self.eval_rows = load_dataset(cfg.eval_data) if cfg.eval_data else []
+        self.evals = Evals(
+            load_dataset(cfg.eval_data) if cfg.eval_data else [],
+            interval=cfg.eval_interval,
+            samples_per_prompt=cfg.eval_samples_per_prompt,
+            run_id=self.names.namespace,
+            results=self.ledger.eval_results,
+            record=lambda version, groups, task_keys: self.reporter.record_eval(
+                version, groups, wall_s=time.monotonic() - self.started, task_keys=task_keys
+            ),
+        )
         self.version = self.commands.version
         await self._announce()
         self.intake = Intake(
             client.TrajectoryConsumer(self.js, self.names),
             covered_ids=covered,
-            on_eval_group=self._on_eval_group,
+            on_eval_group=self.evals.on_group,
         )
         self.intake_task = asyncio.create_task(self.intake.run())
         try:
@@ -169,7 +155,7 @@ class Learner:
                 if self.version % cfg.checkpoint.interval == 0 and self.version < cfg.total_steps:
                     await self._checkpoint()
             await self._maybe_eval(final=True)
-            await self._wait_for_evals()
+            await self.evals.wait(self.config.eval_timeout_s)
             await self._drain()
             await self._checkpoint()
             return await self._done()
@@ -182,16 +168,19 @@ class Learner:
         cfg = self.config
         count = dispatch.num_releasable(
             version=self.version,
-            num_released=self.num_released,
-            num_dropped_groups=self.num_dropped_groups,
+            num_released=self.ledger.num_released,
+            num_dropped_groups=self.ledger.num_dropped_groups,
             prompts_per_step=cfg.prompts_per_step,
             max_staleness=cfg.max_staleness,
             total_steps=cfg.total_steps,
         )
         if count == 0:
             return
-        first, self.num_released = self.num_released, self.num_released + count
-        _write_atomically(self.dispatch_path, json.dumps({"num_released": self.num_released}))
+        first = self.ledger.num_released
+        self.ledger.num_released += count
+        _write_atomically(
+            self.dispatch_path, json.dumps({"num_released": self.ledger.num_released})
+        )
         tasks = [self.stream.task(i, version=self.version) for i in range(first, first + count)]
         await client.publish_prompts(self.js, self.names, tasks)
 
@@ -210,17 +199,16 @@ class Learner:
             raise RuntimeError("the trajectory intake stopped")
         return None
 
-    def _take(self, group: Group, reason: str | None, ids: list[str]) -> None:
+    def _take(self, group: Group, reason: str | None) -> None:
         """Bookkeeping of one group leaving the queue (trained, or dropped with `reason`)."""
-        self.num_taken_groups += 1
-        self.window_ids.extend(t.trajectory_id for t in group.trajectories)
+        self.ledger.take_group(dropped_reason=reason)
+        self.window_ids.extend(group.trajectory_ids)
         if reason is not None:
-            self.num_dropped_groups += 1
-            self._count_drop(group.group_id, reason, ids)
+            self._count_drop(group.group_id, reason, group.trajectory_ids)
 
     def _count_drop(self, group_id: str, reason: str, ids: list[str]) -> None:
         if ids:
-            self.counts[f"dropped:{reason}"] += len(ids)
+            self.ledger.drop(reason, len(ids))
             self.reporter.record_drop(
                 version=self.version, group_id=group_id, reason=reason, trajectory_ids=ids
             )
@@ -234,8 +222,7 @@ class Learner:
             decision = decide_group(
                 group, version=self.version, max_staleness=self.config.max_staleness
             )
-            ids = [t.trajectory_id for t in group.trajectories]
-            self._take(group, decision.drop_reason, ids)
+            self._take(group, decision.drop_reason)
             if decision.drop_reason is not None:
                 log.info("dropped group %s: %s", group.group_id, decision.drop_reason)
                 await self._release()  # its replacement
@@ -253,7 +240,6 @@ class Learner:
             eps=cfg.algorithm.std_eps,
         )
         staleness = [staleness_of(g, step) for g in groups]
-        self.max_staleness_seen = max([self.max_staleness_seen, *staleness])
         started = time.monotonic()
         metrics = await asyncio.to_thread(self.commands.train, samples)
         train_s = time.monotonic() - started
@@ -267,13 +253,13 @@ class Learner:
                 metrics["grad_norm"],
             )
             for g in groups:
-                self.num_dropped_groups += 1
-                self._count_drop(g.group_id, "nonfinite", [t.trajectory_id for t in g.trajectories])
+                self.ledger.num_dropped_groups += 1  # replaced, as a dropped group is
+                self._count_drop(g.group_id, "nonfinite", g.trajectory_ids)
             self.reporter.record_skip(
                 {"kind": "skipped", "step": step, "version": self.version, **metrics}
             )
             return
-        self.counts["trained"] += len(samples)
+        self.ledger.train(len(samples), staleness)
         self.version = self.commands.version
         started = time.monotonic()
         weights = await asyncio.to_thread(self.commands.publish_weights, self.version)
@@ -288,27 +274,21 @@ class Learner:
             "reward_mean": sum(sum(g.rewards) for g in groups) / len(samples),
             "staleness": staleness,
             "staleness_max_batch": max(staleness),
-            "max_staleness_seen": self.max_staleness_seen,
+            "max_staleness_seen": self.ledger.max_staleness_seen,
             "tokens_per_s": num_tokens / max(train_s, 1e-9),
             "num_tokens": num_tokens,
             "wait_data_s": waited_s,
             "train_s": train_s,
             "broadcast_s": broadcast_s,
             "broadcast_receivers": weights.get("num_receivers", 0),
-            "released": self.num_released,
-            "trained": self.counts["trained"],
-            "dropped": self._num_dropped(),
-            "dropped_by_reason": self._dropped_by_reason(),
+            "released": self.ledger.num_released,
+            "trained": self.ledger.num_trained,
+            "dropped": self.ledger.num_dropped,
+            "dropped_by_reason": dict(self.ledger.dropped),
             "held_unacked": self.intake.num_held,
             **{f"train/{k}": v for k, v in metrics.items()},
         }
         self.reporter.record_train(record, step=step, groups=groups)
-
-    def _num_dropped(self) -> int:
-        return sum(self._dropped_by_reason().values())
-
-    def _dropped_by_reason(self) -> dict[str, int]:
-        return {k.split(":", 1)[1]: n for k, n in self.counts.items() if k.startswith("dropped:")}
 
     async def _announce(self) -> None:
         snapshot = self.commands.snapshot
@@ -343,16 +323,16 @@ class Learner:
     async def _drain(self) -> None:
         """Wait (bounded) for every released group; count each as dropped `unused`."""
         deadline = time.monotonic() + self.config.drain_timeout_s
-        while self.num_taken_groups < self.num_released:
+        while self.ledger.num_outstanding_groups > 0:
             group = await self._next_group(timeout_s=max(0.0, deadline - time.monotonic()))
             if group is None:
                 log.warning(
                     "%d released groups did not arrive within %.0fs",
-                    self.num_released - self.num_taken_groups,
+                    self.ledger.num_outstanding_groups,
                     self.config.drain_timeout_s,
                 )
                 return
-            self._take(group, "unused", [t.trajectory_id for t in group.trajectories])
+            self._take(group, "unused")
 
     async def _done(self) -> dict:
         info = await self.js.stream_info(self.names.trajectories_stream)
@@ -360,63 +340,25 @@ class Learner:
             "kind": "done",
             "wall_s": time.monotonic() - self.started,
             "version": self.version,
-            "released_groups": self.num_released,
-            "taken_groups": self.num_taken_groups,
-            "outstanding_groups": self.num_released - self.num_taken_groups,
-            "trained": self.counts["trained"],
-            "dropped": self._num_dropped(),
-            "dropped_by_reason": self._dropped_by_reason(),
-            "max_staleness_seen": self.max_staleness_seen,
+            "released_groups": self.ledger.num_released,
+            "taken_groups": self.ledger.num_taken_groups,
+            "outstanding_groups": self.ledger.num_outstanding_groups,
+            "trained": self.ledger.num_trained,
+            "dropped": self.ledger.num_dropped,
+            "dropped_by_reason": dict(self.ledger.dropped),
+            "max_staleness_seen": self.ledger.max_staleness_seen,
             "invalid": self.intake.num_invalid,
             "redelivered": self.intake.num_redelivered,
             "stream_messages_stored": info.state.last_seq,
-            "eval_pass_at_1": {str(v): r["pass_at_1"] for v, r in self.eval_results.items()},
+            "eval_pass_at_1": {str(v): r["pass_at_1"] for v, r in self.ledger.eval_results.items()},
         }
         self.reporter.record_done(summary)
         return summary
 
-    # ---- eval ------------------------------------------------------------------------------
-
     async def _maybe_eval(self, *, final: bool = False) -> None:
-        cfg, version = self.config, self.version
-        if cfg.eval_interval is None or not self.eval_rows:
-            return
-        due = final or version % cfg.eval_interval == 0
-        if not due or version in self.eval_results or version in self.eval_pending:
-            return
-        tasks = dispatch.eval_tasks(
-            self.eval_rows,
-            run_id=self.eval_run_id,
-            version=version,
-            samples_per_prompt=cfg.eval_samples_per_prompt,
-        )
-        self.eval_versions.update({t.task_id: version for t in tasks})
-        self.eval_pending[version] = []
-        await client.publish_prompts(self.js, self.names, tasks)
-
-    def _on_eval_group(self, group: Group) -> None:
-        version = self.eval_versions.pop(group.group_id, None)
-        if version is None:
-            return  # an eval released by an earlier learner process
-        groups = self.eval_pending[version]
-        groups.append(group)
-        if len(groups) < len(self.eval_rows):
-            return
-        del self.eval_pending[version]
-        task_keys = {
-            f"{self.eval_run_id}-eval{version}-{i}": task_key(row)
-            for i, row in enumerate(self.eval_rows)
-        }
-        self.eval_results[version] = self.reporter.record_eval(
-            version, groups, wall_s=time.monotonic() - self.started, task_keys=task_keys
-        )
-
-    async def _wait_for_evals(self) -> None:
-        deadline = time.monotonic() + self.config.eval_timeout_s
-        while self.eval_pending and time.monotonic() < deadline:
-            await asyncio.sleep(0.1)
-        if self.eval_pending:
-            log.warning("evals at versions %s did not finish", sorted(self.eval_pending))
+        tasks = self.evals.due(self.version, final=final)
+        if tasks:
+            await client.publish_prompts(self.js, self.names, tasks)
 
 
 def _write_atomically(path: Path, text: str) -> None:

@@ -5,22 +5,25 @@ Every function works on flat token tensors (`[N]`, padding-free packing): curren
 broadcast on its tokens, the loss mask and `seq_ids` (sequence index of each token). They
 return per-token losses; `reductions.py` turns those into a scalar.
 
-Which probability the ratio is taken against (`anchor`), and what multiplies the loss:
+Two explicit choices shape `ppo` (the config's `algorithm` section names them):
 
-- `ppo`: PPO-clip of `pi_theta / pi_behaviour`, with asymmetric clip-higher bounds
-  `[1 - eps_low, 1 + eps_high]` and optional dual clip (`clip_ratio_c`: for A < 0 the loss
-  is capped at `-A * c`). With `tis_cap = C` it becomes truncated importance sampling: the
-  ratio is taken against the trainer's own recomputation `pi_prox` (logprobs of the
-  current weights before the update, no grad) and the loss is weighted by
-  `min(pi_prox / pi_behaviour, C)`, which corrects the trainer/engine mismatch (and, when
-  `max_staleness > 0`, the staleness too: the trainer cannot recompute an older version).
-- `decoupled_ppo` (AReaL): ratio against `pi_prox`, clipped; loss weighted by the
-  behaviour importance weight `pi_prox / pi_behaviour`; tokens whose weight exceeds
-  `behaviour_weight_cap` get weight 0 (AReaL masks them rather than truncating).
-- `gspo`: one ratio per sequence, the geometric mean of its token ratios
-  `exp(mean_t(log pi_theta - log pi_behaviour))`, clipped; written on every token of the
-  sequence with the gradient of each token's logprob (GSPO's token form), so
-  `seq_mean_token_mean` gives exactly GSPO's sequence objective.
+- `ratio_anchor`: the clipped ratio is `pi_theta / pi_anchor`, the anchor being the
+  behaviour logprobs vLLM reported (`behaviour`) or the trainer's own recomputation with
+  the current weights before the update, no grad (`proximal`, AReaL's proximal policy).
+  Clipping uses asymmetric clip-higher bounds `[1 - eps_low, 1 + eps_high]` and an optional
+  dual clip (`clip_ratio_c`: for A < 0 the loss is capped at `-A * c`).
+- `importance_weight`: what multiplies each token's clipped loss: nothing (`none`);
+  truncated importance sampling `min(pi_prox / pi_behaviour, tis_cap)` (`tis`), which
+  corrects the trainer/engine mismatch and, when `max_staleness > 0`, the staleness too
+  (the trainer cannot recompute an older version); or AReaL's behaviour weight
+  `pi_prox / pi_behaviour` with tokens above `behaviour_weight_cap` masked to 0
+  (`decoupled`; AReaL masks rather than truncates). AReaL's decoupled PPO is
+  `proximal` + `decoupled`.
+
+`gspo` takes one ratio per sequence, the geometric mean of its token ratios
+`exp(mean_t(log pi_theta - log pi_behaviour))`, clipped; written on every token of the
+sequence with the gradient of each token's logprob (GSPO's token form), so
+`seq_mean_token_mean` gives exactly GSPO's sequence objective.
 
 Optional terms: `kl_coef * KL(pi_theta || pi_ref)` per token (estimators k1, k2, k3 of
 Schulman's note) and `- entropy_coef * H` per token.
@@ -32,39 +35,10 @@ from dataclasses import dataclass
 
 import torch
 
-POLICY_LOSSES = ("ppo", "decoupled_ppo", "gspo")
+from learner.config import AlgorithmConfig
+
 KL_ESTIMATORS = ("k1", "k2", "k3")
 MAX_LOG_RATIO = 20.0  # exp(20) ~ 5e8: keeps a wild ratio finite without changing any sane one
-
-
-@dataclass(frozen=True)
-class PolicyLossSpec:
-    """The loss settings (a torch-free mirror of the config's `algorithm` section)."""
-
-    policy_loss: str = "ppo"
-    eps_low: float = 0.2
-    eps_high: float = 0.2
-    clip_ratio_c: float | None = None
-    tis_cap: float | None = None
-    behaviour_weight_cap: float | None = None
-    kl_coef: float = 0.0
-    kl_estimator: str = "k3"
-    entropy_coef: float = 0.0
-
-    def __post_init__(self) -> None:
-        if self.policy_loss not in POLICY_LOSSES:
-            raise ValueError(f"unknown policy loss {self.policy_loss!r}; one of {POLICY_LOSSES}")
-        if self.kl_estimator not in KL_ESTIMATORS:
-            raise ValueError(f"unknown KL estimator {self.kl_estimator!r}; one of {KL_ESTIMATORS}")
-        if self.clip_ratio_c is not None and self.clip_ratio_c <= 1.0:
-            raise ValueError(f"clip_ratio_c must be > 1 (dual clip), got {self.clip_ratio_c}")
-
-    @property
-    def needs_proximal(self) -> bool:
-        """Whether the trainer must recompute logprobs with the current weights first."""
-        return self.policy_loss == "decoupled_ppo" or (
-            self.policy_loss == "ppo" and self.tis_cap is not None
-        )
 
 
 @dataclass
@@ -193,11 +167,11 @@ def kl_estimate(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: s
     raise ValueError(f"unknown KL estimator {estimator!r}; one of {KL_ESTIMATORS}")
 
 
-def policy_loss(inputs: LossInputs, spec: PolicyLossSpec) -> LossTerms:
-    """Per-token loss of one micro-batch under `spec` (zero off the loss mask)."""
+def policy_loss(inputs: LossInputs, algorithm: AlgorithmConfig) -> LossTerms:
+    """Per-token loss of one micro-batch (zero off the loss mask)."""
     mask = inputs.loss_mask.to(torch.bool)
     ones = torch.ones_like(inputs.logprobs).detach()
-    if spec.policy_loss == "gspo":
+    if algorithm.policy_loss == "gspo":
         pg_loss, ratio, clipped = gspo_clip(
             inputs.logprobs,
             inputs.behaviour_logprobs,
@@ -205,43 +179,42 @@ def policy_loss(inputs: LossInputs, spec: PolicyLossSpec) -> LossTerms:
             inputs.loss_mask,
             inputs.seq_ids,
             inputs.num_seqs,
-            eps_low=spec.eps_low,
-            eps_high=spec.eps_high,
+            eps_low=algorithm.eps_low,
+            eps_high=algorithm.eps_high,
         )
         weight = ones
     else:
-        if spec.needs_proximal:
-            if inputs.proximal_logprobs is None:
-                raise ValueError(f"{spec.policy_loss} with these settings needs proximal_logprobs")
-            anchor = inputs.proximal_logprobs.detach()
-            if spec.tis_cap is not None:
-                weight = truncated_is_weight(anchor, inputs.behaviour_logprobs, spec.tis_cap)
-            else:
-                weight = decoupled_behaviour_weight(
-                    anchor, inputs.behaviour_logprobs, spec.behaviour_weight_cap
-                )
-        else:
-            anchor, weight = inputs.behaviour_logprobs, ones
+        if algorithm.needs_proximal and inputs.proximal_logprobs is None:
+            raise ValueError("ratio_anchor/importance_weight need proximal_logprobs")
+        proximal = None if inputs.proximal_logprobs is None else inputs.proximal_logprobs.detach()
+        anchor = proximal if algorithm.ratio_anchor == "proximal" else inputs.behaviour_logprobs
+        weight = ones
+        if algorithm.importance_weight == "tis":
+            weight = truncated_is_weight(proximal, inputs.behaviour_logprobs, algorithm.tis_cap)
+        elif algorithm.importance_weight == "decoupled":
+            weight = decoupled_behaviour_weight(
+                proximal, inputs.behaviour_logprobs, algorithm.behaviour_weight_cap
+            )
         pg_loss, ratio, clipped = ppo_clip(
             inputs.logprobs - anchor,
             inputs.advantages,
-            eps_low=spec.eps_low,
-            eps_high=spec.eps_high,
-            clip_ratio_c=spec.clip_ratio_c,
+            eps_low=algorithm.eps_low,
+            eps_high=algorithm.eps_high,
+            clip_ratio_c=algorithm.clip_ratio_c,
         )
         pg_loss = pg_loss * weight
     loss = pg_loss
     kl = None
-    if spec.kl_coef > 0:
+    if algorithm.kl_coef > 0:
         if inputs.ref_logprobs is None:
             raise ValueError("kl_coef > 0 needs ref_logprobs")
-        kl = kl_estimate(inputs.logprobs, inputs.ref_logprobs, spec.kl_estimator)
-        loss = loss + spec.kl_coef * kl
+        kl = kl_estimate(inputs.logprobs, inputs.ref_logprobs, algorithm.kl_estimator)
+        loss = loss + algorithm.kl_coef * kl
         kl = kl.detach()
-    if spec.entropy_coef > 0:
+    if algorithm.entropy_coef > 0:
         if inputs.entropy is None:
             raise ValueError("entropy_coef > 0 needs the per-token entropy")
-        loss = loss - spec.entropy_coef * inputs.entropy
+        loss = loss - algorithm.entropy_coef * inputs.entropy
     # where(), not multiply: a NaN outside the mask (e.g. garbage at a sequence boundary)
     # must not leak into the sum.
     loss = torch.where(mask, loss, torch.zeros_like(loss))

@@ -21,7 +21,6 @@ import json
 import os
 from pathlib import Path
 
-from broker.codec import token_arrays
 from learner import prom
 from learner.batching import Group
 from learner.config import LearnerConfig
@@ -99,7 +98,7 @@ class Reporter:
 
     def record_train(self, record: dict, *, step: int, groups: list[Group]) -> None:
         record.update(rollout_metrics(groups, prefix="rollout/"))
-        ids = [t.trajectory_id for g in groups for t in g.trajectories]
+        ids = [i for g in groups for i in g.trajectory_ids]
         self.trained.write({"step": step, "version": record["version"], "trajectory_ids": ids})
         self._log(record)
         prom.record_step(record)
@@ -124,7 +123,7 @@ class Reporter:
         self, version: int, groups: list[Group], *, wall_s: float, task_keys: dict[str, str]
     ) -> dict:
         metrics = rollout_metrics(groups)
-        oldest = oldest_version(token_arrays(t).versions for g in groups for t in g.trajectories)
+        oldest = oldest_version(arrays.versions for g in groups for arrays in g.tokens)
         record = {
             "kind": "eval",
             "version": version,

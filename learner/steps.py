@@ -17,7 +17,6 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from broker.codec import token_arrays
 from learner.batching import Group
 from learner.staleness import is_too_stale, oldest_version
 
@@ -50,7 +49,11 @@ def decide_group(group: Group, *, version: int, max_staleness: int) -> GroupDeci
     valid = [t for t in group.trajectories if not is_error_episode(t.stop_reason)]
     if len(valid) < 2:
         return GroupDecision(None, "errors")
-    versions = [token_arrays(t).versions for t in valid]
+    versions = [
+        arrays.versions
+        for t, arrays in zip(group.trajectories, group.tokens, strict=True)
+        if not is_error_episode(t.stop_reason)
+    ]
     newest = newest_version(versions)
     if newest is not None and newest > version:
         return GroupDecision(None, "future")
@@ -62,5 +65,5 @@ def decide_group(group: Group, *, version: int, max_staleness: int) -> GroupDeci
 
 def staleness_of(group: Group, version: int) -> int:
     """Versions between the group's oldest policy token and `version` (0 if it has none)."""
-    oldest = oldest_version(token_arrays(t).versions for t in group.trajectories)
+    oldest = oldest_version(arrays.versions for arrays in group.tokens)
     return 0 if oldest is None else version - oldest

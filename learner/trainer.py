@@ -35,13 +35,7 @@ from learner.batching import MicroBatch, Sample, collate, plan_micro_batches
 from learner.checkpoint import TrainingState, load_checkpoint, save_checkpoint
 from learner.config import LearnerConfig
 from learner.health import health_metrics, health_sums, is_degenerate
-from learner.losses import (
-    LossInputs,
-    PolicyLossSpec,
-    entropy_from_logits,
-    policy_loss,
-    token_logprobs,
-)
+from learner.losses import LossInputs, entropy_from_logits, policy_loss, token_logprobs
 from learner.reductions import token_weights
 from learner.schedule import lr_multiplier
 from weights.fsdp import full_parameters
@@ -53,21 +47,6 @@ class TooManySkippedSteps(RuntimeError):
     def __init__(self, message: str, metrics: dict[str, float]):
         super().__init__(message)
         self.metrics = metrics
-
-
-def loss_spec(config: LearnerConfig) -> PolicyLossSpec:
-    a = config.algorithm
-    return PolicyLossSpec(
-        policy_loss=a.policy_loss,
-        eps_low=a.eps_low,
-        eps_high=a.eps_high,
-        clip_ratio_c=a.clip_ratio_c,
-        tis_cap=a.tis_cap,
-        behaviour_weight_cap=a.behaviour_weight_cap,
-        kl_coef=a.kl_coef,
-        kl_estimator=a.kl_estimator,
-        entropy_coef=a.entropy_coef,
-    )
 
 
 def load_model(path: str, *, device: torch.device | None = None) -> torch.nn.Module:
@@ -128,7 +107,7 @@ class Trainer:
         device: torch.device | None = None,
     ):
         self.config = config
-        self.spec = loss_spec(config)
+        self.algorithm = config.algorithm
         self.device = device or default_device()
         self.distributed = dist.is_initialized()
         self.world_size = dist.get_world_size() if self.distributed else 1
@@ -139,7 +118,7 @@ class Trainer:
         self.consecutive_skips = 0
 
         model = model.to(self.device, dtype=torch.float32)
-        if self.spec.kl_coef > 0:
+        if self.algorithm.kl_coef > 0:
             ref_model = copy.deepcopy(model) if ref_model is None else ref_model
             ref_model = ref_model.to(self.device, dtype=torch.float32).requires_grad_(False)
             ref_model.eval()
@@ -167,7 +146,7 @@ class Trainer:
                 lr_multiplier,
                 warmup_steps=o.warmup_steps,
                 schedule=o.schedule,
-                total_steps=o.total_steps,
+                total_steps=config.total_steps,
                 min_lr_ratio=o.min_lr_ratio,
             ),
         )
@@ -217,31 +196,61 @@ class Trainer:
         if not samples:
             raise ValueError("train_step needs at least one sample")
         start = time.perf_counter()
-        lengths = [s.num_tokens for s in samples]
         plan = plan_micro_batches(
-            lengths, num_ranks=self.world_size, token_budget=self.config.micro_batch_tokens
+            [s.num_tokens for s in samples],
+            num_ranks=self.world_size,
+            token_budget=self.config.micro_batch_tokens,
         )
         micro_batches = [collate([samples[i] for i in mb]) for mb in plan[self.rank]]
-        loss_tokens = [int(s.loss_mask.sum()) for s in samples]
-        total_tokens = sum(loss_tokens)
-        total_seqs = sum(1 for n in loss_tokens if n > 0)
-
         proximal = [None] * len(micro_batches)
-        if self.spec.needs_proximal:
+        if self.algorithm.needs_proximal:
             proximal = self.compute_logprobs(micro_batches)
         reference = [None] * len(micro_batches)
         if self.ref_model is not None:
             reference = self.compute_logprobs(micro_batches, reference=True)
         recompute_seconds = time.perf_counter() - start
 
-        reduction = self.config.algorithm.loss_reduction
-        loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
+        loss_value, sums, extremes = self._accumulate(micro_batches, proximal, reference, samples)
+        grad_norm = self._grad_norm()
+        lr = self.scheduler.get_last_lr()[0]
+        finite = self._apply_update(loss_value, grad_norm)
+        metrics = self._step_metrics(
+            samples,
+            loss=loss_value,
+            grad_norm=grad_norm,
+            lr=lr,
+            finite=finite,
+            health=health_metrics(sums.cpu(), extremes.cpu()),
+            num_micro_batches=len(micro_batches),
+            seconds=time.perf_counter() - start,
+            recompute_seconds=recompute_seconds,
+        )
+        if self.consecutive_skips >= self.config.nan_skip_limit:
+            raise TooManySkippedSteps(
+                f"{self.consecutive_skips} consecutive steps had a non-finite loss ({loss_value})"
+                f" or gradient norm ({grad_norm}); stopping",
+                metrics,
+            )
+        return metrics
+
+    def _accumulate(
+        self,
+        micro_batches: list[MicroBatch],
+        proximal: list[torch.Tensor | None],
+        reference: list[torch.Tensor | None],
+        samples: list[Sample],
+    ) -> tuple[float, torch.Tensor, torch.Tensor]:
+        """Forward and backward every micro-batch, gradients summed into `.grad`. Returns
+        the batch loss and the health sums and extremes (all-reduced over ranks)."""
+        loss_tokens = [int(s.loss_mask.sum()) for s in samples]
+        total_tokens = sum(loss_tokens)
+        total_seqs = sum(1 for n in loss_tokens if n > 0)
+        entropy_mode = "grad" if self.algorithm.entropy_coef > 0 else "detached"
+        dev = self.device
+        loss_sum = torch.zeros((), dtype=torch.float64, device=dev)
         sums_total, extremes_total = None, None
         for mb, prox, ref in zip(micro_batches, proximal, reference, strict=True):
-            logprobs, entropy = self._logprobs(
-                self.model, mb, entropy="grad" if self.spec.entropy_coef > 0 else "detached"
-            )
-            dev = self.device
+            logprobs, entropy = self._logprobs(self.model, mb, entropy=entropy_mode)
             inputs = LossInputs(
                 logprobs=logprobs,
                 behaviour_logprobs=mb.behaviour_logprobs.to(dev),
@@ -253,12 +262,12 @@ class Trainer:
                 ref_logprobs=ref,
                 entropy=entropy,
             )
-            terms = policy_loss(inputs, self.spec)
+            terms = policy_loss(inputs, self.algorithm)
             weights = token_weights(
                 inputs.loss_mask,
                 inputs.seq_ids,
                 mb.num_seqs,
-                reduction,
+                self.algorithm.loss_reduction,
                 total_tokens=total_tokens,
                 total_seqs=total_seqs,
             )
@@ -281,14 +290,15 @@ class Trainer:
             extremes_total = (
                 extremes if extremes_total is None else torch.maximum(extremes_total, extremes)
             )
-
         if self.distributed:
             dist.all_reduce(loss_sum)
             dist.all_reduce(sums_total)
             dist.all_reduce(extremes_total, op=dist.ReduceOp.MAX)
-        loss_value = float(loss_sum)
-        grad_norm = self._grad_norm()
-        lr = self.scheduler.get_last_lr()[0]
+        return float(loss_sum), sums_total, extremes_total
+
+    def _apply_update(self, loss_value: float, grad_norm: float) -> bool:
+        """Clip, AdamW step, lr schedule and version += 1 when loss and gradient are finite;
+        otherwise skip (count it). Gradients are cleared either way. Returns finiteness."""
         finite = math.isfinite(loss_value) and math.isfinite(grad_norm)
         if finite:
             if self.config.optim.grad_clip is not None:
@@ -304,15 +314,34 @@ class Trainer:
             self.consecutive_skips += 1
         self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
+        return finite
 
-        seconds = time.perf_counter() - start
-        health = health_metrics(sums_total.cpu(), extremes_total.cpu())
+    def _step_metrics(
+        self,
+        samples: list[Sample],
+        *,
+        loss: float,
+        grad_norm: float,
+        lr: float,
+        finite: bool,
+        health: dict[str, float],
+        num_micro_batches: int,
+        seconds: float,
+        recompute_seconds: float,
+    ) -> dict[str, float]:
+        num_tokens = sum(s.num_tokens for s in samples)
         oldest = min(
             (int(s.versions[s.loss_mask.astype(bool)].min()) for s in samples if s.loss_mask.any()),
             default=-1,
         )
-        metrics = {
-            "loss": loss_value,
+        degenerate = is_degenerate(
+            ratio_std=health.get("ratio_std", 1.0),
+            num_tokens=health["num_loss_tokens"],
+            oldest_version=oldest,
+            current_version=self.version - int(finite),
+        )
+        return {
+            "loss": loss,
             "grad_norm": grad_norm,
             "lr": lr,
             "version": float(self.version),
@@ -320,28 +349,14 @@ class Trainer:
             "skipped": float(not finite),
             "consecutive_skips": float(self.consecutive_skips),
             "num_sequences": float(len(samples)),
-            "num_tokens": float(sum(lengths)),
-            "num_micro_batches": float(len(micro_batches)),
+            "num_tokens": float(num_tokens),
+            "num_micro_batches": float(num_micro_batches),
             "step_seconds": seconds,
             "recompute_seconds": recompute_seconds,
-            "tokens_per_second": sum(lengths) / seconds if seconds > 0 else 0.0,
-            "degenerate_ratio": float(
-                is_degenerate(
-                    ratio_std=health.get("ratio_std", 1.0),
-                    num_tokens=health["num_loss_tokens"],
-                    oldest_version=oldest,
-                    current_version=self.version - int(finite),
-                )
-            ),
+            "tokens_per_second": num_tokens / seconds if seconds > 0 else 0.0,
+            "degenerate_ratio": float(degenerate),
             **health,
         }
-        if self.consecutive_skips >= self.config.nan_skip_limit:
-            raise TooManySkippedSteps(
-                f"{self.consecutive_skips} consecutive steps had a non-finite loss ({loss_value})"
-                f" or gradient norm ({grad_norm}); stopping",
-                metrics,
-            )
-        return metrics
 
     def _grad_norm(self) -> float:
         """Global L2 norm of all gradients (every rank gets the same number)."""

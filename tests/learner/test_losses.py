@@ -5,7 +5,6 @@ import torch
 
 from learner.losses import (
     LossInputs,
-    PolicyLossSpec,
     decoupled_behaviour_weight,
     entropy_from_logits,
     gspo_clip,
@@ -15,6 +14,7 @@ from learner.losses import (
     token_logprobs,
     truncated_is_weight,
 )
+from learner.config import AlgorithmConfig
 from learner.reductions import reduce_loss
 
 RATIOS = [0.5, 0.9, 1.0, 1.1, 1.5]
@@ -38,7 +38,7 @@ def test_ratio_one_is_the_plain_policy_gradient():
     inputs = _inputs(
         logprobs=logprobs, behaviour_logprobs=logprobs.detach().clone(), advantages=advantages
     )
-    terms = policy_loss(inputs, PolicyLossSpec(eps_low=0.2, eps_high=0.28))
+    terms = policy_loss(inputs, AlgorithmConfig(eps_low=0.2, eps_high=0.28))
     assert terms.loss.tolist() == [-2.0, -2.0, 1.0, -0.5]
     loss = reduce_loss(terms.loss, inputs.loss_mask, inputs.seq_ids, 1, "token_mean")
     assert loss.item() == pytest.approx(-(2 + 2 - 1 + 0.5) / 4)
@@ -118,8 +118,8 @@ def test_truncated_and_decoupled_weights_by_hand():
 
 
 def test_tis_ratio_is_against_the_trainer_and_weighted():
-    """ppo + tis_cap 2: ratio pi/pi_prox = 1.5 (not clipped with eps_high .6), weight
-    min(pi_prox/pi_behaviour = 3, 2) = 2: loss = -A * 1.5 * 2."""
+    """ppo, proximal anchor, tis weight capped at 2: ratio pi/pi_prox = 1.5 (not clipped
+    with eps_high .6), weight min(pi_prox/pi_behaviour = 3, 2) = 2: loss = -A * 1.5 * 2."""
     prox = torch.log(torch.tensor([0.2]))
     inputs = _inputs(
         logprobs=torch.log(torch.tensor([0.3])),
@@ -127,7 +127,9 @@ def test_tis_ratio_is_against_the_trainer_and_weighted():
         proximal_logprobs=prox,
         advantages=torch.tensor([1.0]),
     )
-    spec = PolicyLossSpec(eps_low=0.2, eps_high=0.6, tis_cap=2.0)
+    spec = AlgorithmConfig(
+        eps_low=0.2, eps_high=0.6, ratio_anchor="proximal", importance_weight="tis", tis_cap=2.0
+    )
     terms = policy_loss(inputs, spec)
     assert terms.loss.item() == pytest.approx(-3.0)
     assert terms.importance_weight.item() == pytest.approx(2.0)
@@ -143,12 +145,32 @@ def test_decoupled_ppo_clips_against_proximal_and_masks_large_weights():
         behaviour_logprobs=torch.log(torch.tensor([0.4, 0.05])),
         advantages=torch.tensor([1.0, 1.0]),
     )
-    spec = PolicyLossSpec(policy_loss="decoupled_ppo", behaviour_weight_cap=3.0)
+    spec = AlgorithmConfig(
+        ratio_anchor="proximal", importance_weight="decoupled", behaviour_weight_cap=3.0
+    )
     terms = policy_loss(inputs, spec)
     torch.testing.assert_close(terms.loss, torch.tensor([-0.6, 0.0]))
     assert terms.clipped.tolist() == [True, False]
     with pytest.raises(ValueError, match="proximal_logprobs"):
         policy_loss(_inputs(logprobs=torch.zeros(1), advantages=torch.ones(1)), spec)
+
+
+def test_anchor_and_weight_are_independent_choices():
+    """Ratio against the behaviour logprobs (r = .3 / .1 = 3, clipped at 1.2) with the TIS
+    weight min(pi_prox / pi_behaviour = 2, cap 5) = 2: loss = -A * 1.2 * 2. Proximal anchor
+    without a weight: r = .3 / .2 = 1.5 -> clipped at 1.2, weight 1: loss -1.2."""
+    inputs = _inputs(
+        logprobs=torch.log(torch.tensor([0.3])),
+        behaviour_logprobs=torch.log(torch.tensor([0.1])),
+        proximal_logprobs=torch.log(torch.tensor([0.2])),
+        advantages=torch.tensor([1.0]),
+    )
+    weighted = AlgorithmConfig(importance_weight="tis", tis_cap=5.0)
+    assert policy_loss(inputs, weighted).loss.item() == pytest.approx(-2.4)
+    anchored = AlgorithmConfig(ratio_anchor="proximal")
+    assert policy_loss(inputs, anchored).loss.item() == pytest.approx(-1.2)
+    assert weighted.needs_proximal and anchored.needs_proximal
+    assert not AlgorithmConfig().needs_proximal
 
 
 def test_gspo_by_hand():
@@ -224,7 +246,7 @@ def test_kl_and_entropy_terms_add_to_the_loss():
         ref_logprobs=torch.log(torch.tensor([0.25])),
         entropy=torch.tensor([2.0]),
     )
-    spec = PolicyLossSpec(kl_coef=0.1, entropy_coef=0.01)
+    spec = AlgorithmConfig(kl_coef=0.1, entropy_coef=0.01)
     terms = policy_loss(inputs, spec)
     assert terms.loss.item() == pytest.approx(0.1 * (0.5 - 1 + math.log(2)) - 0.02, abs=1e-7)
 
@@ -235,7 +257,7 @@ def test_masked_tokens_have_zero_loss_even_when_nan():
         advantages=torch.tensor([1.0, 1.0]),
         loss_mask=torch.tensor([False, True]),
     )
-    terms = policy_loss(inputs, PolicyLossSpec())
+    terms = policy_loss(inputs, AlgorithmConfig())
     assert terms.loss[0].item() == 0.0 and terms.loss[1].item() == pytest.approx(-math.exp(-1.0))
 
 
@@ -246,10 +268,9 @@ def test_token_logprobs_and_entropy_by_hand():
     assert entropy_from_logits(logits).item() == pytest.approx(expected_entropy)
 
 
-def test_spec_rejects_bad_settings():
-    with pytest.raises(ValueError, match="clip_ratio_c must be > 1"):
-        PolicyLossSpec(clip_ratio_c=1.0)
-    with pytest.raises(ValueError, match="unknown policy loss"):
-        PolicyLossSpec(policy_loss="reinforce")
-    assert PolicyLossSpec(tis_cap=2.0).needs_proximal
-    assert not PolicyLossSpec().needs_proximal
+def test_algorithm_rejects_bad_settings():
+    with pytest.raises(ValueError, match="greater than 1"):
+        AlgorithmConfig(clip_ratio_c=1.0)
+    with pytest.raises(ValueError, match="policy_loss"):
+        AlgorithmConfig(policy_loss="reinforce")
+    assert AlgorithmConfig(importance_weight="decoupled").needs_proximal

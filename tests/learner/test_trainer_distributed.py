@@ -31,7 +31,8 @@ CONFIG = learner_config(
     gradient_checkpointing=True,
     optim={"warmup_steps": 2, "eps": 1e-4},  # eps: see LINEAR_ADAM in test_trainer.py
     algorithm={
-        "tis_cap": 2.0,
+        "ratio_anchor": "proximal",
+        "importance_weight": "tis",
         "kl_coef": 0.05,
         "entropy_coef": 0.01,
         "clip_ratio_c": 3.0,

@@ -1,0 +1,78 @@
+"""The learner's books: every training prompt released and every trajectory taken off the
+queue, counted exactly once. The ledger is also the checkpoint cursor: what a resumed run
+must know to continue the count (`to_cursor` / `from_cursor`).
+
+    released prompts = taken groups + groups still outstanding
+    taken trajectories = trained + dropped (by reason)
+
+A dropped group earns a replacement prompt (`num_dropped_groups`), so the dispatcher's
+admission arithmetic (learner/dispatcher.py) can keep the learner fed.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class Ledger:
+    num_released: int = 0
+    """Training prompts released (written ahead of their release, so never undercounted)."""
+    num_taken_groups: int = 0
+    """Groups taken off the queue: trained or dropped."""
+    num_dropped_groups: int = 0
+    """Groups dropped whole; each earns a replacement prompt."""
+    num_trained: int = 0
+    """Trajectories trained on."""
+    dropped: Counter[str] = field(default_factory=Counter)
+    """Trajectories dropped, by reason (stale, future, errors, nonfinite, unused)."""
+    max_staleness_seen: int = 0
+    """Largest staleness of a trained group (versions between its oldest token and the step)."""
+    eval_results: dict[int, dict[str, Any]] = field(default_factory=dict)
+    """The eval record of every version evaluated."""
+
+    def take_group(self, *, dropped_reason: str | None) -> None:
+        """One group left the queue; `dropped_reason` None means it is (about to be) trained."""
+        self.num_taken_groups += 1
+        if dropped_reason is not None:
+            self.num_dropped_groups += 1
+
+    def drop(self, reason: str, num_trajectories: int) -> None:
+        self.dropped[reason] += num_trajectories
+
+    def train(self, num_trajectories: int, staleness: list[int]) -> None:
+        self.num_trained += num_trajectories
+        self.max_staleness_seen = max([self.max_staleness_seen, *staleness])
+
+    @property
+    def num_dropped(self) -> int:
+        return sum(self.dropped.values())
+
+    @property
+    def num_outstanding_groups(self) -> int:
+        return self.num_released - self.num_taken_groups
+
+    def to_cursor(self) -> dict[str, Any]:
+        return {
+            "num_released": self.num_released,
+            "num_taken_groups": self.num_taken_groups,
+            "num_dropped_groups": self.num_dropped_groups,
+            "num_trained": self.num_trained,
+            "dropped": dict(self.dropped),
+            "max_staleness_seen": self.max_staleness_seen,
+            "eval_results": {str(v): r for v, r in self.eval_results.items()},
+        }
+
+    @classmethod
+    def from_cursor(cls, cursor: dict[str, Any]) -> Ledger:
+        return cls(
+            num_released=cursor.get("num_released", 0),
+            num_taken_groups=cursor.get("num_taken_groups", 0),
+            num_dropped_groups=cursor.get("num_dropped_groups", 0),
+            num_trained=cursor.get("num_trained", 0),
+            dropped=Counter(cursor.get("dropped", {})),
+            max_staleness_seen=cursor.get("max_staleness_seen", 0),
+            eval_results={int(v): r for v, r in cursor.get("eval_results", {}).items()},
+        )
