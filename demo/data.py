@@ -18,7 +18,7 @@ import random
 from pathlib import Path
 from typing import Any
 
-from envservers.envs.calculator import CALCULATOR_TOOLS as ENV_TOOLS
+from demo import SHIPPED_MODEL_DIR
 
 SYSTEM_PROMPT = (
     "You are a calculator assistant. To call a tool, write <tool_call> JSON </tool_call> "
@@ -28,9 +28,10 @@ SYSTEM_PROMPT = (
 # The tools a demo row offers (its `extra_info.tools`): only `add`, so the prompt stays short
 # (~140 tokens; all four calculator tools would make it ~400, which every learner step pays).
 DEMO_TOOL_NAMES = ["add"]
-# Their OpenAI-style specs, taken from the calculator env itself: the warm start is trained
-# on exactly the text the env server hands out at reset().
-DEMO_TOOLS: list[dict[str, Any]] = ENV_TOOLS.subset(DEMO_TOOL_NAMES).specs()
+# Their OpenAI-style specs as the env server hands them out at reset(), recorded when the
+# shipped model was built (demo/env_tools.py fetches them over gRPC; a test checks that the
+# env server still hands out exactly this text).
+DEMO_TOOLS: list[dict[str, Any]] = json.loads((SHIPPED_MODEL_DIR / "tools.json").read_text())
 
 NUMBER_LOW, NUMBER_HIGH = 10, 999  # operands are 2-3 digit numbers
 EVAL_FRACTION = 0.1

@@ -1,4 +1,5 @@
-"""Build (and cache) the tiny Qwen2 model and tokenizer that tests and the demo run on.
+"""The tiny Qwen2 model and tokenizer that tests and the demo run on: shipped, and rebuilt
+on demand.
 
 No model can be downloaded here, so Tether makes its own: a byte-level BPE tokenizer trained
 on the calculator task (demo/tokenizer.py), a ~0.9M-parameter Qwen2ForCausalLM
@@ -7,12 +8,22 @@ start on tool-use demonstrations (demo/sft.py) in two stages — tool calls only
 the format and to copy numbers, then a mix with wrong guesses — that lands sampled pass@1
 between never and always right, so RL has something to learn: calling the tool.
 
-A build is saved with save_pretrained (model, tokenizer, generation_config) under
-`<cache root>/tiny-qwen2-<hash>`, the hash covering the recipe and the builder's source;
-it is built in a temporary directory and renamed into place, under a file lock, and reused
-while neither changes. The cache root is `$TETHER_CACHE/tinymodel` or `<repo>/.cache/tinymodel`.
+The warm-started model is SHIPPED in the repository (`demo/tiny_model/`, 3.7 MB, version in
+its `tether_build.json`): floats differ between CPU types and thread counts, so the same
+seeded recipe builds a different model on each machine (one copied operands wrong in a
+fifth of its tool calls and plateaued lower under RL); shipping it makes `make run` start
+from the same weights everywhere, minutes sooner. The recipe still builds it:
+`--rebuild` trains a new one from the tool specs a live env server hands out (fetched over
+gRPC, demo/env_tools.py) and a test checks that a rebuild still lands in the band.
 
-    python -m demo.tinymodel --out DIR [--no-warmstart]     # prints the model directory
+Builds go under `<cache root>/tiny-qwen2-<hash>` (the hash covers the recipe, the builder's
+source and the tool specs), written in a temporary directory and renamed into place under a
+file lock. The cache root is `$TETHER_CACHE/tinymodel` or `<repo>/.cache/tinymodel`. The
+random-weight variant (tests) reuses the shipped tokenizer and takes seconds.
+
+    python -m demo.tinymodel                    # prints the shipped model directory
+    python -m demo.tinymodel --no-warmstart     # random weights, same tokenizer (cached build)
+    python -m demo.tinymodel --rebuild [--out DIR] [--seed N] [--threads N]
 """
 
 from __future__ import annotations
@@ -32,8 +43,10 @@ from pathlib import Path
 import pydantic
 
 from common.config import StrictModel
+from demo import SHIPPED_MODEL_DIR
 
 _REPO_ROOT = Path(__file__).resolve().parent.parent
+TOOLS_FILE = "tools.json"
 # The modules whose source decides what a build produces.
 _BUILDER_MODULES = ("tinymodel", "tokenizer", "chat_template", "data", "sft")
 BUILD_INFO = "tether_build.json"
@@ -100,14 +113,12 @@ def default_cache_root() -> Path:
     return (Path(env) if env else _REPO_ROOT / ".cache") / "tinymodel"
 
 
-def recipe_hash(recipe: TinyModelRecipe) -> str:
-    """Hash of the recipe, the builder's source files and the demo's tool specs."""
-    from demo.data import DEMO_TOOLS
-
+def recipe_hash(recipe: TinyModelRecipe, tools: list[dict]) -> str:
+    """Hash of the recipe, the builder's source files and the tool specs it renders."""
     digest = hashlib.sha256(recipe.model_dump_json().encode())
     for name in _BUILDER_MODULES:
         digest.update((Path(__file__).parent / f"{name}.py").read_bytes())
-    digest.update(json.dumps(DEMO_TOOLS).encode())  # the specs live in the env server
+    digest.update(json.dumps(tools).encode())
     return digest.hexdigest()[:16]
 
 
@@ -131,22 +142,29 @@ def qwen2_config(recipe: TinyModelRecipe, *, vocab_size: int, eos_id: int, pad_i
     )
 
 
-def _build_into(directory: Path, recipe: TinyModelRecipe, log: ProgressLog | None) -> dict:
-    """Train tokenizer, init the model, warm-start it, save everything into `directory`."""
+def _build_into(
+    directory: Path, recipe: TinyModelRecipe, tools: list[dict], log: ProgressLog | None
+) -> dict:
+    """Tokenizer (trained, or the shipped one for a random model), the model initialised
+    from the recipe's seed, the warm start; everything saved into `directory`."""
     import torch
-    from transformers import GenerationConfig, Qwen2ForCausalLM
+    from transformers import AutoTokenizer, GenerationConfig, Qwen2ForCausalLM
 
     from demo.chat_template import IM_END
-    from demo.data import DEMO_TOOLS, demonstrations
+    from demo.data import demonstrations
     from demo.sft import encode_conversation, train_sft
     from demo.tokenizer import build_tokenizer
 
     started = time.monotonic()
-    tokenizer = build_tokenizer(
-        vocab_size=recipe.vocab_size,
-        num_conversations=recipe.tokenizer_conversations,
-        seed=recipe.seed,
-    )
+    if recipe.sft_steps == recipe.mix_steps == 0:
+        tokenizer = AutoTokenizer.from_pretrained(SHIPPED_MODEL_DIR)
+    else:
+        tokenizer = build_tokenizer(
+            tools=tools,
+            vocab_size=recipe.vocab_size,
+            num_conversations=recipe.tokenizer_conversations,
+            seed=recipe.seed,
+        )
     eos_id = tokenizer.convert_tokens_to_ids(IM_END)
     config = qwen2_config(
         recipe, vocab_size=len(tokenizer), eos_id=eos_id, pad_id=tokenizer.pad_token_id
@@ -170,7 +188,7 @@ def _build_into(directory: Path, recipe: TinyModelRecipe, log: ProgressLog | Non
             )
             losses += train_sft(
                 model,
-                [encode_conversation(tokenizer, c, DEMO_TOOLS) for c in conversations],
+                [encode_conversation(tokenizer, c, tools) for c in conversations],
                 pad_id=tokenizer.pad_token_id,
                 num_steps=num_steps,
                 batch_size=recipe.sft_batch_size,
@@ -185,9 +203,10 @@ def _build_into(directory: Path, recipe: TinyModelRecipe, log: ProgressLog | Non
     )
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory, save_jinja_files=False)
+    (directory / TOOLS_FILE).write_text(json.dumps(tools, indent=2) + "\n")
     info = {
         "recipe": recipe.model_dump(),
-        "hash": recipe_hash(recipe),
+        "hash": recipe_hash(recipe, tools),
         "num_params": sum(p.numel() for p in model.parameters()),
         "vocab_size": len(tokenizer),
         "build_seconds": round(time.monotonic() - started, 1),
@@ -220,17 +239,19 @@ def _print_progress(step: int, loss: float, num_steps: int) -> None:
 def build_tiny_model(
     out_dir: str | Path | None = None,
     *,
+    tools: list[dict],
     recipe: TinyModelRecipe = DEFAULT_RECIPE,
     log: ProgressLog | None = _print_progress,
 ) -> Path:
-    """The directory of the tiny model built by `recipe` under cache root `out_dir`
-    (default: `default_cache_root()`); builds it only when no finished build exists.
-    `log(step, loss, num_steps)` is called at every warm-start step (None: silent)."""
+    """The directory of the tiny model built by `recipe` with `tools` rendered into its
+    prompts, under cache root `out_dir` (default: `default_cache_root()`); builds it only
+    when no finished build exists. `log(step, loss, num_steps)` is called at every
+    warm-start step (None: silent)."""
     import torch
 
     root = Path(out_dir) if out_dir is not None else default_cache_root()
     root.mkdir(parents=True, exist_ok=True)
-    final = root / f"tiny-qwen2-{recipe_hash(recipe)}"
+    final = root / f"tiny-qwen2-{recipe_hash(recipe, tools)}"
     if (final / BUILD_INFO).is_file():
         return final
     with _locked(root / f".{final.name}.lock"):
@@ -244,7 +265,7 @@ def build_tiny_model(
         torch.set_num_threads(min(threads, recipe.num_threads))
         scratch = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=root))
         try:
-            _build_into(scratch, recipe, log)
+            _build_into(scratch, recipe, tools, log)
             if final.exists():  # a half-written entry from an older builder without the lock
                 shutil.rmtree(final)
             os.rename(scratch, final)
@@ -254,26 +275,67 @@ def build_tiny_model(
     return final
 
 
+def shipped_model_dir() -> Path:
+    """The warm-started model shipped in the repository (what `make run` starts RL from)."""
+    if not (SHIPPED_MODEL_DIR / BUILD_INFO).is_file():
+        raise FileNotFoundError(f"the shipped tiny model is missing from {SHIPPED_MODEL_DIR}")
+    return SHIPPED_MODEL_DIR
+
+
+def shipped_tools() -> list[dict]:
+    """The tool specs the shipped model was trained on."""
+    return json.loads((SHIPPED_MODEL_DIR / TOOLS_FILE).read_text())
+
+
 def build_random_tiny_model(
     out_dir: str | Path | None = None, *, recipe: TinyModelRecipe = DEFAULT_RECIPE
 ) -> Path:
-    """Same tokenizer and architecture, random weights (no warm start): seconds to build."""
+    """The shipped tokenizer and the recipe's architecture, random weights (no warm start):
+    seconds to build."""
     return build_tiny_model(
-        out_dir, recipe=recipe.model_copy(update={"sft_steps": 0, "mix_steps": 0})
+        out_dir,
+        tools=shipped_tools(),
+        recipe=recipe.model_copy(update={"sft_steps": 0, "mix_steps": 0}),
     )
+
+
+def rebuild_tiny_model(
+    out_dir: str | Path | None = None,
+    *,
+    recipe: TinyModelRecipe = DEFAULT_RECIPE,
+    log: ProgressLog | None = _print_progress,
+) -> Path:
+    """Build the warm-started model from scratch with the tool specs a live calculator env
+    server hands out for a demo row (minutes)."""
+    from demo.env_tools import fetch_demo_tools
+
+    return build_tiny_model(out_dir, tools=fetch_demo_tools(), recipe=recipe, log=log)
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m demo.tinymodel", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument(
         "--out",
         default=None,
-        help="cache root (default: $TETHER_CACHE/tinymodel, else <repo>/.cache/tinymodel)",
+        help="cache root of builds (default: $TETHER_CACHE/tinymodel or .cache/tinymodel)",
     )
-    parser.add_argument("--no-warmstart", action="store_true", help="random weights, no SFT")
+    choice = parser.add_mutually_exclusive_group()
+    choice.add_argument("--no-warmstart", action="store_true", help="random weights, no SFT")
+    choice.add_argument("--rebuild", action="store_true", help="train the warm start anew")
+    parser.add_argument("--seed", type=int, default=DEFAULT_RECIPE.seed, help="recipe seed")
+    parser.add_argument(
+        "--threads", type=int, default=DEFAULT_RECIPE.num_threads, help="torch threads"
+    )
     args = parser.parse_args(argv)
-    build = build_random_tiny_model if args.no_warmstart else build_tiny_model
-    print(build(args.out))
+    recipe = DEFAULT_RECIPE.model_copy(update={"seed": args.seed, "num_threads": args.threads})
+    if args.rebuild:
+        print(rebuild_tiny_model(args.out, recipe=recipe))
+    elif args.no_warmstart:
+        print(build_random_tiny_model(args.out, recipe=recipe))
+    else:
+        print(shipped_model_dir())
 
 
 if __name__ == "__main__":

@@ -24,15 +24,16 @@ from demo.chat_template import (
     TEXT_TOKENS,
     render_chat,
 )
-from demo.data import DEMO_TOOLS, demonstrations
+from demo.data import demonstrations
 
 _SPLIT_ADDED = re.compile("|".join(re.escape(t) for t in SPECIAL_TOKENS + TEXT_TOKENS))
 
 
-def corpus(num_conversations: int, *, seed: int) -> Iterator[str]:
-    """Rendered demo conversations, cut at special/added tokens (they never enter BPE)."""
+def corpus(num_conversations: int, *, seed: int, tools: list[dict]) -> Iterator[str]:
+    """Rendered demo conversations (with `tools` in their system turn), cut at special and
+    added tokens (they never enter BPE)."""
     for messages in demonstrations(num_conversations, seed=seed):
-        text = render_chat(messages, tools=DEMO_TOOLS)
+        text = render_chat(messages, tools=tools)
         yield from (piece for piece in _SPLIT_ADDED.split(text) if piece)
 
 
@@ -61,10 +62,18 @@ def train_bpe(texts: Iterable[str], *, vocab_size: int) -> Tokenizer:
 
 
 def build_tokenizer(
-    *, vocab_size: int = 512, num_conversations: int = 2000, seed: int = 0
+    *,
+    tools: list[dict] | None = None,
+    vocab_size: int = 512,
+    num_conversations: int = 2000,
+    seed: int = 0,
 ) -> PreTrainedTokenizerFast:
-    """Train the tiny tokenizer and wrap it with the chat template, EOS and pad tokens."""
-    backend = train_bpe(corpus(num_conversations, seed=seed), vocab_size=vocab_size)
+    """Train the tiny tokenizer on demo conversations offering `tools` (default: the demo's
+    tool specs) and wrap it with the chat template, EOS and pad tokens."""
+    if tools is None:
+        from demo.data import DEMO_TOOLS as tools
+    corpus_texts = corpus(num_conversations, seed=seed, tools=tools)
+    backend = train_bpe(corpus_texts, vocab_size=vocab_size)
     return PreTrainedTokenizerFast(
         tokenizer_object=backend,
         eos_token=IM_END,

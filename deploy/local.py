@@ -81,11 +81,13 @@ def _point_latest(runs_dir: Path, run_dir: Path) -> None:
 
 def _prepare_inputs(local: LocalRunConfig, run_dir: Path) -> tuple[Path, Path, Path]:
     from demo import data as demo_data
-    from demo.tinymodel import build_random_tiny_model, build_tiny_model
+    from demo.tinymodel import build_random_tiny_model, shipped_model_dir
 
-    print("preparing the tiny model (built once, then cached in .cache/tinymodel) ...", flush=True)
-    build = build_tiny_model if local.warm_start else build_random_tiny_model
-    model_dir = build()
+    if local.warm_start:
+        model_dir = shipped_model_dir()  # the warm start shipped in the repository
+    else:
+        print("building a random-weight tiny model (seconds; cached) ...", flush=True)
+        model_dir = build_random_tiny_model()
     train, evals = demo_data.write_dataset(
         run_dir / "data",
         num_train=local.num_train_rows,

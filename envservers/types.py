@@ -20,6 +20,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import Any
 
+from common.rows import messages_problem
 from protos.types import Observation, StepResult
 
 
@@ -56,19 +57,17 @@ class EnvProvider:
 
 
 def validate_task(task: Any) -> dict[str, Any]:
-    """Check the parts of a SkyRL dataset row every environment relies on; raise ValueError
-    naming the field. Returns the task."""
+    """Check the parts of a SkyRL dataset row every environment relies on (its prompt
+    messages; `reward_spec` and `extra_info` objects when present); raise ValueError naming
+    the field. Environments needing more (a ground truth) check it themselves. Returns the
+    task."""
     if not isinstance(task, dict):
         raise ValueError("task: must be a JSON object (a SkyRL dataset row)")
     prompt = task.get("prompt", [])
     if not isinstance(prompt, list):
         raise ValueError("task.prompt: must be a list of messages")
-    for i, message in enumerate(prompt):
-        if not isinstance(message, dict):
-            raise ValueError(f"task.prompt[{i}]: must be an object with role and content")
-        for key in ("role", "content"):
-            if not isinstance(message.get(key), str):
-                raise ValueError(f"task.prompt[{i}].{key}: must be a string")
+    if prompt and (problem := messages_problem(prompt, field="task.prompt")) is not None:
+        raise ValueError(problem)
     for key in ("reward_spec", "extra_info"):
         if task.get(key) is not None and not isinstance(task[key], dict):
             raise ValueError(f"task.{key}: must be an object")

@@ -25,50 +25,13 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
+from common.rows import Row, validate_row
+
 try:
     import pyarrow
     import pyarrow.parquet
 except ImportError:  # Parquet support is optional; JSONL always works.
     pyarrow = None
-
-Row = dict[str, Any]
-PROMPT_ROLES = ("system", "user")
-
-
-def _row_problem(row: Any) -> str | None:
-    """What is wrong with a row (as 'field: reason'), or None."""
-    if not isinstance(row, dict):
-        return f"row: expected an object, got {type(row).__name__}"
-    for name in ("data_source", "env_class"):
-        if not isinstance(row.get(name), str):
-            return f"{name}: expected a string, got {row.get(name)!r}"
-    if not row["env_class"]:
-        return "env_class: must not be empty"
-    prompt = row.get("prompt")
-    if not isinstance(prompt, list) or not prompt:
-        return "prompt: expected a non-empty list of messages"
-    for k, message in enumerate(prompt):
-        if not isinstance(message, dict) or not isinstance(message.get("content"), str):
-            return f"prompt[{k}]: expected {{'role': ..., 'content': str}}, got {message!r}"
-        if message.get("role") not in PROMPT_ROLES:
-            return f"prompt[{k}].role: expected 'system' or 'user', got {message.get('role')!r}"
-    roles = [m["role"] for m in prompt]
-    if roles not in (["user"], ["system", "user"]):
-        return f"prompt: must be [system,] user (first user message only), got roles {roles}"
-    reward_spec = row.get("reward_spec")
-    if not isinstance(reward_spec, dict) or "ground_truth" not in reward_spec:
-        return f"reward_spec: expected an object with 'ground_truth', got {reward_spec!r}"
-    if not isinstance(row.get("extra_info", {}), dict | None):
-        return f"extra_info: expected an object, got {row.get('extra_info')!r}"
-    return None
-
-
-def validate_row(row: Any, *, where: str) -> Row:
-    """The row with `extra_info` defaulted to {}; ValueError naming `where` and the field."""
-    problem = _row_problem(row)
-    if problem:
-        raise ValueError(f"{where}: {problem}")
-    return {**row, "extra_info": row.get("extra_info") or {}}
 
 
 def _read_raw(path: Path) -> list[tuple[int, Any]]:

@@ -188,7 +188,7 @@ class TaskRejected(ValueError):
 
 
 class GrpcEnvConnector:
-    """An `EnvClient` as the rollout's env connector (actors/rollout.py): gRPC failures
+    """An `EnvClient` as the rollout's env connector (actors/types.py): gRPC failures
     become EnvUnavailable (retry elsewhere) or TaskRejected (the task itself is bad)."""
 
     # At open, these mean the task cannot be run anywhere (all servers host the same envs).

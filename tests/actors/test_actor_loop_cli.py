@@ -14,14 +14,18 @@ from common.config import load_section
 
 
 def test_cli_flags_are_fixed():
-    args = parse_args(["--config", "c.toml", "--replicas", "3", "actor.max_turns=4"])
-    assert vars(args) == {"config": "c.toml", "replicas": 3, "overrides": ["actor.max_turns=4"]}
+    args = parse_args(["--config", "c.toml", "--replicas", "3", "actor.rollout.max_turns=4"])
+    assert vars(args) == {
+        "config": "c.toml",
+        "replicas": 3,
+        "overrides": ["actor.rollout.max_turns=4"],
+    }
     assert parse_args(["--config", "c.toml"]).replicas == 1
 
 
 def test_bad_config_is_refused_without_importing_torch_or_vllm(tmp_path):
     path = tmp_path / "bad.toml"
-    path.write_text('[actor]\nmax_turns = 0\nengine = { model = "m" }\n')
+    path.write_text('[actor]\nrollout = { max_turns = 0 }\nengine = { model = "m" }\n')
     code = (
         "import sys; from actors.cli import main; rc = main(['--config', sys.argv[1]]); "
         "heavy = [m for m in ('torch', 'vllm', 'transformers') if m in sys.modules]; "
@@ -31,7 +35,7 @@ def test_bad_config_is_refused_without_importing_torch_or_vllm(tmp_path):
         [sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=60
     )
     assert out.stdout.strip() == "2 []"
-    assert "actor.max_turns" in out.stderr
+    assert "actor.rollout.max_turns" in out.stderr
 
 
 def test_zero_replicas_is_refused(capsys):
@@ -41,7 +45,7 @@ def test_zero_replicas_is_refused(capsys):
 
 def test_limits_must_fit_the_engine(tmp_path):
     path = tmp_path / "c.toml"
-    path.write_text('[actor]\nmax_sequence_length = 4096\nengine = { model = "m" }\n')
+    path.write_text('[actor]\nrollout = { max_sequence_length = 4096 }\nengine = { model = "m" }\n')
     with pytest.raises(ValueError, match="exceeds engine.max_model_len"):
         load_section(ActorConfig, path, "actor")
     with pytest.raises(ValueError, match="host:port"):

@@ -16,7 +16,7 @@ from broker import client as bus
 from broker.wire import PromptTask
 from demo.data import SYSTEM_PROMPT
 
-FAKE_TARGET = "actors.fakes:fake_replica_main"
+FAKE_TARGET = "tests.fakes:fake_replica_main"
 TOOL_CALL = '<tool_call>\n{"name": "add", "arguments": {"a": 17, "b": 25}}\n</tool_call>'
 ANSWER = "<answer>42</answer>"
 ACK_WAIT_S = 3.0

@@ -167,10 +167,12 @@ def _config(tiny_model_dir) -> ActorConfig:
             engine={"model": str(tiny_model_dir), "max_model_len": 1024},
             env={"backoff_s": 0.0},
             sampling={"temperature": 0.0},  # greedy: comparable with transformers
-            max_turns=1,
-            max_generate_length=MAX_TOKENS,
-            max_input_length=768,
-            max_sequence_length=1024,
+            rollout={
+                "max_turns": 1,
+                "max_generate_length": MAX_TOKENS,
+                "max_input_length": 768,
+                "max_sequence_length": 1024,
+            },
             heartbeat_s=1.0,
             fetch_timeout_s=0.2,
             drain_timeout_s=10.0,

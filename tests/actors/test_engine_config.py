@@ -2,7 +2,8 @@
 
 import pytest
 
-from actors.vllm_engine import VllmEngineConfig, threads_bind_for_replica
+from actors.config import VllmEngineConfig
+from actors.vllm_engine import threads_bind_for_replica
 
 
 @pytest.mark.parametrize(

@@ -3,33 +3,31 @@ loss masks, versions, limits, stop reasons, env outages, groups, and the wire fo
 
 from __future__ import annotations
 
+import msgspec
 import numpy as np
 import pytest
 
 from actors.chat import ChatTemplate
-from actors.fakes import FakeEnvClient, ScriptedEngine, by_turn, fake_logprob
-from actors.rollout import (
-    EnvRetry,
-    RolloutLimits,
-    SamplingSpec,
-    TaskRejected,
-    run_episode,
-    run_group,
-    to_trajectory,
-    validate_task,
-)
+from actors.config import EnvConfig, RolloutConfig, SamplingConfig
+from actors.episode import run_episode, run_group, validate_task
+from actors.trajectory import to_trajectory
 from broker.codec import decode, encode, token_arrays
 from broker.wire import PromptTask, Trajectory
-from demo.calculator import run_tool_call
 from demo.chat_template import observation_delta, render_chat
-from demo.data import DEMO_TOOLS, SYSTEM_PROMPT
+from demo.data import SYSTEM_PROMPT
 from demo.tokenizer import build_tokenizer
+from envservers.envs.calculator import CALCULATOR_TOOLS
+from protos.client import TaskRejected
+from tests.fakes import InProcessEnv, ScriptedEngine, by_turn, fake_logprob
+
+ADD_TOOL = CALCULATOR_TOOLS.subset(["add"]).specs()  # what the env offers a row asking for add
+BAD_CALL_ERROR = "error: unknown tool 'pow'; available: ['add']"
 
 TOOL_CALL = '<tool_call>\n{"name": "add", "arguments": {"a": 17, "b": 25}}\n</tool_call>'
 BAD_CALL = '<tool_call>\n{"name": "pow", "arguments": {"a": 1}}\n</tool_call>'
 ANSWER = "<answer>42</answer>"
-NO_RETRY_DELAY = EnvRetry(attempts=3, backoff_s=0.0)
-LIMITS = RolloutLimits(
+NO_RETRY_DELAY = EnvConfig(attempts=3, backoff_s=0.0)
+LIMITS = RolloutConfig(
     max_turns=4, max_input_length=1024, max_generate_length=64, max_sequence_length=2048
 )
 
@@ -56,7 +54,7 @@ def _task(*, task_id="t1", group_size=1, question="What is 17 + 25?", env_class=
             {"role": "user", "content": question},
         ],
         reward_spec={"method": "rule", "ground_truth": "42"},
-        extra_info={"task_key": "k"},
+        extra_info={"task_key": "k", "tools": ["add"]},
     )
 
 
@@ -66,15 +64,15 @@ def _encode(tokenizer, text):
 
 async def _play(tokenizer, chat, script, *, limits=LIMITS, env=None, task=None, **engine_kw):
     engine = ScriptedEngine(tokenizer, script, **engine_kw)
-    env = env or FakeEnvClient()
+    env = env or InProcessEnv()
     result = await run_episode(
         engine=engine,
         env=env,
         chat=chat,
         task=task or _task(),
         limits=limits,
-        sampling=SamplingSpec(temperature=1.0, max_tokens=999),
-        env_retry=NO_RETRY_DELAY,
+        sampling=SamplingConfig(temperature=1.0),
+        env_config=NO_RETRY_DELAY,
     )
     return result, engine, env
 
@@ -93,7 +91,7 @@ def _segments(mask):
 async def test_tool_call_then_answer_has_the_hand_computed_layout(tokenizer, chat):
     result, engine, env = await _play(tokenizer, chat, by_turn(TOOL_CALL, ANSWER), version=7)
     eos = tokenizer.eos_token_id
-    prompt = chat.prompt_ids(_task().prompt, DEMO_TOOLS)
+    prompt = chat.prompt_ids(_task().prompt, ADD_TOOL)
     turn0 = _encode(tokenizer, TOOL_CALL) + [eos]
     delta = _encode(tokenizer, observation_delta([{"role": "tool", "content": "42"}]))
     turn1 = _encode(tokenizer, ANSWER) + [eos]
@@ -117,12 +115,12 @@ async def test_tool_call_then_answer_has_the_hand_computed_layout(tokenizer, cha
     assert result.logprobs == expected_logprobs
     assert (result.reward, result.stop_reason, result.num_turns) == (1.0, "stop", 2)
     assert result.num_tool_calls == 1
-    assert result.env_metrics == {"num_tool_calls": 1.0, "tool_errors": 0.0}
+    assert result.env_metrics == {"num_tool_calls": 1.0, "tool_errors": 0.0, "turns": 2.0}
     assert result.num_generated_tokens == len(turn0) + len(turn1)
     assert result.turn_finish_reasons == ["stop", "stop"]
     assert len(result.env_step_latencies_s) == 2
     # The engine saw exactly the sequence so far at each turn (no re-tokenisation).
-    assert [call[0] for call in engine.calls] == [prompt, prompt + turn0 + delta]
+    assert [call.prompt_token_ids for call in engine.calls] == [prompt, prompt + turn0 + delta]
     assert env.num_closed == 1
 
 
@@ -134,10 +132,10 @@ async def test_tokens_decode_to_the_template_rendering_of_the_conversation(token
         {"role": "assistant", "content": TOOL_CALL},
         {"role": "tool", "content": "42"},
         {"role": "assistant", "content": BAD_CALL},
-        {"role": "tool", "content": run_tool_call(BAD_CALL.split("\n")[1])},
+        {"role": "tool", "content": BAD_CALL_ERROR},
         {"role": "assistant", "content": ANSWER},
     ]
-    assert tokenizer.decode(result.token_ids) + "\n" == render_chat(conversation, tools=DEMO_TOOLS)
+    assert tokenizer.decode(result.token_ids) + "\n" == render_chat(conversation, tools=ADD_TOOL)
     # Masked-in tokens decode to exactly the assistant turns (each closed by its EOS).
     policy_text = tokenizer.decode(ids[mask == 1].tolist())
     assert policy_text == "<|im_end|>".join([TOOL_CALL, BAD_CALL, ANSWER]) + "<|im_end|>"
@@ -156,11 +154,11 @@ async def test_versions_follow_the_engine_token_by_token(tokenizer, chat):
 
 
 async def test_final_turn_cut_by_max_generate_length_is_filtered(tokenizer, chat):
-    limits = RolloutLimits(max_generate_length=3, max_input_length=1024, max_sequence_length=2048)
+    limits = RolloutConfig(max_generate_length=3, max_input_length=1024, max_sequence_length=2048)
     result, engine, _ = await _play(tokenizer, chat, by_turn(ANSWER + " because"), limits=limits)
     # Three tokens ("<answer>", "4", "2") hold no closed answer: the env ends the
     # episode with reward 0; the turn had no EOS, so the stop reason is `length`.
-    assert engine.calls[0][1].max_tokens == 3
+    assert engine.calls[0].max_tokens == 3
     assert result.turn_finish_reasons == ["length"]
     assert (result.stop_reason, result.num_turns, result.reward) == ("length", 1, 0.0)
     assert len(result.token_ids) == result.prompt_len + 3
@@ -168,7 +166,7 @@ async def test_final_turn_cut_by_max_generate_length_is_filtered(tokenizer, chat
 
 
 async def test_without_overlong_filtering_a_cut_turn_keeps_its_mask(tokenizer, chat):
-    limits = RolloutLimits(
+    limits = RolloutConfig(
         max_generate_length=5,
         max_input_length=1024,
         max_sequence_length=2048,
@@ -182,7 +180,7 @@ async def test_without_overlong_filtering_a_cut_turn_keeps_its_mask(tokenizer, c
 async def test_cut_turn_that_the_env_continues_is_closed_by_a_non_policy_eos(tokenizer, chat):
     tail = " and then some more words"
     n_call = len(_encode(tokenizer, TOOL_CALL))
-    limits = RolloutLimits(
+    limits = RolloutConfig(
         max_generate_length=n_call + 2, max_input_length=1024, max_sequence_length=2048
     )
     result, _, _ = await _play(tokenizer, chat, by_turn(TOOL_CALL + tail, ANSWER), limits=limits)
@@ -200,7 +198,7 @@ async def test_cut_turn_that_the_env_continues_is_closed_by_a_non_policy_eos(tok
 
 
 async def test_max_turns_ends_after_the_last_allowed_turn(tokenizer, chat):
-    limits = RolloutLimits(max_turns=3, max_input_length=1024, max_sequence_length=2048)
+    limits = RolloutConfig(max_turns=3, max_input_length=1024, max_sequence_length=2048)
     result, engine, env = await _play(tokenizer, chat, by_turn(TOOL_CALL), limits=limits)
     assert (result.stop_reason, result.num_turns, result.reward) == ("max_turns", 3, 0.0)
     assert len(engine.calls) == 3
@@ -210,8 +208,8 @@ async def test_max_turns_ends_after_the_last_allowed_turn(tokenizer, chat):
 
 
 async def test_context_over_max_input_length_ends_the_episode(tokenizer, chat):
-    prompt_len = len(chat.prompt_ids(_task().prompt, DEMO_TOOLS))
-    limits = RolloutLimits(max_input_length=prompt_len + 5, max_sequence_length=2048)
+    prompt_len = len(chat.prompt_ids(_task().prompt, ADD_TOOL))
+    limits = RolloutConfig(max_input_length=prompt_len + 5, max_sequence_length=2048)
     result, engine, _ = await _play(tokenizer, chat, by_turn(TOOL_CALL, ANSWER), limits=limits)
     assert (result.stop_reason, result.num_turns) == ("max_input_length", 1)
     assert len(engine.calls) == 1
@@ -219,25 +217,25 @@ async def test_context_over_max_input_length_ends_the_episode(tokenizer, chat):
 
 
 async def test_prompt_longer_than_max_input_length_rejects_the_task(tokenizer, chat):
-    limits = RolloutLimits(max_input_length=10, max_sequence_length=2048)
+    limits = RolloutConfig(max_input_length=10, max_sequence_length=2048)
     with pytest.raises(TaskRejected, match="exceeds max_input_length 10"):
         await _play(tokenizer, chat, by_turn(ANSWER), limits=limits)
 
 
 async def test_generation_is_capped_to_fit_max_sequence_length(tokenizer, chat):
-    prompt_len = len(chat.prompt_ids(_task().prompt, DEMO_TOOLS))
-    limits = RolloutLimits(max_input_length=prompt_len, max_sequence_length=prompt_len + 4)
+    prompt_len = len(chat.prompt_ids(_task().prompt, ADD_TOOL))
+    limits = RolloutConfig(max_input_length=prompt_len, max_sequence_length=prompt_len + 4)
     result, engine, _ = await _play(tokenizer, chat, by_turn(ANSWER), limits=limits)
-    assert engine.calls[0][1].max_tokens == 4
+    assert engine.calls[0].max_tokens == 4
     assert result.stop_reason == "overlong"
     assert len(result.token_ids) == prompt_len + 4
     assert sum(result.loss_mask) == 0
 
 
 async def test_observation_past_max_sequence_length_is_truncated(tokenizer, chat):
-    prompt_len = len(chat.prompt_ids(_task().prompt, DEMO_TOOLS))
+    prompt_len = len(chat.prompt_ids(_task().prompt, ADD_TOOL))
     n_turn = len(_encode(tokenizer, TOOL_CALL)) + 1
-    limits = RolloutLimits(max_input_length=prompt_len, max_sequence_length=prompt_len + n_turn + 3)
+    limits = RolloutConfig(max_input_length=prompt_len, max_sequence_length=prompt_len + n_turn + 3)
     result, _, _ = await _play(tokenizer, chat, by_turn(TOOL_CALL, ANSWER), limits=limits)
     assert result.stop_reason == "overlong"
     assert len(result.token_ids) == limits.max_sequence_length
@@ -246,7 +244,7 @@ async def test_observation_past_max_sequence_length_is_truncated(tokenizer, chat
 
 
 async def test_down_env_server_is_skipped_for_another_address(tokenizer, chat):
-    env = FakeEnvClient(("env-a", "env-b"))
+    env = InProcessEnv(("env-a", "env-b"))
     env.down.add("env-a")
     result, _, _ = await _play(tokenizer, chat, by_turn(TOOL_CALL, ANSWER), env=env)
     assert (result.stop_reason, result.reward, result.num_env_retries) == ("stop", 1.0, 1)
@@ -254,7 +252,7 @@ async def test_down_env_server_is_skipped_for_another_address(tokenizer, chat):
 
 
 async def test_all_env_servers_down_ends_with_an_error_not_a_reward(tokenizer, chat):
-    env = FakeEnvClient(("env-a", "env-b"))
+    env = InProcessEnv(("env-a", "env-b"))
     env.down.update({"env-a", "env-b"})
     result, engine, _ = await _play(tokenizer, chat, by_turn(ANSWER), env=env)
     assert result.stop_reason == "error:env_open"
@@ -265,7 +263,7 @@ async def test_all_env_servers_down_ends_with_an_error_not_a_reward(tokenizer, c
 
 
 async def test_server_lost_mid_episode_is_replayed_on_another(tokenizer, chat):
-    env = FakeEnvClient(("env-a", "env-b"))
+    env = InProcessEnv(("env-a", "env-b"))
     replies = by_turn(TOOL_CALL, ANSWER)
 
     def script(prompt_text):
@@ -284,7 +282,7 @@ async def test_server_lost_mid_episode_is_replayed_on_another(tokenizer, chat):
 
 
 async def test_all_servers_lost_mid_episode_ends_with_env_step_error(tokenizer, chat):
-    env = FakeEnvClient(("env-a", "env-b"))
+    env = InProcessEnv(("env-a", "env-b"))
     replies = by_turn(TOOL_CALL, ANSWER)
 
     def script(prompt_text):
@@ -310,44 +308,45 @@ def test_malformed_tasks_are_rejected_with_reasons():
     with pytest.raises(TaskRejected, match="group_size 0"):
         validate_task(_task(group_size=0))
     empty = PromptTask(task_id="x", step=0, group_size=1, env_class="calculator", prompt=[])
-    with pytest.raises(TaskRejected, match="empty prompt"):
+    with pytest.raises(TaskRejected, match="prompt: expected a non-empty list"):
         validate_task(empty)
-    no_role = PromptTask(
-        task_id="x", step=0, group_size=1, env_class="", prompt=[{"content": "hi"}]
-    )
-    with pytest.raises(TaskRejected, match="empty env_class.*message 0 lacks"):
-        validate_task(no_role)
+    no_env = PromptTask(task_id="x", step=0, group_size=1, env_class="", prompt=[])
+    with pytest.raises(TaskRejected, match="env_class: must not be empty"):
+        validate_task(no_env)
+    no_role = _task().prompt[:1] + [{"content": "hi"}]
+    with pytest.raises(TaskRejected, match=r"prompt\[1\].role: expected a string"):
+        validate_task(msgspec.structs.replace(_task(), prompt=no_role))
 
 
 async def test_group_runs_its_samples_concurrently_with_distinct_seeds(tokenizer, chat):
     engine = ScriptedEngine(tokenizer, by_turn(TOOL_CALL, ANSWER), delay_s=0.01)
-    env = FakeEnvClient()
+    env = InProcessEnv()
     results = await run_group(
         engine=engine,
         env=env,
         chat=chat,
         task=_task(group_size=4),
         limits=LIMITS,
-        sampling=SamplingSpec(seed=100),
-        env_retry=NO_RETRY_DELAY,
+        sampling=SamplingConfig(seed=100),
+        env_config=NO_RETRY_DELAY,
     )
     assert [r.reward for r in results] == [1.0] * 4
     assert engine.max_in_flight == 4
-    assert sorted({params.seed for _, params in engine.calls}) == [100, 101, 102, 103]
+    assert sorted({call.seed for call in engine.calls}) == [100, 101, 102, 103]
     assert len(env.sessions) == 4 and env.num_closed == 4
 
 
 async def test_group_with_too_long_prompt_is_rejected_and_cleaned_up(tokenizer, chat):
-    env = FakeEnvClient()
+    env = InProcessEnv()
     with pytest.raises(TaskRejected, match="max_input_length"):
         await run_group(
             engine=ScriptedEngine(tokenizer, by_turn(ANSWER)),
             env=env,
             chat=chat,
             task=_task(group_size=3),
-            limits=RolloutLimits(max_input_length=10, max_sequence_length=100),
-            sampling=SamplingSpec(),
-            env_retry=NO_RETRY_DELAY,
+            limits=RolloutConfig(max_input_length=10, max_sequence_length=100),
+            sampling=SamplingConfig(),
+            env_config=NO_RETRY_DELAY,
         )
     assert env.num_closed == len(env.sessions)
 
@@ -375,7 +374,7 @@ async def test_trajectory_carries_the_episode_byte_for_byte(tokenizer, chat):
 
 
 def test_limits_are_validated():
-    with pytest.raises(ValueError, match="max_turns must be >= 1"):
-        RolloutLimits(max_turns=0)
+    with pytest.raises(ValueError, match="max_turns"):
+        RolloutConfig(max_turns=0)
     with pytest.raises(ValueError, match="must not exceed max_sequence_length"):
-        RolloutLimits(max_input_length=100, max_sequence_length=50)
+        RolloutConfig(max_input_length=100, max_sequence_length=50)

@@ -1,4 +1,4 @@
-"""The rollout against real env servers over gRPC (actors.actor.GrpcEnvConnector around
+"""The rollout against real env servers over gRPC (protos.client.GrpcEnvConnector around
 protos.client.EnvClient), on the scripted engine: observations templated from what the
 real calculator env returned, a dead address skipped, a server lost mid-episode replaced
 by another (the episode replayed there), and env outages as error stop reasons."""
@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from actors.chat import ChatTemplate
-from actors.fakes import ScriptedEngine, by_turn
-from actors.rollout import EnvRetry, RolloutLimits, SamplingSpec, run_group
+from actors.config import EnvConfig, RolloutConfig, SamplingConfig
+from actors.episode import run_group
 from broker.wire import PromptTask
 from common.procs import free_port
 from demo.chat_template import observation_delta
@@ -21,11 +21,12 @@ from demo.tokenizer import build_tokenizer
 from envservers.config import EnvServerConfig
 from envservers.server import EnvServer
 from protos.client import EnvClient, GrpcEnvConnector, TaskRejected
+from tests.fakes import ScriptedEngine, by_turn
 
 TOOL_CALL = '<tool_call>\n{"name": "add", "arguments": {"a": 17, "b": 25}}\n</tool_call>'
 ANSWER = "<answer>42</answer>"
-LIMITS = RolloutLimits(max_turns=4, max_input_length=1024, max_sequence_length=2048)
-RETRY = EnvRetry(attempts=3, backoff_s=0.05)
+LIMITS = RolloutConfig(max_turns=4, max_input_length=1024, max_sequence_length=2048)
+RETRY = EnvConfig(attempts=3, backoff_s=0.05)
 
 
 @pytest.fixture(scope="module")
@@ -57,6 +58,7 @@ def _task(group_size=2, env_class="calculator") -> PromptTask:
             {"role": "system", "content": SYSTEM_PROMPT},
             {"role": "user", "content": "What is 17 + 25?"},
         ],
+        data_source="calculator",
         reward_spec={"method": "rule", "ground_truth": "42"},
     )
 
@@ -69,8 +71,8 @@ async def _group(tokenizer, addresses, script=None, task=None):
             chat=ChatTemplate(tokenizer),
             task=task or _task(),
             limits=LIMITS,
-            sampling=SamplingSpec(),
-            env_retry=RETRY,
+            sampling=SamplingConfig(),
+            env_config=RETRY,
         )
 
 

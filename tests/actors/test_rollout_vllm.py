@@ -9,10 +9,11 @@ import numpy as np
 import pytest
 
 from actors.chat import ChatTemplate
-from actors.fakes import FakeObservation, FakeStepResult
-from actors.rollout import RolloutLimits, SamplingSpec, run_group
+from actors.config import EnvConfig, RolloutConfig, SamplingConfig
+from actors.episode import run_group
 from broker.wire import PromptTask
 from demo.chat_template import observation_delta
+from protos.types import Observation, StepResult
 
 pytestmark = pytest.mark.vllm
 
@@ -27,10 +28,10 @@ class _NeverDoneEnv:
 
     @property
     def observation(self):
-        return FakeObservation(messages=[{"role": "user", "content": "What is 17 + 25?"}])
+        return Observation(messages=[{"role": "user", "content": "What is 17 + 25?"}])
 
     async def step(self, action_text: str):
-        return FakeStepResult(observations=OBSERVATION, metadata={"num_tool_calls": 0})
+        return StepResult(observations=OBSERVATION, metadata={"num_tool_calls": 0})
 
     async def close(self) -> None:
         pass
@@ -51,17 +52,20 @@ async def test_multi_turn_layout_on_vllm(vllm_engine, tokenizer):
         step=0,
         group_size=2,
         env_class="never",
+        data_source="never",
         prompt=[{"role": "user", "content": "What is 17 + 25?"}],
+        reward_spec={"ground_truth": "42"},
     )
     results = await run_group(
         engine=vllm_engine,
         env=_NeverDoneEnv(),
         chat=chat,
         task=task,
-        limits=RolloutLimits(
+        limits=RolloutConfig(
             max_turns=3, max_input_length=512, max_generate_length=12, max_sequence_length=1024
         ),
-        sampling=SamplingSpec(temperature=1.0, seed=7),
+        sampling=SamplingConfig(temperature=1.0, seed=7),
+        env_config=EnvConfig(),
     )
     delta = chat.observation_ids(OBSERVATION)
     for result in results:

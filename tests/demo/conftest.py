@@ -1,7 +1,7 @@
-"""Session fixtures for the tiny model (move `tiny_model_dir` / `warm_tiny_model_dir` to
-tests/conftest.py to share them). Both live in the persistent build cache
-(`$TETHER_CACHE/tinymodel` or `<repo>/.cache/tinymodel`): rebuilt only when the recipe or
-the builder's source changes."""
+"""Session fixtures for the tiny model: the tokenizer as the builder trains it, and the
+random-weight model (a cached build under `$TETHER_CACHE/tinymodel` or
+`<repo>/.cache/tinymodel`, seconds on a miss). The warm-started model is shipped in the
+repository (`demo.tinymodel.shipped_model_dir()`)."""
 
 import pytest
 
@@ -20,11 +20,3 @@ def tiny_model_dir():
     from demo.tinymodel import build_random_tiny_model
 
     return build_random_tiny_model()
-
-
-@pytest.fixture(scope="session")
-def warm_tiny_model_dir():
-    """Directory of the warm-started tiny Qwen2 of DEFAULT_RECIPE (minutes on a cache miss)."""
-    from demo.tinymodel import build_tiny_model
-
-    return build_tiny_model()

@@ -5,7 +5,6 @@ import random
 
 import pytest
 
-from demo.calculator import CalculatorEpisode
 from demo.data import (
     SYSTEM_PROMPT,
     demonstration,
@@ -15,6 +14,7 @@ from demo.data import (
     read_jsonl,
     write_dataset,
 )
+from envservers.envs.calculator import CalculatorEnv
 
 
 def test_row_format():
@@ -65,19 +65,20 @@ def test_write_dataset(tmp_path):
     json.loads(train_path.read_text().splitlines()[0])  # one JSON object per line
 
 
-def test_demonstrations_score_as_intended():
+async def test_demonstrations_score_as_intended():
     # Tool demos earn reward 1 in the calculator; guesses are always wrong.
     rng = random.Random(0)
     for use_tool, reward in ((True, 1.0), (False, 0.0)):
         messages = demonstration(123, 456, use_tool=use_tool, rng=rng)
-        episode = CalculatorEpisode(ground_truth="579")
+        env = CalculatorEnv()  # the env server's calculator: the demonstrations play in it
+        await env.reset(make_rows(1, seed=0)[0] | {"reward_spec": {"ground_truth": "579"}})
         for message in messages[2:]:
             if message["role"] == "assistant":
-                observations = episode.step(message["content"])
+                step = await env.step(message["content"])
             else:
-                assert observations == [message]
-        assert episode.done and episode.reward == reward
-        assert episode.num_tool_calls == int(use_tool)
+                assert step.observations == [message]
+        assert step.done and step.reward == reward
+        assert step.metadata["num_tool_calls"] == int(use_tool)
 
 
 def test_demonstration_mix():

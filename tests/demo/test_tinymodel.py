@@ -1,4 +1,5 @@
-"""The tiny model builder: architecture, the build cache, the CLI, and vLLM parity."""
+"""The tiny model: the shipped artifact, the builder (cache, CLI, a rebuild's quality band),
+vLLM parity."""
 
 import json
 import subprocess
@@ -9,15 +10,19 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
+from demo.chat_template import CHAT_TEMPLATE
 from demo.data import DEMO_TOOLS, eval_rows
-from demo.episodes import play_episodes
 from demo.tinymodel import (
     BUILD_INFO,
+    DEFAULT_RECIPE,
     TinyModelRecipe,
     build_random_tiny_model,
     build_tiny_model,
+    rebuild_tiny_model,
     recipe_hash,
+    shipped_model_dir,
 )
+from tests.demo.warm_start import measure
 
 REPO = Path(__file__).resolve().parents[2]
 FAST = TinyModelRecipe(tokenizer_conversations=100, sft_steps=2, mix_steps=2, sft_batch_size=2)
@@ -53,16 +58,22 @@ def test_recipe_rejects_small_head_dim():
 
 def test_cache_hit_does_not_rebuild(tmp_path):
     # A build killed outright left its scratch directory: the next build sweeps it.
-    killed = tmp_path / f".tiny-qwen2-{recipe_hash(FAST)}-killed"
+    killed = tmp_path / f".tiny-qwen2-{recipe_hash(FAST, DEMO_TOOLS)}-killed"
     (killed / "partial").mkdir(parents=True)
     steps = []
-    path = build_tiny_model(tmp_path, recipe=FAST, log=lambda step, loss, n: steps.append(step))
-    assert steps == [0, 1, 2, 3] and path.name == f"tiny-qwen2-{recipe_hash(FAST)}"
+    path = build_tiny_model(
+        tmp_path, tools=DEMO_TOOLS, recipe=FAST, log=lambda step, loss, n: steps.append(step)
+    )
+    assert steps == [0, 1, 2, 3] and path.name == f"tiny-qwen2-{recipe_hash(FAST, DEMO_TOOLS)}"
     weights = path / "model.safetensors"
     stamp = weights.stat().st_mtime_ns
-    again = build_tiny_model(tmp_path, recipe=FAST, log=lambda *a: steps.append("rebuilt"))
+    again = build_tiny_model(
+        tmp_path, tools=DEMO_TOOLS, recipe=FAST, log=lambda *a: steps.append("rebuilt")
+    )
     assert again == path and steps == [0, 1, 2, 3] and weights.stat().st_mtime_ns == stamp
-    other = build_tiny_model(tmp_path, recipe=FAST.model_copy(update={"seed": 1}), log=None)
+    other = build_tiny_model(
+        tmp_path, tools=DEMO_TOOLS, recipe=FAST.model_copy(update={"seed": 1}), log=None
+    )
     assert other != path
     # Only finished entries (and their lock files) remain: no half-built temp directories.
     assert sorted(p.name for p in tmp_path.iterdir() if not p.name.endswith(".lock")) == sorted(
@@ -71,17 +82,20 @@ def test_cache_hit_does_not_rebuild(tmp_path):
 
 
 def test_random_model_plays_episodes(tiny_model_dir):
-    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
-    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
-    results = play_episodes(model, tokenizer, eval_rows(3), num_samples=2, max_new_tokens=8)
-    assert len(results) == 6 and all(r.reward == 0.0 for r in results)
-    prompt = tokenizer.apply_chat_template(
-        eval_rows(1)[0]["prompt"],
-        tools=DEMO_TOOLS,
-        add_generation_prompt=True,
-        tokenize=False,
-    )
-    assert tokenizer.decode(results[0].token_ids).startswith(prompt)
+    stats = measure(tiny_model_dir, eval_rows(3), samples=2)
+    assert stats.num_episodes == 6 and stats.pass_at_1 == 0.0
+
+
+def test_shipped_model_is_the_recipe_with_its_tokenizer_and_tools():
+    directory = shipped_model_dir()
+    info = json.loads((directory / BUILD_INFO).read_text())
+    assert info["recipe"] == DEFAULT_RECIPE.model_dump()
+    assert info["artifact_version"] >= 1
+    tokenizer = AutoTokenizer.from_pretrained(directory)
+    assert tokenizer.chat_template == CHAT_TEMPLATE  # the one template, not a stale copy
+    assert json.loads((directory / "tools.json").read_text()) == DEMO_TOOLS
+    model = AutoModelForCausalLM.from_pretrained(directory)
+    assert sum(p.numel() for p in model.parameters()) == info["num_params"]
 
 
 def test_cli_prints_the_model_directory(tmp_path):
@@ -136,16 +150,33 @@ def _greedy(model, prompt: list[int], num_tokens: int) -> list[int]:
     return ids[len(prompt) :]
 
 
-def test_warm_start_lands_between_never_and_always_right(warm_tiny_model_dir):
-    """The default recipe's model (what `make run` starts RL from) calls the tool on some
-    questions and guesses on others, and copies operands and results when it calls: sampled
-    pass@1 well inside (0, 1). Measured: 0.37 (calls 0.39, arguments right in 77 of 78)."""
-    tokenizer = AutoTokenizer.from_pretrained(warm_tiny_model_dir)
-    model = AutoModelForCausalLM.from_pretrained(warm_tiny_model_dir).eval()
-    results = play_episodes(model, tokenizer, eval_rows(100), num_samples=2, seed=0)
-    pass_at_1 = sum(r.reward for r in results) / len(results)
-    call_rate = sum(r.num_tool_calls > 0 for r in results) / len(results)
-    called = [r for r in results if r.num_tool_calls > 0]
-    assert 0.15 < pass_at_1 < 0.75, pass_at_1
-    assert 0.15 < call_rate < 0.85, call_rate  # the decision RL has to learn
-    assert sum(r.reward for r in called) / len(called) > 0.8  # a call is mostly a right answer
+# The band a warm start must land in: RL needs a model that calls the tool on some questions
+# and guesses on others, and that copies operands and results when it calls. Measured with
+# `measure` (100 eval questions x 2 samples) on 10 builds of the default recipe here (seeds
+# 0-4, 1 and 2 torch threads): see docs/tinymodel.md for every figure. The margins cover that
+# spread plus the one build reported from another CPU type (AMD EPYC: arguments right in
+# 61 of 77 calls, 0.79).
+BAND_PASS_AT_1 = (0.15, 0.75)
+BAND_CALL_RATE = (0.15, 0.85)
+MIN_CALLED_RIGHT = 0.6
+
+
+def _assert_in_band(stats) -> None:
+    assert BAND_PASS_AT_1[0] < stats.pass_at_1 < BAND_PASS_AT_1[1], stats
+    assert BAND_CALL_RATE[0] < stats.call_rate < BAND_CALL_RATE[1], stats  # the decision RL learns
+    assert stats.called_right > MIN_CALLED_RIGHT, stats  # a call is mostly a right answer
+
+
+def test_shipped_model_lands_between_never_and_always_right():
+    """What `make run` starts RL from. Measured here: see docs/tinymodel.md."""
+    _assert_in_band(measure(shipped_model_dir(), eval_rows(100), samples=2))
+
+
+@pytest.mark.slow
+def test_a_rebuild_still_lands_in_the_band(tmp_path):
+    """`python -m demo.tinymodel --rebuild`: the tool specs from a live env server, the
+    default recipe, minutes of training on this machine's floats; not bit-equal to the
+    shipped model, but as useful a start for RL."""
+    directory = rebuild_tiny_model(tmp_path, log=None)
+    assert json.loads((directory / "tools.json").read_text()) == DEMO_TOOLS
+    _assert_in_band(measure(directory, eval_rows(100), samples=2))

@@ -1,5 +1,5 @@
 """A real actor replica process without vLLM, for the live Prometheus test: the real actor
-loop, bus, /metrics and gRPC env client (`actors.actor.run_replica`, `GrpcEnvConnector`),
+loop, bus, /metrics and gRPC env client (`actors.replica.run_replica`, `GrpcEnvConnector`),
 with `actors.fakes.ScriptedEngine` in place of the vLLM engine. It plays the calculator
 episodes it pulls from NATS against a real env server.
 
@@ -17,11 +17,12 @@ ANSWER = "<answer>42</answer>"
 
 
 async def build(spec, config, broker):
-    from actors.actor import Actor, actor_id_of
+    from actors.actor import Actor
     from actors.chat import ChatTemplate
-    from actors.fakes import ScriptedEngine, by_turn
+    from actors.replica import actor_id_of
     from demo.tokenizer import build_tokenizer
     from protos.client import EnvClient, GrpcEnvConnector
+    from tests.fakes import ScriptedEngine, by_turn
 
     tokenizer = build_tokenizer(num_conversations=50)
     engine = ScriptedEngine(tokenizer, by_turn(TOOL_CALL, ANSWER), delay_s=0.05)
@@ -38,7 +39,7 @@ async def build(spec, config, broker):
 
 
 def main(argv: list[str]) -> None:
-    from actors.actor import run_replica
+    from actors.replica import run_replica
     from actors.replicas import ReplicaSpec
 
     run_replica(ReplicaSpec(index=0, config_path=argv[0]), build)

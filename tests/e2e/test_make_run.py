@@ -42,7 +42,7 @@ OVERRIDES = [
     f"learner.group_size={GROUP_SIZE}",
     f"learner.eval_interval={STEPS}",
     f"learner.eval_samples_per_prompt={EVAL_SAMPLES}",
-    "actor.max_generate_length=16",
+    "actor.rollout.max_generate_length=16",
 ]
 
 

@@ -50,7 +50,7 @@ def test_jsonl_loads_and_keeps_extra_keys(tmp_path):
             {"prompt": [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]},
             "prompt: must be .*first user message only",
         ),
-        ({"prompt": [{"role": "user", "content": 5}]}, "prompt\\[0\\]: expected"),
+        ({"prompt": [{"role": "user", "content": 5}]}, "prompt\\[0\\].content: expected"),
         (
             {"reward_spec": {"method": "rule"}},
             "reward_spec: expected an object with 'ground_truth'",

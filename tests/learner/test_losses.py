@@ -3,6 +3,7 @@ import math
 import pytest
 import torch
 
+from learner.config import AlgorithmConfig
 from learner.losses import (
     LossInputs,
     decoupled_behaviour_weight,
@@ -14,7 +15,6 @@ from learner.losses import (
     token_logprobs,
     truncated_is_weight,
 )
-from learner.config import AlgorithmConfig
 from learner.reductions import reduce_loss
 
 RATIOS = [0.5, 0.9, 1.0, 1.1, 1.5]

@@ -7,7 +7,7 @@ make it play them: it still samples, so it strays now and then, as a policy does
 result is saved as a full model directory (weights, config, tokenizer) that an engine can
 start from or load as a snapshot, and that transformers can load as the reference.
 
-`actors.fakes.ScriptedEngine` scripts the engine; this scripts the weights, so everything
+`tests/fakes.py`'s ScriptedEngine scripts the engine; this scripts the weights, so everything
 below them (vLLM, the prefix cache, logprobs) is the real thing.
 """
 

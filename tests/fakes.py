@@ -1,29 +1,42 @@
-"""Small scripted stand-ins for the engine and the env servers, for unit tests of the
-rollout logic and the actor loop (acme's `fakes.py`): no vLLM, no gRPC, same interfaces.
+"""Small stand-ins for the engine and the env servers, for unit tests of the rollout logic
+and the actor loop (acme's `fakes.py`): same interfaces, no vLLM, no gRPC.
 
 - `ScriptedEngine`: answers each prompt with text chosen by a script, tokenised with the
   real tokenizer and closed with EOS; cuts at `max_tokens` (finish `length`). Logprobs are a
   fixed function of position, versions come from `engine.version` (or a per-token
   schedule), and every call and answer is recorded for the test to compare against.
-- `FakeEnvClient`: the `EnvConnector` interface over in-process calculator sessions
-  (`demo.calculator` rules), with addresses that a test can take down to simulate an
-  outage, an optional step delay, and env classes it does not know (task rejected).
+- `InProcessEnv`: the env connector over the env server's REAL environments, run in this
+  process (no second implementation of any environment), with named "addresses" a test can
+  take down to simulate an outage, an optional step delay, and env classes it does not host
+  (the task is rejected).
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from actors.rollout import Generation, SamplingSpec
-from demo.calculator import CalculatorEpisode
-from demo.data import DEMO_TOOLS
+from actors.config import SamplingConfig
+from actors.types import Generation
+from envservers.envs.calculator import CalculatorProvider
+from envservers.types import Environment, EnvProvider
 from protos.client import EnvUnavailable, TaskRejected
+from protos.types import Observation, StepResult
 
 GENERATION_PROMPT = "<|im_start|>assistant\n"
+
+
+@dataclass(frozen=True)
+class Call:
+    """One generate call as the scripted engine saw it."""
+
+    prompt_token_ids: list[int]
+    sampling: SamplingConfig
+    max_tokens: int
+    seed: int | None
 
 
 def by_turn(*replies: str) -> Callable[[str], str]:
@@ -66,26 +79,35 @@ class ScriptedEngine:
         """Per-request delay by sampling seed (sample i of a seeded group has seed + i)."""
         self.num_weight_slots = 1
         self.snapshots_loaded: list[tuple[str, int]] = []
-        self.calls: list[tuple[list[int], SamplingSpec]] = []
+        self.calls: list[Call] = []
         self.generations: list[Generation] = []
         self.num_generated = 0
         self.in_flight = 0
         self.max_in_flight = 0
         """Most generate calls ever running at once (concurrency of a group)."""
 
-    async def generate(self, prompt_token_ids: list[int], params: SamplingSpec) -> Generation:
-        self.calls.append((list(prompt_token_ids), params))
+    async def generate(
+        self,
+        prompt_token_ids: list[int],
+        sampling: SamplingConfig,
+        *,
+        max_tokens: int,
+        stop_token_ids: Sequence[int] = (),
+        seed: int | None = None,
+    ) -> Generation:
+        seed = sampling.seed if seed is None else seed
+        self.calls.append(Call(list(prompt_token_ids), sampling, max_tokens, seed))
         prompt_text = self.tokenizer.decode(prompt_token_ids, skip_special_tokens=False)
         ids = self.tokenizer.encode(self.script(prompt_text), add_special_tokens=False)
         ids = list(ids) + [self.tokenizer.eos_token_id]
         finish = "stop"
-        if len(ids) > params.max_tokens:
-            ids, finish = ids[: params.max_tokens], "length"
+        if len(ids) > max_tokens:
+            ids, finish = ids[:max_tokens], "length"
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
         try:
             # Even without a delay, yield: sibling episodes interleave as on a real engine.
-            await asyncio.sleep(self.delay_for_seed.get(params.seed, self.delay_s))
+            await asyncio.sleep(self.delay_for_seed.get(seed, self.delay_s))
         finally:
             self.in_flight -= 1
         first = self.num_generated
@@ -110,97 +132,75 @@ class ScriptedEngine:
         return 0.0
 
 
-@dataclass
-class FakeObservation:
-    messages: list[dict[str, Any]]
-    tools: list[dict[str, Any]] = field(default_factory=list)
-    metadata: dict[str, Any] = field(default_factory=dict)
+class InProcessSession:
+    """One episode of a real environment, held by one (pretend) server address."""
 
-
-@dataclass
-class FakeStepResult:
-    observations: list[dict[str, Any]]
-    reward: float = 0.0
-    done: bool = False
-    metadata: dict[str, Any] = field(default_factory=dict)
-
-
-class FakeEnvSession:
-    """One calculator episode held by one (fake) server address."""
-
-    def __init__(self, client: FakeEnvClient, address: str, task: dict) -> None:
-        self.client = client
-        self.address = address
-        spec = task.get("reward_spec") or {}
-        self.episode = CalculatorEpisode(
-            ground_truth=str(spec.get("ground_truth", "")),
-            must_call_tool=bool(spec.get("must_call_tool", False)),
-        )
-        self.observation = FakeObservation(messages=list(task["prompt"]), tools=DEMO_TOOLS)
+    def __init__(self, client: InProcessEnv, address: str, env: Environment) -> None:
+        self.client, self.address, self.env = client, address, env
+        self.observation: Observation | None = None
         self.actions: list[str] = []
         self.closed = False
 
-    async def step(self, action_text: str) -> FakeStepResult:
+    async def step(self, action_text: str) -> StepResult:
         await asyncio.sleep(self.client.step_delay_s)
         if self.address in self.client.down:
-            raise EnvUnavailable(f"fake env server {self.address} is down")
+            raise EnvUnavailable(f"env server {self.address} is down")
         self.actions.append(action_text)
-        observations = self.episode.step(action_text)
-        return FakeStepResult(
-            observations=observations,
-            reward=self.episode.reward if self.episode.done else 0.0,
-            done=self.episode.done,
-            metadata={
-                "num_tool_calls": self.episode.num_tool_calls,
-                "tool_errors": self.episode.tool_errors,
-            },
-        )
+        return await self.env.step(action_text)
 
     async def close(self) -> None:
         if not self.closed:  # idempotent, like protos.client
             self.closed = True
             self.client.num_closed += 1
+            await self.env.close()
 
 
-class FakeEnvClient:
-    """The EnvConnector interface: opens go round robin over `addresses`; an address in
-    `down` refuses opens and fails the steps of its sessions with EnvUnavailable."""
+class InProcessEnv:
+    """The env connector interface over real environments: opens go round robin over
+    `addresses`; an address in `down` refuses opens and fails the steps of its sessions
+    with EnvUnavailable; an env class not in `providers` rejects the task."""
 
     def __init__(
         self,
         addresses: tuple[str, ...] = ("env-a", "env-b"),
         *,
-        env_classes: tuple[str, ...] = ("calculator",),
+        providers: dict[str, EnvProvider] | None = None,
         step_delay_s: float = 0.0,
     ) -> None:
         self.addresses = addresses
-        self.env_classes = env_classes
+        self.providers = providers or {"calculator": CalculatorProvider()}
         self.step_delay_s = step_delay_s
         self.down: set[str] = set()
-        self.sessions: list[FakeEnvSession] = []
+        self.sessions: list[InProcessSession] = []
         self.num_open_failures = 0
         self.num_closed = 0
         self._next = itertools.cycle(addresses)
 
-    async def open(self, env_class: str, task: dict) -> FakeEnvSession:
+    async def open(self, env_class: str, task: dict[str, Any]) -> InProcessSession:
         await asyncio.sleep(0)
         address = next(self._next)
         if address in self.down:
             self.num_open_failures += 1
-            raise EnvUnavailable(f"fake env server {address} is down")
-        if env_class not in self.env_classes:
+            raise EnvUnavailable(f"env server {address} is down")
+        provider = self.providers.get(env_class)
+        if provider is None:
             raise TaskRejected(f"unknown env_class {env_class!r}")
-        session = FakeEnvSession(self, address, task)
+        session = InProcessSession(self, address, provider.make())
+        try:
+            session.observation = await session.env.reset(task)
+        except ValueError as e:  # the env refuses the row, as the server's INVALID_ARGUMENT
+            raise TaskRejected(f"env server refused the task: {e}") from e
         self.sessions.append(session)
         return session
 
 
 def fake_replica_main(spec) -> None:
-    """Replica process body on fakes (target `actors.fakes:fake_replica_main`): the real
-    actor loop and bus, a ScriptedEngine and a FakeEnvClient. `spec.extra` holds `replies`
+    """Replica process body on fakes (target `tests.fakes:fake_replica_main`): the real
+    actor loop and bus, a ScriptedEngine and an InProcessEnv. `spec.extra` holds `replies`
     (by_turn script), `delay_s`, `delay_for_seed` ({seed: seconds}) and `env_down`."""
-    from actors.actor import Actor, actor_id_of, run_replica
+    from actors.actor import Actor
     from actors.chat import ChatTemplate
+    from actors.replica import actor_id_of, run_replica
     from demo.tokenizer import build_tokenizer
 
     async def build(spec, config, broker):
@@ -212,7 +212,7 @@ def fake_replica_main(spec) -> None:
             delay_s=extra.get("delay_s", 0.0),
             delay_for_seed={int(k): v for k, v in extra.get("delay_for_seed", {}).items()},
         )
-        env = FakeEnvClient()
+        env = InProcessEnv()
         env.down.update(extra.get("env_down", ()))
         actor = Actor(
             config=config,
