@@ -81,6 +81,16 @@ class Actor:
         self._subscription = None
         self._failure: BaseException | None = None
         self._stop = asyncio.Event()
+        self._weights_started = False
+
+    @property
+    def ready(self) -> bool:
+        """What /readyz reports (read from the metrics server's thread): the engine runs,
+        its start-up weights are settled, and it is current: it holds the newest announced
+        version or is joined to the learner's broadcast. False while stopping."""
+        if not self._weights_started or self._stop.is_set():
+            return False
+        return self._subscription is not None or self.engine.version >= self.newest_version
 
     async def run(self, stop: asyncio.Event) -> None:
         """
@@ -235,6 +245,7 @@ class Actor:
         if announced is not None:
             await self._on_policy(announced)
         self._record_versions()
+        self._weights_started = True
 
     async def _follow_policy(self) -> None:
         async for announced in self.policy.follow():
@@ -396,8 +407,13 @@ def run_replica(spec: ReplicaSpec, build) -> None:
     )
     from tether.metrics import serve_metrics
 
-    port = serve_metrics(config.metrics_port + spec.index if config.metrics_port else 0)
-    log.info("replica %d: /metrics on port %d", spec.index, port)
+    built: list[Actor] = []  # the actor once its engine has started
+    port = serve_metrics(
+        config.metrics_port + spec.index if config.metrics_port else 0,
+        config.metrics_host,
+        ready=lambda: bool(built) and built[0].ready,
+    )
+    log.info("replica %d: /metrics, /healthz, /readyz on port %d", spec.index, port)
 
     async def main() -> None:
         stop = asyncio.Event()
@@ -405,6 +421,7 @@ def run_replica(spec: ReplicaSpec, build) -> None:
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, stop.set)
         actor, cleanup = await build(spec, config, broker)
+        built.append(actor)
         try:
             await actor.run(stop)
         finally:
