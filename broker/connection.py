@@ -28,6 +28,7 @@ def credentials(environ=os.environ) -> dict[str, str]:
         raise ValueError("set both NATS_USER and NATS_PASSWORD, or neither")
     return {"user": user, "password": password} if user else {}
 
+
 # The client's read buffer must hold several max-size messages in flight.
 PENDING_SIZE_BYTES = 16 * MAX_PAYLOAD_BYTES
 
