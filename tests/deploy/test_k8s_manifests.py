@@ -22,7 +22,7 @@ import yaml
 from actors.config import ActorConfig
 from broker.config import BrokerConfig
 from broker.server import nats_server_binary
-from deploy import cluster, k8s_monitoring
+from deploy import cluster, k8s_monitoring, observability
 from deploy.prepare import PrepareConfig
 from envservers.config import EnvServerConfig
 from learner.config import LearnerConfig
@@ -215,7 +215,9 @@ CRD_SCHEMAS = {
 def test_prometheus_operator_objects_match_their_crds(rendered):
     _, objects = rendered
     monitoring = [o for o in objects if o["apiVersion"].startswith(cluster.MONITORING_GROUP)]
-    assert sorted(o["kind"] for o in monitoring) == ["PodMonitor", "PrometheusRule"]
+    assert sorted(o["kind"] for o in monitoring) == ["PodMonitor", "PrometheusRule"] + [
+        "PrometheusRule"
+    ]
     for obj in monitoring:
         jsonschema.validate(obj, CRD_SCHEMAS[obj["kind"]])
 
@@ -367,6 +369,10 @@ def test_rendered_rules_and_dashboard_are_the_plain_files(rendered):
     rule = _one(objects, "PrometheusRule", "tether-alerts")
     alerts = yaml.safe_load((REPO / "deploy/prometheus/alerts.yml").read_text())
     assert rule["spec"]["groups"] == alerts["groups"]
+    # The staleness bound the alert and the dashboard read is the overlay's own.
+    run_rules = _one(objects, "PrometheusRule", "tether-run-rules")["spec"]["groups"]
+    max_staleness = _run_config(objects)["learner"]["max_staleness"]
+    assert run_rules == observability.run_rules(max_staleness)["groups"]
     dashboard = _one(objects, "ConfigMap", "tether-grafana-dashboard")
     assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
     assert dashboard["data"]["tether.json"] == (REPO / "deploy/grafana/tether.json").read_text()
@@ -376,12 +382,13 @@ def test_promtool_accepts_the_rendered_rules(rendered, tmp_path):
     if shutil.which("promtool") is None:
         pytest.skip("promtool not installed (make install-test)")
     _, objects = rendered
+    groups = [
+        group
+        for name in ("tether-alerts", "tether-run-rules")
+        for group in _one(objects, "PrometheusRule", name)["spec"]["groups"]
+    ]
     rules = tmp_path / "rules.yml"
-    rules.write_text(
-        yaml.safe_dump(
-            {"groups": _one(objects, "PrometheusRule", "tether-alerts")["spec"]["groups"]}
-        )
-    )
+    rules.write_text(yaml.safe_dump({"groups": groups}))
     subprocess.run(["promtool", "check", "rules", str(rules)], check=True, capture_output=True)
 
 
