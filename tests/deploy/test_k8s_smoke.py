@@ -26,6 +26,7 @@ import json
 import os
 import re
 import secrets
+import shutil
 import sys
 import time
 import tomllib
@@ -288,6 +289,7 @@ def _port_is_free(port: int) -> bool:
 @pytest.mark.slow
 @pytest.mark.vllm
 @pytest.mark.timeout(900)
+@pytest.mark.skipif(shutil.which("kubectl") is None, reason="needs kubectl (kustomize)")
 def test_dev_overlay_trains_end_to_end_as_local_processes(tmp_path):
     objects = cluster.render("dev")
     nats_secret = {"NATS_USER": "tether", "NATS_PASSWORD": secrets.token_urlsafe(16)}
