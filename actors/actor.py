@@ -71,6 +71,16 @@ class Actor:
         self._follower = None
         self._failure: BaseException | None = None
         self._stop = asyncio.Event()
+        self._weights_started = False
+
+    @property
+    def ready(self) -> bool:
+        """What /readyz reports (read from the metrics server's thread): the engine runs,
+        its start-up weights are settled, and it is current: it holds the newest announced
+        version or is joined to the learner's broadcast. False while stopping."""
+        if not self._weights_started or self._stop.is_set():
+            return False
+        return self._follower is not None or self.engine.version >= self.newest_version
 
     async def run(self, stop: asyncio.Event) -> None:
         """
@@ -225,6 +235,7 @@ class Actor:
         if announced is not None:
             await self._on_policy(announced)
         self._record_versions()
+        self._weights_started = True
 
     async def _follow_policy(self) -> None:
         async for announced in self.policy.follow():

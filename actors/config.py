@@ -192,6 +192,9 @@ class ActorConfig(StrictModel):
     """On SIGTERM, running groups get this long to finish; the rest are nak'd at once."""
     metrics_port: int = pydantic.Field(default=9500, ge=0)
     """/metrics port of replica 0; replica i serves on metrics_port + i (0: a free port)."""
+    metrics_host: str = "127.0.0.1"
+    """Address of the /metrics, /healthz and /readyz server; "0.0.0.0" in a cluster, where
+    scrapers and probes come from outside the pod."""
     log_level: str = "INFO"
     """Python logging level of the replicas."""
 

@@ -44,8 +44,13 @@ def run_replica(spec: ReplicaSpec, build: BuildActor) -> None:
     )
     from common.metrics import serve_metrics
 
-    port = serve_metrics(config.metrics_port + spec.index if config.metrics_port else 0)
-    log.info("replica %d: /metrics on port %d", spec.index, port)
+    built: list[Actor] = []  # the actor once its engine has started
+    port = serve_metrics(
+        config.metrics_port + spec.index if config.metrics_port else 0,
+        config.metrics_host,
+        ready=lambda: bool(built) and built[0].ready,
+    )
+    log.info("replica %d: /metrics, /healthz, /readyz on port %d", spec.index, port)
 
     async def main() -> None:
         stop = asyncio.Event()
@@ -53,6 +58,7 @@ def run_replica(spec: ReplicaSpec, build: BuildActor) -> None:
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, stop.set)
         actor, cleanup = await build(spec, config, broker)
+        built.append(actor)
         try:
             await actor.run(stop)
         finally:

@@ -20,6 +20,9 @@ class BrokerConfig(pydantic.BaseModel):
     """A trajectory the learner has not acknowledged for this long is redelivered."""
     max_trajectory_bytes: int = 4 * 1024**3
     """Disk bound of the trajectory stream; publishers wait when it is full."""
+    stream_replicas: int = pydantic.Field(1, ge=1, le=5)
+    """Copies of every stream and bucket kept by a clustered nats-server (JetStream RAFT):
+    3 survives the loss of one server. Must not exceed the cluster's size."""
 
     @pydantic.field_validator("namespace")
     @classmethod
@@ -38,4 +41,5 @@ class BrokerConfig(pydantic.BaseModel):
             max_trajectory_bytes=self.max_trajectory_bytes,
             prompt_ack_wait_s=self.prompt_ack_wait_s,
             trajectory_ack_wait_s=self.trajectory_ack_wait_s,
+            replicas=self.stream_replicas,
         )

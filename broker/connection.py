@@ -1,11 +1,16 @@
 """Connect to NATS the way every long-lived Tether process should: reconnect forever,
 report every error, never die because the broker restarted.
+
+Credentials never sit in a config file: a server that requires a user and password gets
+them from the environment variables `NATS_USER` and `NATS_PASSWORD` (the names the `nats`
+CLI uses), which a cluster fills from a Secret.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 
 import nats.errors
@@ -14,6 +19,15 @@ from nats.aio.client import Client
 from broker.server import MAX_PAYLOAD_BYTES
 
 log = logging.getLogger(__name__)
+
+
+def credentials(environ=os.environ) -> dict[str, str]:
+    """`user` and `password` for nats-py's connect, from NATS_USER / NATS_PASSWORD if set."""
+    user, password = environ.get("NATS_USER", ""), environ.get("NATS_PASSWORD", "")
+    if bool(user) != bool(password):
+        raise ValueError("set both NATS_USER and NATS_PASSWORD, or neither")
+    return {"user": user, "password": password} if user else {}
+
 
 # The client's read buffer must hold several max-size messages in flight.
 PENDING_SIZE_BYTES = 16 * MAX_PAYLOAD_BYTES
@@ -53,6 +67,7 @@ async def connect(
                 error_cb=on_error,
                 disconnected_cb=on_disconnected,
                 reconnected_cb=on_reconnected,
+                **credentials(),
             )
             return nc
         # Network boundary: the broker may not be up yet; retry until the deadline.

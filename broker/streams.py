@@ -41,6 +41,8 @@ class StreamLimits:
     trajectory_ack_wait_s: float = 600.0
     trajectory_max_ack_pending: int = 65_536
     """Trajectories the learner may hold unacknowledged (until its next checkpoint)."""
+    replicas: int = 1
+    """Copies of each stream and bucket on a clustered server; consumers inherit it."""
 
 
 async def ensure_streams(
@@ -58,6 +60,7 @@ async def ensure_streams(
             max_msgs=limits.max_prompt_msgs,
             max_msg_size=MAX_PAYLOAD_BYTES,
             duplicate_window=limits.duplicate_window_s,
+            num_replicas=limits.replicas,
         ),
     )
     await _ensure_stream(
@@ -71,6 +74,7 @@ async def ensure_streams(
             max_bytes=limits.max_trajectory_bytes,
             max_msg_size=MAX_PAYLOAD_BYTES,
             duplicate_window=limits.duplicate_window_s,
+            num_replicas=limits.replicas,
         ),
     )
     await _ensure_consumer(
@@ -96,10 +100,16 @@ async def ensure_streams(
         ),
     )
     await js.create_key_value(
-        config=KeyValueConfig(bucket=names.policy_bucket, history=1, storage=StorageType.FILE)
+        config=KeyValueConfig(
+            bucket=names.policy_bucket,
+            history=1,
+            storage=StorageType.FILE,
+            replicas=limits.replicas,
+        )
     )
     await js.create_object_store(
-        bucket=names.spill_bucket, config=ObjectStoreConfig(storage=StorageType.FILE)
+        bucket=names.spill_bucket,
+        config=ObjectStoreConfig(storage=StorageType.FILE, replicas=limits.replicas),
     )
 
 

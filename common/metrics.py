@@ -1,16 +1,86 @@
-"""Prometheus metrics endpoint shared by every process (`/metrics`).
+"""The HTTP endpoint every process serves: Prometheus `/metrics`, and the probes a cluster
+engine (Kubernetes, Ray) asks on the same port.
+
+    GET /metrics   Prometheus text format (the process's default registry)
+    GET /healthz   200 while the process serves (liveness)
+    GET /readyz    200 once the role says it is ready (`ready()` is true), else 503
 
 Each role declares its own metrics with prometheus_client at module level; this module only
-starts the HTTP server, on a chosen or free port, and reports where it listens.
+starts the server, on a chosen or free port, and reports where it listens. `ready` is a
+callable the server asks on every /readyz (from its own thread: it must only read state).
+Without one, the process is ready as soon as it serves.
 """
 
 from __future__ import annotations
 
+import socket
+import socketserver
+import threading
+from collections.abc import Callable, Iterable
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
 import prometheus_client
+from prometheus_client import CollectorRegistry
+
+HEALTH_PATH = "/healthz"
+READY_PATH = "/readyz"
 
 
-def serve_metrics(port: int, host: str = "127.0.0.1") -> int:
-    """Start the /metrics HTTP server in a daemon thread; port 0 picks a free one.
-    Returns the port actually bound."""
-    server, _thread = prometheus_client.start_http_server(port, addr=host)
+class _ThreadingServer(socketserver.ThreadingMixIn, WSGIServer):
+    daemon_threads = True  # a slow scraper never keeps the process alive
+
+
+class _ThreadingServer6(_ThreadingServer):
+    address_family = socket.AF_INET6
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format, *args) -> None:  # noqa: A002 - the base class's name
+        pass  # one line per scrape and probe would drown the role's own log
+
+
+def health_app(
+    metrics_app: Callable, ready: Callable[[], bool] | None
+) -> Callable[[dict, Callable], Iterable[bytes]]:
+    """A WSGI app: the probes at /healthz and /readyz, everything else to `metrics_app`."""
+
+    def app(environ: dict, start_response: Callable) -> Iterable[bytes]:
+        path = environ.get("PATH_INFO", "")
+        if path == HEALTH_PATH:
+            return _text(start_response, "200 OK", "ok\n")
+        if path == READY_PATH:
+            if ready is None or ready():
+                return _text(start_response, "200 OK", "ready\n")
+            return _text(start_response, "503 Service Unavailable", "not ready\n")
+        return metrics_app(environ, start_response)
+
+    return app
+
+
+def _text(start_response: Callable, status: str, body: str) -> list[bytes]:
+    data = body.encode()
+    start_response(status, [("Content-Type", "text/plain"), ("Content-Length", str(len(data)))])
+    return [data]
+
+
+def serve_metrics(
+    port: int,
+    host: str = "127.0.0.1",
+    *,
+    ready: Callable[[], bool] | None = None,
+    registry: CollectorRegistry = prometheus_client.REGISTRY,
+) -> int:
+    """Start /metrics, /healthz and /readyz in a daemon thread; port 0 picks a free one.
+    `host` "0.0.0.0" listens on every interface (a cluster's scrapers and probes come from
+    outside the pod). Returns the port actually bound."""
+    app = health_app(prometheus_client.make_wsgi_app(registry), ready)
+    server_class = _ThreadingServer6 if ":" in host else _ThreadingServer
+    server = make_server(host, port, app, server_class, handler_class=_QuietHandler)
+    threading.Thread(target=server.serve_forever, name="metrics-http", daemon=True).start()
     return server.server_port
+
+
+def serve_health(port: int, host: str = "127.0.0.1") -> int:
+    """Only the probes (and an empty /metrics): for a process whose metrics another one
+    reports, such as a learner rank other than 0 that runs alone in its pod."""
+    return serve_metrics(port, host, registry=CollectorRegistry(auto_describe=True))

@@ -37,7 +37,14 @@ class ProcessGroup:
     log_dir: Path
     children: list[Child] = field(default_factory=list)
 
-    def start(self, name: str, argv: list[str], *, env: dict[str, str] | None = None) -> Child:
+    def start(
+        self,
+        name: str,
+        argv: list[str],
+        *,
+        env: dict[str, str] | None = None,
+        cwd: str | Path | None = None,
+    ) -> Child:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         log_path = self.log_dir / f"{name}.log"
         with open(log_path, "ab") as log:
@@ -47,6 +54,7 @@ class ProcessGroup:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 env={**os.environ, **(env or {})},
+                cwd=cwd,
                 start_new_session=True,  # its own process group: we signal it, not the tty
                 preexec_fn=die_with_parent,
             )

@@ -175,6 +175,9 @@ class LearnerConfig(StrictModel):
     """Where the learner writes metrics.jsonl, eval dumps and weight snapshots."""
     metrics_port: int = pydantic.Field(default=9300, ge=0)
     """Port of the Prometheus /metrics endpoint (0: a free one)."""
+    metrics_host: str = "127.0.0.1"
+    """Address of the /metrics, /healthz and /readyz server; "0.0.0.0" in a cluster, where
+    scrapers and probes come from outside the pod."""
     eval_samples_per_prompt: int = pydantic.Field(default=4, ge=1)
     """Samples per eval prompt: pass@1 is their mean success, pass@n any success."""
     drain_timeout_s: float = pydantic.Field(default=60.0, ge=0)

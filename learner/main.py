@@ -14,7 +14,7 @@ import torch.distributed as dist
 
 from broker.config import BrokerConfig
 from common.config import load_section
-from common.metrics import serve_metrics
+from common.metrics import serve_health, serve_metrics
 from learner.checkpoint import latest_checkpoint, read_training_state
 from learner.config import LearnerConfig
 from learner.loop import Learner
@@ -41,6 +41,10 @@ def run(config_path: str, overrides: list[str]) -> int:
     trainer = Trainer(load_model(config.model_path), config)
     rank = dist.get_rank() if dist.is_initialized() else 0
     if rank != 0:
+        if int(os.environ.get("LOCAL_RANK", "0")) == 0:
+            # This node's probes (rank 0 reports the metrics): alive, and ready now that
+            # its trainer is built.
+            serve_health(config.metrics_port, config.metrics_host)
         follow(trainer, checkpoint_dir=config.checkpoint.dir)
         dist.destroy_process_group()
         return 0
@@ -52,8 +56,15 @@ def run(config_path: str, overrides: list[str]) -> int:
     # The history files are cut back to what the checkpoint covers before anything is written.
     position = read_training_state(resume_from).dataset_cursor if resume_from else None
     reporter = Reporter(config, run_dir, position=position)
-    port = serve_metrics(config.metrics_port)
-    log.info("metrics on http://127.0.0.1:%d/metrics", port)
+    learner: Learner | None = None
+
+    def ready() -> bool:
+        """/readyz: the trainer is built and the loop is connected to the bus."""
+        nc = getattr(learner, "nc", None)  # set once Learner.run has connected
+        return nc is not None and nc.is_connected
+
+    port = serve_metrics(config.metrics_port, config.metrics_host, ready=ready)
+    log.info("metrics, /healthz, /readyz on http://%s:%d", config.metrics_host, port)
     sender = WeightSender(config.weight_sync) if config.broadcast_weights else None
     commands = RankCommands(
         trainer,
