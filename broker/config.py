@@ -5,10 +5,11 @@ from __future__ import annotations
 import pydantic
 
 from broker.names import BusNames
+from common.config import StrictModel
 
 
-class BrokerConfig(pydantic.BaseModel):
-    model_config = pydantic.ConfigDict(extra="forbid")
+class BrokerConfig(StrictModel):
+    """The `[broker]` section."""
 
     url: str = "nats://127.0.0.1:4222"
     """NATS server URL. `make run` starts an embedded server and sets this."""

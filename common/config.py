@@ -1,9 +1,11 @@
 """One config system for every role: a TOML or YAML file, validated by pydantic, with
 dotted command-line overrides on top.
 
-A single file may hold all roles; each role validates only its own section
-(`[learner]`, `[actor]`, `[envserver]`, `[broker]`, ...) against its own pydantic model, so
-no role imports another's config. This module imports neither torch nor vLLM: a bad config
+A single file may hold all roles; each role validates its own section (`[learner]`,
+`[actor]`, `[envserver]`, `[broker]`, ...) against its own pydantic model, so no role imports
+another's config, and every role refuses a section name it does not know (a misspelt
+`[brokr]` must not pass silently). The launchers validate a whole file at once
+(`deploy/config.py` `RunConfig`). This module imports neither torch nor vLLM: a bad config
 must fail in well under a second.
 """
 
@@ -18,6 +20,10 @@ import pydantic
 import yaml
 
 C = TypeVar("C", bound=pydantic.BaseModel)
+
+SECTIONS = ("broker", "envserver", "learner", "actor", "local", "prepare")
+"""Every top-level section a config file may hold (deploy/config.py `RunConfig` has one
+field per name; a test keeps the two equal)."""
 
 
 class StrictModel(pydantic.BaseModel):
@@ -78,15 +84,32 @@ def load_section(
     Overrides are dotted from the top of the file (`learner.lr=1e-5`). Errors name the file,
     the field and the rule broken.
     """
+    data = read_sections(path, overrides)
+    where = f"{path}" if path else "command line"
+    try:
+        return model.model_validate(data.get(section, {}))
+    except pydantic.ValidationError as e:
+        raise ValueError(f"invalid config ({where}):\n" + error_lines(e, prefix=section)) from None
+
+
+def read_sections(path: str | Path | None, overrides: list[str] = ()) -> dict[str, Any]:
+    """The file's sections with the overrides applied; ValueError for an unknown section."""
     data = read_config_file(path) if path else {}
     data = apply_overrides(data, list(overrides))
-    raw = data.get(section, {})
-    try:
-        return model.model_validate(raw)
-    except pydantic.ValidationError as e:
+    unknown = sorted(set(data) - set(SECTIONS))
+    if unknown:
         where = f"{path}" if path else "command line"
-        lines = [
-            f"  {section}.{'.'.join(str(p) for p in err['loc'])}: {err['msg']}"
-            for err in e.errors()
-        ]
-        raise ValueError(f"invalid config ({where}):\n" + "\n".join(lines)) from None
+        raise ValueError(
+            f"invalid config ({where}): unknown section(s) {', '.join(unknown)}; "
+            f"known: {', '.join(SECTIONS)}"
+        )
+    return data
+
+
+def error_lines(error: pydantic.ValidationError, *, prefix: str = "") -> str:
+    """One `  dotted.key: message` line per problem."""
+    lines = []
+    for err in error.errors():
+        key = ".".join(str(p) for p in err["loc"])
+        lines.append(f"  {prefix + '.' if prefix and key else prefix}{key}: {err['msg']}")
+    return "\n".join(lines)

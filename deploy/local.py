@@ -22,35 +22,15 @@ import sys
 import time
 from pathlib import Path
 
-import pydantic
-
 from broker.server import NatsServer
-from common.config import StrictModel, apply_overrides, read_config_file
+from common.config import load_section
 from common.procs import free_port
 from deploy import progress
+from deploy.config import LocalRunConfig, load_run_config
 from deploy.processes import ProcessGroup
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CONFIG = REPO_ROOT / "configs" / "demo.toml"
-
-
-class LocalRunConfig(StrictModel):
-    """The `[local]` section: how the single-machine launcher lays out a run."""
-
-    runs_dir: str = "runs"
-    """Parent directory of run directories; `<runs_dir>/latest` points at the newest."""
-    actor_replicas: int = pydantic.Field(2, ge=1)
-    """Actor replicas (one vLLM engine each)."""
-    num_train_rows: int = 10_000
-    """Calculator training prompts generated for the run (seeded)."""
-    num_eval_rows: int = 100
-    """Fixed eval prompts (held out from training)."""
-    dataset_seed: int = 0
-    """Seed of the training prompts."""
-    warm_start: bool = True
-    """Start RL from the supervised warm start (False: random weights, for quick checks)."""
-    timeout_s: float = 3600.0
-    """Stop everything if the run has not finished after this long."""
 
 
 def free_port_block(size: int, attempts: int = 50) -> int:
@@ -79,47 +59,76 @@ def _point_latest(runs_dir: Path, run_dir: Path) -> None:
     os.replace(tmp, latest)  # atomic: `latest` always names a whole run
 
 
-def _prepare_inputs(local: LocalRunConfig, run_dir: Path) -> tuple[Path, Path, Path]:
-    from demo import data as demo_data
+def _model_dir(local: LocalRunConfig) -> Path:
     from demo.tinymodel import build_random_tiny_model, shipped_model_dir
 
     if local.warm_start:
-        model_dir = shipped_model_dir()  # the warm start shipped in the repository
-    else:
-        print("building a random-weight tiny model (seconds; cached) ...", flush=True)
-        model_dir = build_random_tiny_model()
-    train, evals = demo_data.write_dataset(
+        return shipped_model_dir()  # the warm start shipped in the repository
+    print("building a random-weight tiny model (seconds; cached) ...", flush=True)
+    return build_random_tiny_model()
+
+
+def _wiring(run_dir: Path, model_dir: Path, ports: dict[str, int]) -> list[str]:
+    """Overrides that point every role at this run's processes, files and ports."""
+    data = run_dir / "data"
+    return [
+        f"broker.url=nats://127.0.0.1:{ports['nats']}",
+        f"learner.model_path={model_dir}",
+        f"learner.train_data={data / 'train.jsonl'}",
+        f"learner.eval_data={data / 'eval.jsonl'}",
+        f"learner.run_dir={run_dir}",
+        f"learner.checkpoint.dir={run_dir / 'checkpoints'}",
+        f"learner.metrics_port={ports['learner']}",
+        f"learner.weight_sync.store_port={ports['weight_store']}",
+        f"actor.engine.model={model_dir}",
+        f'actor.env.addresses=["127.0.0.1:{ports["envserver_grpc"]}"]',
+        f"actor.metrics_port={ports['actor']}",
+        f"envserver.port={ports['envserver_grpc']}",
+        f"envserver.metrics_port={ports['envserver']}",
+    ]
+
+
+def launch(config_path: Path, overrides: list[str]) -> int:
+    try:
+        local = load_section(LocalRunConfig, config_path, "local", overrides)
+        runs_dir = (REPO_ROOT / local.runs_dir).resolve()
+        run_dir = runs_dir / _run_id()
+        model_dir = _model_dir(local)
+        ports = {name: free_port() for name in ("nats", "learner", "envserver", "envserver_grpc")}
+        ports["weight_store"] = free_port()
+        ports["actor"] = free_port_block(local.actor_replicas)  # replica i serves on base + i
+        args = _wiring(run_dir, model_dir, ports) + list(overrides)
+        # The whole file, wired, before anything starts: a typo anywhere is an error now.
+        run = load_run_config(config_path, args)
+        if run.learner is None or run.actor is None or run.envserver is None:
+            raise ValueError(f"{config_path}: a run needs [learner], [actor] and [envserver]")
+    except ValueError as e:
+        print(f"python -m deploy.local: {e}", file=sys.stderr)
+        return 2
+
+    run_dir.mkdir(parents=True)
+    _point_latest(runs_dir, run_dir)
+    print(f"run directory: {run_dir}  (runs/latest)", flush=True)
+    from demo import data as demo_data
+
+    demo_data.write_dataset(
         run_dir / "data",
         num_train=local.num_train_rows,
         num_eval=local.num_eval_rows,
         seed=local.dataset_seed,
     )
-    return model_dir, train, evals
-
-
-def launch(config_path: Path, overrides: list[str]) -> int:
-    raw = apply_overrides(read_config_file(config_path), overrides)
-    local = LocalRunConfig.model_validate(raw.get("local", {}))
-    total_steps = int(raw.get("learner", {}).get("total_steps", 0))
-    runs_dir = (REPO_ROOT / local.runs_dir).resolve()
-    run_dir = runs_dir / _run_id()
-    run_dir.mkdir(parents=True)
-    _point_latest(runs_dir, run_dir)
-    print(f"run directory: {run_dir}  (runs/latest)", flush=True)
-
-    model_dir, train_path, eval_path = _prepare_inputs(local, run_dir)
-    env_port, learner_metrics, env_metrics = (free_port() for _ in range(3))
-    actor_metrics = free_port_block(local.actor_replicas)  # replica i serves on base + i
     (run_dir / "logs").mkdir()
     children = ProcessGroup(run_dir / "logs")
-    nats = NatsServer(run_dir / "nats", log_file=run_dir / "logs" / "nats-server.log")
-    ports = {
-        "learner": learner_metrics,
-        "actor": actor_metrics,
-        "envserver": env_metrics,
+    nats = NatsServer(
+        run_dir / "nats", port=ports["nats"], log_file=run_dir / "logs" / "nats-server.log"
+    )
+    metrics_ports = {
+        "learner": ports["learner"],
+        "actor": ports["actor"],
+        "envserver": ports["envserver"],
         "actor_replicas": local.actor_replicas,
     }
-    (run_dir / "metrics_ports.json").write_text(json.dumps(ports, indent=2) + "\n")
+    (run_dir / "metrics_ports.json").write_text(json.dumps(metrics_ports, indent=2) + "\n")
 
     stopping = False
 
@@ -133,22 +142,6 @@ def launch(config_path: Path, overrides: list[str]) -> int:
     records: list[dict] = []
     try:
         nats.start()
-        wiring = [
-            f"broker.url={nats.url}",
-            f"learner.model_path={model_dir}",
-            f"learner.train_data={train_path}",
-            f"learner.eval_data={eval_path}",
-            f"learner.run_dir={run_dir}",
-            f"learner.checkpoint.dir={run_dir / 'checkpoints'}",
-            f"learner.metrics_port={learner_metrics}",
-            f"learner.weight_sync.store_port={free_port()}",
-            f"actor.engine.model={model_dir}",
-            f'actor.env.addresses=["127.0.0.1:{env_port}"]',
-            f"actor.metrics_port={actor_metrics}",
-            f"envserver.port={env_port}",
-            f"envserver.metrics_port={env_metrics}",
-        ]
-        args = wiring + list(overrides)
         cfg = ["--config", str(config_path)]
         # The same entry points as the `envserver`, `learner` and `actor` console scripts.
         python = [sys.executable, "-m"]
@@ -160,11 +153,16 @@ def launch(config_path: Path, overrides: list[str]) -> int:
         )
         print(
             f"started nats-server ({nats.url}), envserver, learner, {local.actor_replicas} actor "
-            f"replicas; logs in {children.log_dir}; metrics on ports {ports}",
+            f"replicas; logs in {children.log_dir}; metrics on ports {metrics_ports}",
             flush=True,
         )
         code = _follow(
-            children, metrics_path, records, total_steps, local.timeout_s, lambda: stopping
+            children,
+            metrics_path,
+            records,
+            run.learner.total_steps,
+            local.timeout_s,
+            lambda: stopping,
         )
     finally:
         children.stop_all()

@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from tests.fakes import InProcessEnv, ScriptedEngine, by_turn
 
 from actors.actor import Actor
 from actors.chat import ChatTemplate
@@ -17,6 +16,7 @@ from broker import client as bus
 from broker.config import BrokerConfig
 from broker.wire import PolicyVersion
 from demo.tokenizer import build_tokenizer
+from tests.fakes import InProcessEnv, ScriptedEngine, by_turn
 
 
 @pytest.fixture(scope="module")

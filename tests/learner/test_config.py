@@ -17,24 +17,6 @@ def test_defaults_are_valid():
     assert config.algorithm.policy_loss == "ppo" and config.max_staleness == 1
 
 
-def test_every_field_has_a_docstring():
-    import ast
-    import inspect
-
-    from learner.config import AlgorithmConfig, CheckpointConfig, OptimConfig
-
-    for model in (LearnerConfig, OptimConfig, AlgorithmConfig, CheckpointConfig):
-        body = ast.parse(textwrap.dedent(inspect.getsource(model))).body[0].body
-        documented = {
-            node.target.id
-            for node, after in zip(body, body[1:], strict=False)
-            if isinstance(node, ast.AnnAssign)
-            and isinstance(after, ast.Expr)
-            and isinstance(after.value, ast.Constant)
-        }
-        assert documented == set(model.model_fields), model.__name__
-
-
 @pytest.mark.parametrize(
     ("fields", "message"),
     [

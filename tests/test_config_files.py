@@ -1,0 +1,111 @@
+"""One config system: every config file we ship validates as a whole (`RunConfig`), every
+role refuses a section it does not know, every field of every section is documented, and
+the config modules import no runtime module (a bad config answers in well under a second)."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pydantic
+import pytest
+
+from common.config import SECTIONS, load_section
+from deploy.config import RunConfig, load_run_config
+
+REPO = Path(__file__).resolve().parents[1]
+SHIPPED = sorted((REPO / "configs").glob("*.toml")) + sorted(
+    (REPO / "deploy" / "k8s").glob("*/tether.toml")
+)
+# What the launchers wire in on the command line (paths and addresses of a run).
+WIRED = [
+    "learner.model_path=/m",
+    "learner.train_data=/d/train.jsonl",
+    "learner.eval_data=/d/eval.jsonl",
+    "actor.engine.model=/m",
+]
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: str(p.relative_to(REPO)))
+def test_shipped_config_files_validate_as_a_whole(path):
+    run = load_run_config(path, WIRED)
+    assert run.broker.namespace
+
+
+def test_run_config_has_a_field_per_known_section():
+    assert tuple(RunConfig.model_fields) == SECTIONS
+
+
+def test_a_misspelt_section_is_refused_by_every_role(tmp_path):
+    from actors.config import ActorConfig
+    from envservers.config import EnvServerConfig
+    from learner.config import LearnerConfig
+
+    path = tmp_path / "c.toml"
+    path.write_text('[brokr]\nurl = "nats://x:4222"\n[learner]\nmodel_path = "m"\n')
+    for model, section in ((LearnerConfig, "learner"), (ActorConfig, "actor")):
+        with pytest.raises(ValueError, match="unknown section.*brokr"):
+            load_section(model, path, section)
+    with pytest.raises(ValueError, match="unknown section.*brokr"):
+        load_section(EnvServerConfig, path, "envserver")
+    with pytest.raises(ValueError, match="unknown section.*brokr"):
+        load_run_config(path)
+
+
+def test_errors_name_every_bad_key(tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_text('[learner]\nmodel_path = "m"\n[learner.optim]\nlrr = 1\n')
+    with pytest.raises(ValueError) as error:
+        load_run_config(path, ["actor.rollout.max_turns=0", "actor.engine.model=m"])
+    assert "learner.optim.lrr: Extra inputs are not permitted" in str(error.value)
+    assert "actor.rollout.max_turns: Input should be greater than or equal to 1" in str(error.value)
+
+
+def _models(model: type[pydantic.BaseModel], seen: set) -> list[type[pydantic.BaseModel]]:
+    """`model` and every config model nested in its fields."""
+    if model in seen:
+        return []
+    seen.add(model)
+    found = [model]
+    for field in model.model_fields.values():
+        for arg in [field.annotation, *getattr(field.annotation, "__args__", ())]:
+            if isinstance(arg, type) and issubclass(arg, pydantic.BaseModel):
+                found += _models(arg, seen)
+    return found
+
+
+def test_every_field_of_every_section_has_a_docstring():
+    for model in _models(RunConfig, set()):
+        body = ast.parse(textwrap.dedent(inspect.getsource(model))).body[0].body
+        documented = {
+            node.target.id
+            for node, after in zip(body, body[1:], strict=False)
+            if isinstance(node, ast.AnnAssign)
+            and isinstance(after, ast.Expr)
+            and isinstance(after.value, ast.Constant)
+        }
+        assert documented == set(model.model_fields), model.__name__
+
+
+def test_config_modules_import_no_runtime_module():
+    modules = [
+        "deploy.config",
+        "actors.config",
+        "learner.config",
+        "envservers.config",
+        "broker.config",
+        "weights.config",
+    ]
+    heavy = ("torch", "vllm", "transformers", "grpc", "nats", "numpy")
+    code = (
+        f"import sys; import {', '.join(modules)}; "
+        f"print([m for m in {heavy!r} if m in sys.modules])"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO
+    )
+    assert out.stdout.strip() == "[]"
