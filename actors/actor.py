@@ -30,7 +30,7 @@ import nats.errors
 from actors import metrics
 from actors.chat import ChatTemplate
 from actors.config import ActorConfig
-from actors.episode import run_group, validate_task
+from actors.episode import Rollout, run_group, validate_task
 from actors.trajectory import to_trajectory
 from actors.types import ActorEngine, EnvConnector, EpisodeResult
 from broker import client as bus
@@ -174,13 +174,15 @@ class Actor:
             metrics.EPISODES_IN_FLIGHT.inc(unfinished)
             sampling = self.config.eval_sampling if task.is_eval else self.config.sampling
             await run_group(
-                engine=self.engine,
-                env=self.env,
-                chat=self.chat,
-                task=task,
-                limits=self.config.rollout,
-                sampling=sampling,
-                env_config=self.config.env,
+                Rollout(
+                    engine=self.engine,
+                    env=self.env,
+                    chat=self.chat,
+                    limits=self.config.rollout,
+                    sampling=sampling,
+                    env_config=self.config.env,
+                ),
+                task,
                 on_result=publish,
             )
         except TaskRejected as e:

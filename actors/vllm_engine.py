@@ -32,12 +32,12 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-from actors.config import SamplingConfig, VllmEngineConfig
-from actors.types import Generation
+from actors.config import VllmEngineConfig
+from actors.types import Generation, Turn
 from weights.follower import WeightUpdate, WeightUpdateError
 from weights.subscription import RoundTicket
 
@@ -120,23 +120,15 @@ class VllmEngine:
 
     # ---- generation ---------------------------------------------------------------------------
 
-    def _sampling_params(
-        self,
-        sampling: SamplingConfig,
-        *,
-        max_tokens: int,
-        stop_token_ids: Sequence[int],
-        seed: int | None,
-        final_only: bool,
-    ):
+    def _sampling_params(self, turn: Turn, *, final_only: bool):
         from vllm.sampling_params import RequestOutputKind, SamplingParams
 
         return SamplingParams(
-            temperature=sampling.temperature,
-            top_p=sampling.top_p,
-            max_tokens=max_tokens,
-            seed=sampling.seed if seed is None else seed,
-            stop_token_ids=list(stop_token_ids),
+            temperature=turn.sampling.temperature,
+            top_p=turn.sampling.top_p,
+            max_tokens=turn.max_tokens,
+            seed=turn.seed,
+            stop_token_ids=list(turn.stop_token_ids),
             logprobs=0,  # the sampled token's logprob only
             detokenize=False,
             output_kind=RequestOutputKind.FINAL_ONLY if final_only else RequestOutputKind.DELTA,
@@ -159,24 +151,10 @@ class VllmEngine:
                 raise RuntimeError(f"request {request_id} ended: {completion.finish_reason}")
             yield completion
 
-    async def stream(
-        self,
-        prompt_token_ids: list[int],
-        sampling: SamplingConfig,
-        *,
-        max_tokens: int,
-        stop_token_ids: Sequence[int] = (),
-        seed: int | None = None,
-    ) -> AsyncIterator[TokenDelta]:
+    async def stream(self, prompt_token_ids: list[int], turn: Turn) -> AsyncIterator[TokenDelta]:
         """Generate, yielding tokens as they arrive (the last delta has `finish_reason` and
         the per-token `versions`)."""
-        params = self._sampling_params(
-            sampling,
-            max_tokens=max_tokens,
-            stop_token_ids=stop_token_ids,
-            seed=seed,
-            final_only=False,
-        )
+        params = self._sampling_params(turn, final_only=False)
         num_tokens = 0
         async for completion in self._outputs(prompt_token_ids, params):
             new_ids = list(completion.token_ids)
@@ -189,24 +167,10 @@ class VllmEngine:
                 delta.versions = _expand_spans(completion.weight_versions, num_tokens)
             yield delta
 
-    async def generate(
-        self,
-        prompt_token_ids: list[int],
-        sampling: SamplingConfig,
-        *,
-        max_tokens: int,
-        stop_token_ids: Sequence[int] = (),
-        seed: int | None = None,
-    ) -> Generation:
+    async def generate(self, prompt_token_ids: list[int], turn: Turn) -> Generation:
         """The whole turn at once: vLLM sends only the final output (per-token streaming
         costs the actor a Python round per token and engine step)."""
-        params = self._sampling_params(
-            sampling,
-            max_tokens=max_tokens,
-            stop_token_ids=stop_token_ids,
-            seed=seed,
-            final_only=True,
-        )
+        params = self._sampling_params(turn, final_only=True)
         started_version, completion = self.version, None
         async for output in self._outputs(prompt_token_ids, params):
             completion = output  # FINAL_ONLY: one output, when the request ends

@@ -88,6 +88,33 @@ def _wiring(run_dir: Path, model_dir: Path, ports: dict[str, int]) -> list[str]:
     ]
 
 
+def _prepare_run_dir(
+    runs_dir: Path, run_dir: Path, local: LocalRunConfig, ports: dict[str, int]
+) -> dict[str, int]:
+    """The run directory with its dataset, logs folder and the metrics ports of its
+    processes (for `make observe`); `runs/latest` points at it. Returns those ports."""
+    from demo import data as demo_data
+
+    run_dir.mkdir(parents=True)
+    _point_latest(runs_dir, run_dir)
+    print(f"run directory: {run_dir}  (runs/latest)", flush=True)
+    demo_data.write_dataset(
+        run_dir / "data",
+        num_train=local.num_train_rows,
+        num_eval=local.num_eval_rows,
+        seed=local.dataset_seed,
+    )
+    (run_dir / "logs").mkdir()
+    metrics_ports = {
+        "learner": ports["learner"],
+        "actor": ports["actor"],
+        "envserver": ports["envserver"],
+        "actor_replicas": local.actor_replicas,
+    }
+    (run_dir / "metrics_ports.json").write_text(json.dumps(metrics_ports, indent=2) + "\n")
+    return metrics_ports
+
+
 def launch(config_path: Path, overrides: list[str]) -> int:
     try:
         local = load_section(LocalRunConfig, config_path, "local", overrides)
@@ -106,29 +133,11 @@ def launch(config_path: Path, overrides: list[str]) -> int:
         print(f"python -m deploy.local: {e}", file=sys.stderr)
         return 2
 
-    run_dir.mkdir(parents=True)
-    _point_latest(runs_dir, run_dir)
-    print(f"run directory: {run_dir}  (runs/latest)", flush=True)
-    from demo import data as demo_data
-
-    demo_data.write_dataset(
-        run_dir / "data",
-        num_train=local.num_train_rows,
-        num_eval=local.num_eval_rows,
-        seed=local.dataset_seed,
-    )
-    (run_dir / "logs").mkdir()
+    metrics_ports = _prepare_run_dir(runs_dir, run_dir, local, ports)
     children = ProcessGroup(run_dir / "logs")
     nats = NatsServer(
         run_dir / "nats", port=ports["nats"], log_file=run_dir / "logs" / "nats-server.log"
     )
-    metrics_ports = {
-        "learner": ports["learner"],
-        "actor": ports["actor"],
-        "envserver": ports["envserver"],
-        "actor_replicas": local.actor_replicas,
-    }
-    (run_dir / "metrics_ports.json").write_text(json.dumps(metrics_ports, indent=2) + "\n")
 
     stopping = False
 
