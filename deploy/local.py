@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import socket
 import sys
 import time
@@ -24,7 +23,7 @@ from pathlib import Path
 
 from broker.server import NatsServer
 from common.config import load_section
-from common.procs import free_port
+from common.procs import free_port, stop_on_signals
 from deploy import progress
 from deploy.config import LocalRunConfig, load_run_config
 from deploy.processes import ProcessGroup
@@ -139,14 +138,7 @@ def launch(config_path: Path, overrides: list[str]) -> int:
         run_dir / "nats", port=ports["nats"], log_file=run_dir / "logs" / "nats-server.log"
     )
 
-    stopping = False
-
-    def _on_signal(signum, frame):
-        nonlocal stopping
-        stopping = True
-
-    signal.signal(signal.SIGINT, _on_signal)
-    signal.signal(signal.SIGTERM, _on_signal)
+    stopping = stop_on_signals()
     metrics_path = run_dir / "metrics.jsonl"
     records: list[dict] = []
     try:
@@ -171,7 +163,7 @@ def launch(config_path: Path, overrides: list[str]) -> int:
             records,
             run.learner.total_steps,
             local.timeout_s,
-            lambda: stopping,
+            stopping.is_set,
         )
     finally:
         children.stop_all()
