@@ -10,7 +10,7 @@ and the other generated HF causal LMs) call it in every layer with the projected
 caller passed to the model's forward (`learner/segments.py` `Segments`). A segment without a
 parent (a shared prefix, or a plain sequence) attends causally to itself; a segment with a
 parent (a suffix) attends to all of its parent's keys/values and causally to itself. The
-parent's K/V are slices of the layer's one K/V tensor, so autograd accumulates every
+parent's K/V are views of the layer's one K/V tensor, so autograd accumulates every
 suffix's gradient into the one prefix.
 
 No dense N x N mask: transformers builds masks only for implementations registered in its
@@ -20,16 +20,23 @@ creation" path). So this name is deliberately *not* registered there, and the fu
 refuses a mask if a future transformers ever passes one. The biggest mask is a suffix's
 `[S, P + S]`.
 
-Mechanism: one `scaled_dot_product_attention` per segment (`is_causal` for a prefix or plain
-segment; for a suffix, its K/V concatenated after the prefix's and a lower-right causal
-`[S, P + S]` boolean mask). Measured on this machine's CPU (1 thread, tiny Qwen2 of the demo,
-forward + backward, see bench/prefix_sharing.py): batching a group's suffixes into one padded
-call was slower than the per-segment loop on both workloads (padding to the longest suffix
-costs more than the per-call overhead saves), and a single call per group over all of its
-suffixes with a block-diagonal mask does quadratic work in the group's suffix tokens. Split
-attention with a log-sum-exp merge needs a differentiable LSE, which SDPA does not return
-(its LSE output is not differentiable), i.e. an eager score matrix. The loop uses only ops
-that exist on CPU and CUDA; on GPU, SDPA picks its fused kernels per call.
+Mechanism: one `scaled_dot_product_attention` per segment: `is_causal` for a prefix or a
+plain segment; for a suffix, its K/V concatenated after the prefix's and a lower-right causal
+additive mask `[S, P + S]`. Chosen by measurement (this machine's CPU, 1 thread, the demo's
+tiny Qwen2, forward + backward of a whole step, best of 3; scratch variants not kept):
+
+    step seconds                                  demo (8 x 8, P 148)   synthetic (2 x 16, P 2048)
+    one call per segment (this)                          0.90                  2.60
+    one call per group, suffixes padded to the longest   1.19                  3.45
+    one call per group, block-diagonal mask over all     1.51                  5.96
+      of its suffixes (quadratic in the group's suffix tokens)
+
+Split attention (prefix part and causal self part merged by their log-sum-exps) would avoid
+copying the prefix's K/V per suffix, but SDPA's log-sum-exp output has no gradient, so the
+merge would need an eager score matrix. Splitting the row with `split()` matters: slicing
+each segment out instead made the backward write one zero-filled whole-row gradient per
+slice (demo step 1.55 s instead of 1.12 s in the same session). Everything here exists on
+CPU and CUDA; on CUDA, SDPA picks its fused kernels per call.
 """
 
 from __future__ import annotations
@@ -76,13 +83,17 @@ def attend_segments(
             )
         else:
             prefix_len = segments.lengths[parent]
-            # Row i sees the whole prefix and suffix tokens 0..i: columns j <= prefix_len + i.
-            mask = torch.ones(length, prefix_len + length, dtype=torch.bool, device=query.device)
+            # Row i sees the whole prefix and suffix tokens 0..i: columns j <= prefix_len + i
+            # get 0, the others -inf (additive, in the query's dtype: SDPA would otherwise
+            # convert a boolean mask on every call).
+            mask = torch.full(
+                (length, prefix_len + length), float("-inf"), dtype=query.dtype, device=query.device
+            ).triu(diagonal=prefix_len + 1)  # [S, P + S]
             out = F.scaled_dot_product_attention(
                 queries[k],
                 torch.cat([keys[parent], keys[k]], dim=2),
                 torch.cat([values[parent], values[k]], dim=2),
-                attn_mask=mask.tril(diagonal=prefix_len),
+                attn_mask=mask,
                 dropout_p=dropout,
                 scale=scale,
             )  # [B, H, S, D]
