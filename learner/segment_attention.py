@@ -58,6 +58,23 @@ def _repeat_kv(states: torch.Tensor, num_groups: int) -> torch.Tensor:
     return expanded.reshape(batch, num_kv_heads * num_groups, length, head_dim)
 
 
+def _suffix_mask(
+    segments: Segments, length: int, prefix_len: int, query: torch.Tensor
+) -> torch.Tensor:
+    """Additive `[S, P + S]` mask of a suffix: row i sees the whole prefix and suffix tokens
+    0..i (columns j <= P + i get 0, the others -inf). Additive in the query's dtype, since
+    SDPA would convert a boolean mask on every call, and cached on `segments`: every layer
+    (whose backward keeps its mask) shares one tensor per shape."""
+    key = (length, prefix_len, query.dtype, query.device)
+    mask = segments.mask_cache.get(key)
+    if mask is None:
+        mask = torch.full(
+            (length, prefix_len + length), float("-inf"), dtype=query.dtype, device=query.device
+        ).triu(diagonal=prefix_len + 1)
+        segments.mask_cache[key] = mask
+    return mask
+
+
 def attend_segments(
     query: torch.Tensor,
     key: torch.Tensor,
@@ -82,18 +99,11 @@ def attend_segments(
                 queries[k], keys[k], values[k], dropout_p=dropout, is_causal=True, scale=scale
             )
         else:
-            prefix_len = segments.lengths[parent]
-            # Row i sees the whole prefix and suffix tokens 0..i: columns j <= prefix_len + i
-            # get 0, the others -inf (additive, in the query's dtype: SDPA would otherwise
-            # convert a boolean mask on every call).
-            mask = torch.full(
-                (length, prefix_len + length), float("-inf"), dtype=query.dtype, device=query.device
-            ).triu(diagonal=prefix_len + 1)  # [S, P + S]
             out = F.scaled_dot_product_attention(
                 queries[k],
                 torch.cat([keys[parent], keys[k]], dim=2),
                 torch.cat([values[parent], values[k]], dim=2),
-                attn_mask=mask,
+                attn_mask=_suffix_mask(segments, length, segments.lengths[parent], query),
                 dropout_p=dropout,
                 scale=scale,
             )  # [B, H, S, D]

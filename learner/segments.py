@@ -30,7 +30,7 @@ positions of this micro-batch's samples.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -48,6 +48,8 @@ class Segments:
     starts: tuple[int, ...]
     lengths: tuple[int, ...]
     parents: tuple[int, ...]
+    # Attention masks built for these segments, kept for the next layer (segment_attention).
+    mask_cache: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         assert len(self.starts) == len(self.lengths) == len(self.parents) > 0
