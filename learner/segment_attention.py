@@ -47,6 +47,7 @@ import torch.nn.functional as F
 from learner.segments import Segments
 
 ATTENTION_NAME = "tether_segments"
+UNSUPPORTED = ("softcap", "s_aux")
 
 
 def _repeat_kv(states: torch.Tensor, num_groups: int) -> torch.Tensor:
@@ -134,8 +135,12 @@ def segment_attention(
             f"attention {ATTENTION_NAME!r} got a dense attention mask; transformers should not"
             " build one for it (is the name registered in AttentionMaskInterface?)"
         )
-    if sliding_window is not None:
-        raise ValueError(f"attention {ATTENTION_NAME!r} does not support sliding windows")
+    # Features some models pass and this function does not implement: refuse rather than
+    # silently compute something else (Gemma 2's logit softcap, gpt-oss's attention sinks).
+    passed = {"sliding_window": sliding_window, **{name: kwargs.get(name) for name in UNSUPPORTED}}
+    for name, setting in passed.items():
+        if setting is not None:
+            raise ValueError(f"attention {ATTENTION_NAME!r} does not support {name}")
     num_groups = getattr(module, "num_key_value_groups", 1)
     out = attend_segments(
         query,

@@ -90,14 +90,16 @@ def test_grouped_query_attention_through_the_interface_function():
     assert _max_relative(out, expected) < 1e-5
 
 
-def test_a_dense_mask_or_a_sliding_window_is_refused():
+def test_a_dense_mask_and_unsupported_features_are_refused():
     query, key, value = _qkv(heads=2, kv_heads=2, n=SEGMENTS.num_tokens, seed=2)
     module = torch.nn.Module()
     mask = torch.ones(1, 1, SEGMENTS.num_tokens, SEGMENTS.num_tokens, dtype=torch.bool)
     with pytest.raises(ValueError, match="dense attention mask"):
         segment_attention(module, query, key, value, mask, segments=SEGMENTS)
-    with pytest.raises(ValueError, match="sliding windows"):
+    with pytest.raises(ValueError, match="does not support sliding_window"):
         segment_attention(module, query, key, value, None, sliding_window=4, segments=SEGMENTS)
+    with pytest.raises(ValueError, match="does not support softcap"):
+        segment_attention(module, query, key, value, None, softcap=30.0, segments=SEGMENTS)
 
 
 def test_transformers_builds_no_dense_mask_for_segment_attention():
