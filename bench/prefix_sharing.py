@@ -121,10 +121,10 @@ def current_step(model, samples, *, budget: int) -> int:
     """Today's trainer forward + backward; returns tokens trained."""
     import torch
 
-    from learner.batching import collate, plan_micro_batches
+    from bench.dense_packing import collate, plan_micro_batches
+    from learner.config import AlgorithmConfig
     from learner.losses import (
         LossInputs,
-        PolicyLossSpec,
         entropy_from_logits,
         policy_loss,
         token_logprobs,
@@ -158,14 +158,15 @@ def current_step(model, samples, *, budget: int) -> int:
             total_tokens=total_tokens,
             total_seqs=len(samples),
         )
-        (policy_loss(inputs, PolicyLossSpec()).loss * weights).sum().backward()
+        (policy_loss(inputs, AlgorithmConfig()).loss * weights).sum().backward()
         trained += mb.num_tokens
     return trained
 
 
 def segment_step(model, samples, *, budget: int, min_shared_tokens: int) -> int:
     """The shared-prefix forward + backward; returns tokens trained (as trained)."""
-    from learner.losses import PolicyLossSpec, policy_loss
+    from learner.config import AlgorithmConfig
+    from learner.losses import policy_loss
     from learner.prefix_plan import plan_pieces
     from learner.reductions import token_weights
     from learner.segment_forward import forward_loss_tokens, loss_inputs
@@ -188,7 +189,7 @@ def segment_step(model, samples, *, budget: int, min_shared_tokens: int) -> int:
             total_tokens=total_tokens,
             total_seqs=len(samples),
         )
-        (policy_loss(inputs, PolicyLossSpec()).loss * weights).sum().backward()
+        (policy_loss(inputs, AlgorithmConfig()).loss * weights).sum().backward()
         trained += batch.num_tokens
     return trained
 

@@ -164,7 +164,15 @@ class LearnerConfig(StrictModel):
     group_size: int = pydantic.Field(default=8, ge=2)
     """Samples per prompt (GRPO group size)."""
     micro_batch_tokens: int = pydantic.Field(default=8192, ge=1)
-    """Token budget of one packed micro-batch (forward + backward)."""
+    """Token budget of one packed micro-batch (forward + backward), counted as trained: a
+    shared prefix counts once."""
+    share_prefix: bool = True
+    """Forward and backward a group's common token prefix once (its prompt; in multi-turn
+    episodes any longer common prefix), every sample's suffix attending to it: identical
+    logprobs and gradients, the cost of the unique tokens (docs/learner.md)."""
+    min_shared_prefix_tokens: int = pydantic.Field(default=16, ge=1)
+    """Shorter common prefixes are not shared (the segment bookkeeping would cost more
+    than it saves)."""
     eval_interval: int | None = pydantic.Field(default=None, ge=1)
     """Run eval every this many steps; None never."""
     nan_skip_limit: int = pydantic.Field(default=3, ge=1)

@@ -9,14 +9,15 @@ import numpy as np
 import torch
 
 from learner.batching import Sample
-from learner.losses import LossInputs, PolicyLossSpec, entropy_from_logits, policy_loss
+from learner.config import AlgorithmConfig
+from learner.losses import LossInputs, entropy_from_logits, policy_loss
 from learner.prefix_plan import plan_pieces
 from learner.reductions import batch_normalizers, token_weights
 from learner.segment_forward import forward_loss_tokens, loss_inputs
 from learner.segments import collate_segments
 from tests.learner.builders import VOCAB
 
-SPEC = PolicyLossSpec(eps_low=0.2, eps_high=0.28, entropy_coef=0.01)
+SPEC = AlgorithmConfig(eps_low=0.2, eps_high=0.28, entropy_coef=0.01)
 
 
 def group(
@@ -79,7 +80,7 @@ def _grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 def reference(
-    model: torch.nn.Module, samples: list[Sample], *, reduction: str, spec: PolicyLossSpec = SPEC
+    model: torch.nn.Module, samples: list[Sample], *, reduction: str, spec: AlgorithmConfig = SPEC
 ) -> Result:
     """One forward per sample with full logits, losses over all tokens with the loss mask."""
     model.zero_grad(set_to_none=True)
@@ -137,7 +138,7 @@ def shared_step(
     micro_batches,
     *,
     reduction: str,
-    spec: PolicyLossSpec = SPEC,
+    spec: AlgorithmConfig = SPEC,
     scale: float = 1.0,
 ) -> tuple[dict[int, torch.Tensor], float]:
     """Forward + backward over `micro_batches` (lists of pieces) the way a trainer would;
