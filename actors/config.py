@@ -132,7 +132,15 @@ class VllmEngineConfig(StrictModel):
     """Fingerprint every loaded weight set (`weights_checksum()`), for tests and debugging;
     costs a float64 pass over the weights per update."""
     tensor_parallel_size: int = 1
-    """GPUs per engine (each worker takes a rank in the weight broadcast)."""
+    """GPUs per pipeline stage (each worker takes a rank in the weight broadcast)."""
+    pipeline_parallel_size: int = 1
+    """Pipeline stages per engine. An engine takes tensor_parallel_size x
+    pipeline_parallel_size GPUs, and as many ranks in the weight broadcast: every worker
+    receives the whole stream and loads the layers of its own stage."""
+    data_parallel_size: int = 1
+    """Must stay 1: vLLM's data-parallel ranks are engine cores of their own that the weight
+    broadcast cannot address one by one. Tether's data parallelism is `actor --replicas N`
+    (N engines, each in the broadcast)."""
     gpu_memory_utilization: float = 0.5
     """Fraction of GPU memory for weights and KV cache (ignored on CPU)."""
     cpu_kvcache_gib: int = 1
@@ -144,13 +152,33 @@ class VllmEngineConfig(StrictModel):
     replicas sharing a small machine do not fight over the same core."""
 
     @pydantic.field_validator(
-        "max_model_len", "max_num_seqs", "tensor_parallel_size", "cpu_kvcache_gib"
+        "max_model_len",
+        "max_num_seqs",
+        "tensor_parallel_size",
+        "pipeline_parallel_size",
+        "cpu_kvcache_gib",
     )
     @classmethod
     def _positive(cls, value: int) -> int:
         if value < 1:
             raise ValueError(f"must be >= 1, got {value}")
         return value
+
+    @pydantic.field_validator("data_parallel_size")
+    @classmethod
+    def _no_engine_data_parallel(cls, value: int) -> int:
+        if value != 1:
+            raise ValueError(
+                f"data_parallel_size = {value}: vLLM's data-parallel engine cores cannot each "
+                "join the weight broadcast. Run one engine per data-parallel rank instead: "
+                f"`actor --replicas {value}` (or more replicas), each its own engine"
+            )
+        return value
+
+    @property
+    def num_gpus(self) -> int:
+        """GPUs (and weight-broadcast ranks) of one engine."""
+        return self.tensor_parallel_size * self.pipeline_parallel_size
 
     @pydantic.model_validator(mode="after")
     def _prefills_fit(self) -> VllmEngineConfig:
@@ -197,6 +225,12 @@ class ActorConfig(StrictModel):
     scrapers and probes come from outside the pod."""
     log_level: str = "INFO"
     """Python logging level of the replicas."""
+    replica_gpus: list[str] | None = None
+    """CUDA_VISIBLE_DEVICES of each replica's engine ("0", or "2,3" for an engine of two
+    GPUs), as a launcher's placement plan (common/placement.py) hands them out; replica i
+    takes entry i modulo their number. None: `actor --replicas N` plans them over the GPUs
+    it sees (CUDA_VISIBLE_DEVICES, else nvidia-smi), `engine.num_gpus` each, and refuses
+    when they are too few; on a machine without GPUs nothing is set."""
 
     @pydantic.model_validator(mode="after")
     def _check(self) -> ActorConfig:

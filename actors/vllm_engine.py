@@ -103,6 +103,7 @@ class VllmEngine:
             enforce_eager=config.enforce_eager,
             logprobs_mode=config.logprobs_mode,
             tensor_parallel_size=config.tensor_parallel_size,
+            pipeline_parallel_size=config.pipeline_parallel_size,
             gpu_memory_utilization=config.gpu_memory_utilization,
             worker_extension_cls=WORKER_EXTENSION,
             disable_log_stats=True,
@@ -116,7 +117,7 @@ class VllmEngine:
     @property
     def num_weight_slots(self) -> int:
         """Ranks this engine takes in a weight round (one per worker)."""
-        return self.config.tensor_parallel_size
+        return self.config.num_gpus
 
     # ---- generation ---------------------------------------------------------------------------
 

@@ -10,6 +10,7 @@ imported.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 import pydantic
 
@@ -38,6 +39,13 @@ class LocalRunConfig(StrictModel):
     """Start RL from the supervised warm start (False: random weights, for quick checks)."""
     timeout_s: float = 3600.0
     """Stop everything if the run has not finished after this long."""
+    colocate: Literal["auto", "never"] = "auto"
+    """On a GPU machine with fewer GPUs than learner ranks plus engines: `auto` puts engines
+    on the learner's GPUs (a 1-GPU machine runs everything on GPU 0; weights then go over
+    gloo), `never` refuses to start (common/placement.py)."""
+    learner_gpu_memory_fraction: float = pydantic.Field(0.4, gt=0, lt=1)
+    """On a GPU shared with engines: the share of its memory kept for the learner; the
+    engines on it split the rest (their gpu_memory_utilization)."""
 
 
 class RunConfig(StrictModel):

@@ -24,9 +24,11 @@ from pathlib import Path
 
 from broker.server import NatsServer
 from common.config import load_section
+from common.placement import visible_gpus
 from common.procs import free_port
 from deploy import progress
 from deploy.config import LocalRunConfig, load_run_config
+from deploy.gpus import gpu_wiring
 from deploy.processes import ProcessGroup
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -102,13 +104,15 @@ def launch(config_path: Path, overrides: list[str]) -> int:
         run = load_run_config(config_path, args)
         if run.learner is None or run.actor is None or run.envserver is None:
             raise ValueError(f"{config_path}: a run needs [learner], [actor] and [envserver]")
+        gpus = gpu_wiring(run, local, visible_gpus())  # which GPU each process gets
+        args += gpus.overrides
     except ValueError as e:
         print(f"python -m deploy.local: {e}", file=sys.stderr)
         return 2
 
     run_dir.mkdir(parents=True)
     _point_latest(runs_dir, run_dir)
-    print(f"run directory: {run_dir}  (runs/latest)", flush=True)
+    print(f"run directory: {run_dir}  (runs/latest)\n{gpus.summary}", flush=True)
     from demo import data as demo_data
 
     demo_data.write_dataset(
@@ -146,7 +150,7 @@ def launch(config_path: Path, overrides: list[str]) -> int:
         # The same entry points as the `envserver`, `learner` and `actor` console scripts.
         python = [sys.executable, "-m"]
         children.start("envserver", [*python, "envservers.cli", *cfg, *args])
-        children.start("learner", [*python, "learner.cli", *cfg, *args])
+        children.start("learner", [*python, "learner.cli", *cfg, *args], env=gpus.learner_env)
         children.start(
             "actor",
             [*python, "actors.cli", *cfg, "--replicas", str(local.actor_replicas), *args],
