@@ -96,9 +96,12 @@ class VllmEngineConfig(StrictModel):
     weights snapshot for an actor that joins a running job."""
     initial_version: int = 0
     """Policy version of the weights in `model` (the snapshot's version)."""
-    dtype: str = "float32"
-    """Weights and activations dtype. float32 keeps vLLM's logprobs equal to the learner's
-    recomputation on the tiny model; use bfloat16 for real models on GPU."""
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """Weights and activations dtype; `auto` is bfloat16 on GPU and float32 on CPU (float32
+    keeps vLLM's logprobs equal to the learner's recomputation on the CPU tiny model). It
+    must equal the learner's compute dtype (`learner.dtype`, also auto by default): a
+    mismatch is refused when the engine subscribes to the weight broadcast
+    (weights/dtypes.py), and weights travel in this dtype."""
     max_model_len: int = 2048
     """Longest prompt + generation, in tokens."""
     max_num_seqs: int = 64
@@ -125,9 +128,14 @@ class VllmEngineConfig(StrictModel):
     computed by the old weights, as in PipelineRL/AReaL; new requests never reuse it). True:
     the cache is dropped and running requests recompute their prefix with the new weights on
     resume."""
-    staged_weight_load: bool = True
-    """Receive every tensor before loading any, so a failed round leaves the old weights
-    intact (costs one extra copy of the model during the update)."""
+    staged_weight_load: bool | None = None
+    """True: every tensor received is copied to host memory and loaded after the last, so a
+    failed round leaves the old weights intact (one host copy of the model per worker
+    during the update; the GPU holds one bucket outside vLLM's budget). False: each bucket
+    is loaded as it arrives (no copy anywhere); a failed round leaves the weights mixed and
+    the engine stops generating until the next whole round or snapshot. None: staged for
+    an engine of one GPU, streamed for tensor or pipeline parallel engines (each of their
+    workers would stage the whole model; True is refused there)."""
     track_weights_checksum: bool = False
     """Fingerprint every loaded weight set (`weights_checksum()`), for tests and debugging;
     costs a float64 pass over the weights per update."""
@@ -174,6 +182,23 @@ class VllmEngineConfig(StrictModel):
                 f"`actor --replicas {value}` (or more replicas), each its own engine"
             )
         return value
+
+    @pydantic.model_validator(mode="after")
+    def _no_full_staging_per_worker(self) -> VllmEngineConfig:
+        if self.staged_weight_load and self.num_gpus > 1:
+            raise ValueError(
+                f"staged_weight_load = true with {self.num_gpus} GPUs per engine: every "
+                "worker would stage the whole model in host memory. Leave it unset (streamed "
+                "loads for parallel engines)"
+            )
+        return self
+
+    @property
+    def stages_weights(self) -> bool:
+        """Whether weight rounds are staged in host memory (see `staged_weight_load`)."""
+        if self.staged_weight_load is None:
+            return self.num_gpus == 1
+        return self.staged_weight_load
 
     @property
     def num_gpus(self) -> int:
