@@ -90,7 +90,8 @@ def run(config_path: str, overrides: list[str]) -> int:
 
     port = serve_metrics(config.metrics_port, config.metrics_host, ready=ready)
     log.info("metrics, /healthz, /readyz on http://%s:%d", config.metrics_host, port)
-    sender = WeightSender(config.weight_sync) if config.broadcast_weights else None
+    dtype = "bfloat16" if trainer.bf16 else "float32"  # engines must run in the same
+    sender = WeightSender(config.weight_sync, dtype=dtype) if config.broadcast_weights else None
     commands = RankCommands(
         trainer,
         checkpoint_dir=config.checkpoint.dir,
