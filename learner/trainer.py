@@ -270,6 +270,7 @@ class Trainer:
                 kl_ref=terms.kl,
                 importance_weight=terms.importance_weight,
                 proximal_logprobs=prox,
+                fresh=mb.versions.to(dev) == self.version,  # sampled by these very weights
             )
             sums_total = sums if sums_total is None else sums_total + sums
             extremes_total = (
