@@ -83,3 +83,11 @@ def test_engine_data_parallel_is_refused_and_pipeline_counts_gpus():
         VllmEngineConfig(model="m", data_parallel_size=2)
     config = VllmEngineConfig(model="m", tensor_parallel_size=2, pipeline_parallel_size=2)
     assert config.num_gpus == 4
+
+
+def test_a_file_whose_learner_and_engine_dtypes_differ_is_refused_before_anything_starts():
+    with pytest.raises(ValueError, match='actor.engine.dtype = "bfloat16"'):
+        _run("learner.dtype=bf16", "actor.engine.dtype=float32")
+    run, _ = _run("learner.dtype=bf16", "actor.engine.dtype=bfloat16")
+    assert run.learner.dtype == "bf16"
+    _run("learner.dtype=fp32")  # against the engine's auto: checked where it resolves
