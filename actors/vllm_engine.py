@@ -291,8 +291,10 @@ class VllmEngine:
         )
 
     async def close_weight_channel(self) -> None:
-        """Leave the weight broadcast's group cleanly (before the engine stops)."""
-        await self._worker_call("close_weight_channel")
+        """Leave the weight broadcast's group cleanly (before the engine stops); nothing to
+        do when the engine is gone (its workers' communicators went with them)."""
+        if self.llm is not None and not self.llm.errored:
+            await self._worker_call("close_weight_channel")
 
     async def load_snapshot(self, path: str, version: int) -> float:
         """Load a weights snapshot from disk (a late joiner, or recovery after a failed
