@@ -149,6 +149,8 @@ class WeightGroup:
         if not self.closed:
             self.closed = True
             self._pending = []
+            # Kept referenced: on gloo, destroying a group waits for a collective a peer never
+            # joined (up to its timeout); abort() itself returns at once.
             self._backend.abort()
 
     def close(self) -> None:

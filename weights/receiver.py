@@ -109,6 +109,11 @@ class WeightChannel:
             self.group.close()
         self.group = None
 
+    def shutdown(self) -> None:
+        """Close the group and the store connection: the engine is stopping."""
+        self.close()
+        self._store, self._address = None, None
+
 
 def _refuse_learner_gpu(learner_uuid: str) -> None:
     import torch

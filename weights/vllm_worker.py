@@ -176,7 +176,7 @@ class WeightSyncExtension:
     def close_weight_channel(self) -> None:
         """Leave the broadcast's group cleanly (the engine is shutting down)."""
         if hasattr(self, "_tether_weight_channel"):
-            self._tether_weight_channel.close()
+            self._tether_weight_channel.shutdown()
 
     def load_weights_from_path(
         self, path: str, track_checksum: bool = False, staged: bool = True
