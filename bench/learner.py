@@ -162,9 +162,10 @@ def run_learner(model_path: str, url: str, namespace: str, work: Path, args) -> 
     from broker.config import BrokerConfig
     from learner.config import LearnerConfig
     from learner.loop import Learner
+    from learner.model_init import load_model
     from learner.ranks import RankCommands
     from learner.reporting import Reporter
-    from learner.trainer import Trainer, load_model
+    from learner.trainer import Trainer
 
     work.mkdir(parents=True, exist_ok=True)
     train_data = work / "train.jsonl"
@@ -191,7 +192,7 @@ def run_learner(model_path: str, url: str, namespace: str, work: Path, args) -> 
     )
     broker = BrokerConfig(url=url, namespace=namespace)
     torch.manual_seed(0)
-    trainer = Trainer(load_model(model_path), config)
+    trainer = Trainer(load_model(model_path, device=torch.device("cpu")), config)
     commands = RankCommands(
         trainer,
         checkpoint_dir=config.checkpoint.dir,

@@ -23,9 +23,11 @@ from pathlib import Path
 
 from broker.server import NatsServer
 from common.config import load_section
+from common.placement import visible_gpus
 from common.procs import free_port, stop_on_signals
 from deploy import progress
 from deploy.config import LocalRunConfig, load_run_config
+from deploy.gpus import gpu_wiring
 from deploy.processes import ProcessGroup
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -128,11 +130,14 @@ def launch(config_path: Path, overrides: list[str]) -> int:
         run = load_run_config(config_path, args)
         if run.learner is None or run.actor is None or run.envserver is None:
             raise ValueError(f"{config_path}: a run needs [learner], [actor] and [envserver]")
+        gpus = gpu_wiring(run, local, visible_gpus())  # which GPU each process gets
+        args += gpus.overrides
     except ValueError as e:
         print(f"python -m deploy.local: {e}", file=sys.stderr)
         return 2
 
     metrics_ports = _prepare_run_dir(runs_dir, run_dir, local, ports)
+    print(gpus.summary, flush=True)
     children = ProcessGroup(run_dir / "logs")
     nats = NatsServer(
         run_dir / "nats", port=ports["nats"], log_file=run_dir / "logs" / "nats-server.log"
@@ -147,7 +152,7 @@ def launch(config_path: Path, overrides: list[str]) -> int:
         # The same entry points as the `envserver`, `learner` and `actor` console scripts.
         python = [sys.executable, "-m"]
         children.start("envserver", [*python, "envservers.cli", *cfg, *args])
-        children.start("learner", [*python, "learner.cli", *cfg, *args])
+        children.start("learner", [*python, "learner.cli", *cfg, *args], env=gpus.learner_env)
         children.start(
             "actor",
             [*python, "actors.cli", *cfg, "--replicas", str(local.actor_replicas), *args],

@@ -41,12 +41,14 @@ from learner.checkpoint import TrainingState, load_checkpoint, save_checkpoint
 from learner.config import LearnerConfig
 from learner.health import health_metrics, health_sums, is_degenerate
 from learner.losses import policy_loss
+from learner.model_init import default_device, is_sharded, shard
 from learner.prefix_plan import plan_pieces
 from learner.reductions import token_weights
 from learner.schedule import lr_multiplier
 from learner.segment_attention import use_segment_attention
 from learner.segment_forward import forward_loss_tokens, loss_inputs
 from learner.segments import SegmentBatch, collate_segments
+from weights.dtypes import resolve_learner_dtype
 from weights.fsdp import full_parameters
 
 
@@ -56,36 +58,6 @@ class TooManySkippedSteps(RuntimeError):
     def __init__(self, message: str, metrics: dict[str, float]):
         super().__init__(message)
         self.metrics = metrics
-
-
-def load_model(path: str, *, device: torch.device | None = None) -> torch.nn.Module:
-    """A HF causal LM from a local directory, fp32 (master weights)."""
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    return model.to(device) if device is not None else model
-
-
-def default_device() -> torch.device:
-    if torch.cuda.is_available():
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
-
-
-def _shard(model: torch.nn.Module, *, bf16: bool, device: torch.device) -> torch.nn.Module:
-    """FSDP2: each decoder layer its own group (all-gathered just in time), then the root."""
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
-    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
-    mp_policy = MixedPrecisionPolicy(
-        param_dtype=torch.bfloat16 if bf16 else None,
-        reduce_dtype=torch.float32 if bf16 else None,
-    )
-    for layer in model.model.layers:
-        fully_shard(layer, mesh=mesh, mp_policy=mp_policy)
-    fully_shard(model, mesh=mesh, mp_policy=mp_policy)
-    return model
 
 
 def _param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
@@ -121,18 +93,28 @@ class Trainer:
         self.distributed = dist.is_initialized()
         self.world_size = dist.get_world_size() if self.distributed else 1
         self.rank = dist.get_rank() if self.distributed else 0
-        self.bf16 = config.dtype == "bf16"
+        dtype = resolve_learner_dtype(config.dtype, on_gpu=self.device.type == "cuda")
+        self.bf16 = dtype == "bfloat16"
+        self.weights_dtype = torch.bfloat16 if self.bf16 else None
+        """The dtype full weights go out in (to the engines and snapshots); None: fp32."""
         self.version = 0
         self.step = 0
         self.consecutive_skips = 0
 
-        model = use_segment_attention(model.to(self.device, dtype=torch.float32))
-        if self.algorithm.kl_coef > 0:
-            ref_model = copy.deepcopy(model) if ref_model is None else ref_model
-            ref_model = ref_model.to(self.device, dtype=torch.float32).requires_grad_(False)
-            ref_model = use_segment_attention(ref_model).eval()
-        else:
+        if self.algorithm.kl_coef > 0 and ref_model is None:
+            if self.distributed:
+                raise ValueError(
+                    "kl_coef > 0 under FSDP needs ref_model, built sharded with "
+                    "learner.model_init.load_model: a deep copy would put a whole model on "
+                    "every rank"
+                )
+            ref_model = copy.deepcopy(model)  # one process: one copy
+        if self.algorithm.kl_coef == 0:
             ref_model = None
+        model = self._place(model)
+        if ref_model is not None:
+            ref_model = self._place(ref_model).requires_grad_(False)
+            ref_model.eval()
         # A shared prefix must be at least this long; beyond any sample: nothing is shared.
         self.min_shared_tokens = (
             config.min_shared_prefix_tokens if config.share_prefix else sys.maxsize
@@ -142,10 +124,6 @@ class Trainer:
                 gradient_checkpointing_kwargs={"use_reentrant": False}
             )
         model.train()
-        if self.distributed:
-            model = _shard(model, bf16=self.bf16, device=self.device)
-            if ref_model is not None:
-                ref_model = _shard(ref_model, bf16=self.bf16, device=self.device)
         self.model = model
         self.ref_model = ref_model
 
@@ -163,6 +141,15 @@ class Trainer:
                 min_lr_ratio=o.min_lr_ratio,
             ),
         )
+
+    def _place(self, model: torch.nn.Module) -> torch.nn.Module:
+        """fp32 on this rank's device, sharded under FSDP (unless built sharded already),
+        attending through segments (learner/segment_attention.py)."""
+        model = use_segment_attention(model)
+        if is_sharded(model):
+            return model
+        model = model.to(self.device, dtype=torch.float32)
+        return shard(model, bf16=self.bf16, device=self.device) if self.distributed else model
 
     # ---- forward -------------------------------------------------------------------------
 
@@ -291,6 +278,7 @@ class Trainer:
                 kl_ref=terms.kl,
                 importance_weight=terms.importance_weight,
                 proximal_logprobs=prox,
+                fresh=mb.versions.to(dev) == self.version,  # sampled by these very weights
             )
             sums_total = sums if sums_total is None else sums_total + sums
             extremes_total = (

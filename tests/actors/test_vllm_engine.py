@@ -296,15 +296,16 @@ async def test_failed_round_leaves_weights_version_and_generation_intact(
     before_checksum = await vllm_engine.weights_checksum()
     spec = _request(temperature=0.0, max_tokens=12)
     before = await vllm_engine.generate(prompts[1], spec)
-    # A seat in a round whose sender never comes: the worker's group times out.
+    # A seat in a round whose sender never says go: the worker gives up after its timeouts.
     orphan = RoundTicket(
         version=before_version + 100,
-        base_rank=1,
-        world_size=2,
-        backend="gloo",
+        group_id=0,
+        member_id=999,
+        slots=1,
         store_host="127.0.0.1",
         store_port=sender.config.store_port,
-        transfer_timeout_s=2.0,
+        join_timeout_s=1.0,
+        transfer_timeout_s=1.0,
     )
     started = time.monotonic()
     with pytest.raises(WeightUpdateError):

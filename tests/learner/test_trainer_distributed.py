@@ -72,7 +72,7 @@ def two_ranks(tmp_path_factory):
     logs = []
     try:
         for proc in procs:
-            logs.append(proc.communicate(timeout=240)[0])
+            logs.append(proc.communicate(timeout=600)[0])
     finally:
         for proc in procs:
             if proc.poll() is None:
