@@ -63,6 +63,7 @@ class Learner:
         reporter: Reporter,
         *,
         resume_from: Path | None = None,
+        artifacts=None,
     ) -> None:
         if config.train_data is None:
             raise ValueError("learner.train_data is required to run the learner")
@@ -72,6 +73,7 @@ class Learner:
         self.commands = commands
         self.reporter = reporter
         self.resume_from = resume_from
+        self.artifacts = artifacts  # learner.artifacts.ArtifactSync when a bucket is set
         self.dispatch_path = Path(config.checkpoint.dir) / DISPATCH_FILE
         self.window_ids: list[str] = []  # taken since the last checkpoint
         self.ledger = Ledger()
@@ -181,6 +183,8 @@ class Learner:
         _write_atomically(
             self.dispatch_path, json.dumps({"num_released": self.ledger.num_released})
         )
+        if self.artifacts is not None:  # a fresh machine resuming from the bucket needs it
+            self.artifacts.dispatcher_written(self.dispatch_path)
         tasks = [self.stream.task(i, version=self.version) for i in range(first, first + count)]
         await client.publish_prompts(self.js, self.names, tasks)
 

@@ -15,6 +15,7 @@ import torch.distributed as dist
 from broker.config import BrokerConfig
 from common.config import load_section
 from common.metrics import serve_health, serve_metrics
+from common.storage_config import StorageConfig
 from learner.checkpoint import latest_checkpoint, read_training_state
 from learner.config import LearnerConfig
 from learner.loop import Learner
@@ -34,6 +35,7 @@ def run(config_path: str, overrides: list[str]) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     config = load_section(LearnerConfig, config_path, "learner", overrides)
     broker = load_section(BrokerConfig, config_path, "broker", overrides)
+    storage = load_section(StorageConfig, config_path, "storage", overrides)
     _init_distributed()
     if config.torch_threads is not None:
         torch.set_num_threads(config.torch_threads)
@@ -52,10 +54,26 @@ def run(config_path: str, overrides: list[str]) -> int:
     from weights.sender import WeightSender
 
     run_dir = Path(config.run_dir)
+    artifacts = None
+    if storage.enabled:  # before looking for a checkpoint: a newer one may be in the bucket
+        from learner.artifacts import open_artifacts
+
+        artifacts = open_artifacts(
+            storage,
+            run_name=broker.namespace,
+            checkpoint_root=Path(config.checkpoint.dir),
+            keep_local=config.checkpoint.keep,
+            resume=config.checkpoint.resume,
+        )
     resume_from = latest_checkpoint(config.checkpoint.dir) if config.checkpoint.resume else None
     # The history files are cut back to what the checkpoint covers before anything is written.
     position = read_training_state(resume_from).dataset_cursor if resume_from else None
-    reporter = Reporter(config, run_dir, position=position)
+    reporter = Reporter(
+        config,
+        run_dir,
+        position=position,
+        on_eval_written=artifacts.evals_written if artifacts else None,
+    )
     learner: Learner | None = None
 
     def ready() -> bool:
@@ -73,8 +91,11 @@ def run(config_path: str, overrides: list[str]) -> int:
         snapshot_dir=run_dir / "weights",
         snapshot_interval=config.snapshot_interval,
         sender=sender,
+        artifacts=artifacts,
     )
-    learner = Learner(config, broker, commands, reporter, resume_from=resume_from)
+    learner = Learner(
+        config, broker, commands, reporter, resume_from=resume_from, artifacts=artifacts
+    )
 
     async def main() -> dict:
         task = asyncio.current_task()
@@ -92,6 +113,8 @@ def run(config_path: str, overrides: list[str]) -> int:
         return 130
     finally:
         commands.stop()
+        if artifacts is not None:
+            artifacts.close()  # the last checkpoint goes up before the process ends
         reporter.close()
         if sender is not None:
             sender.close()
