@@ -1,18 +1,23 @@
 """Rank 0's uploads of run artifacts to the bucket, in a background thread, and the resume
 from the bucket (docs/storage.md).
 
-    RankCommands.save ──checkpoint_saved──►┐
-    RankCommands.write_snapshot ──────────►│ pending (checkpoints, evals: in order;
-    Reporter.record_eval ──evals_written──►│ snapshot, dispatcher.json: newest only)
-    Learner._release ──dispatcher_written─►┘        │ one worker thread
+    RankCommands.save ──checkpoint_saved──►┐ pending (checkpoints, evals: in order;
+    RankCommands.write_snapshot ──────────►│ snapshot: newest only)
+    Reporter.record_eval ──evals_written──►┘        │ one worker thread
                                                     ▼
               upload + verify (common/s3.py) ─► prune the bucket (keep_*) ─► prune local
               checkpoints that are verified in the bucket (learner.checkpoint.keep)
 
-Nothing here blocks the training loop: the hooks only queue. A checkpoint that failed to
+With a bucket, the trajectories a checkpoint covers are acked only once that checkpoint is
+verified there (`hold_acks`, `take_durable_acks`): a learner resuming on a fresh machine
+starts from the bucket's newest checkpoint and needs every trajectory it does not cover.
+
+Nothing here blocks the training loop: the hooks only queue, except the release write-ahead
+(`dispatcher_written`, one small PUT per release, awaited in a thread before the prompts
+are published). A checkpoint that failed to
 upload stays on disk (it is never pruned unverified) and is tried again after the next save
 and at the next start. The snapshot actors are told about (`announced_snapshot`) is the
-newest verified upload, or the local one while that is newer.
+newest verified upload (the local one only until there is one).
 """
 
 from __future__ import annotations
@@ -69,6 +74,17 @@ def restore_from_bucket(store: ObjectStore, layout, checkpoint_root: Path) -> in
     return step
 
 
+def durable_acks(
+    held: list[tuple[int, list[str]]], uploaded: set[int], *, everything: bool = False
+) -> list[tuple[int, list[str]]]:
+    """The leading windows of `held` (checkpoint step, ids; oldest first) that the newest
+    uploaded checkpoint covers: a checkpoint covers its own window and all before it."""
+    if everything:
+        return list(held)
+    covered = max((i for i, (step, _) in enumerate(held) if step in uploaded), default=-1)
+    return held[: covered + 1]
+
+
 class ArtifactSync:
     """Queue of uploads and the thread that works through it (rank 0 only)."""
 
@@ -92,6 +108,7 @@ class ArtifactSync:
         self._pending: OrderedDict[str, tuple] = OrderedDict()
         self._cond = threading.Condition()
         self._current: str | None = None  # the slot being uploaded now
+        self._held_acks: list[tuple[int, list[str]]] = []  # (checkpoint step, ids), in order
         self._closing = False
         self._thread = threading.Thread(target=self._work, name="artifact-uploads", daemon=True)
 
@@ -126,14 +143,49 @@ class ArtifactSync:
             self._put(f"evals/{version}", ("evals", Path(directory), version))
 
     def dispatcher_written(self, path: Path) -> None:
-        self._put("dispatcher", ("dispatcher", Path(path), 0))  # newest only
+        """Uploads now (call it in a thread), not queued: the release write-ahead must be in
+        the bucket before the prompts go out, or a learner resuming on a fresh machine would
+        release their task ids again, which JetStream drops as duplicates, and wait forever
+        for their groups. A failure is logged; the local write-ahead still stands."""
+        try:
+            self.store.put_bytes(self.layout.dispatcher_key, Path(path).read_bytes())
+        # Network boundary: only a resume on another machine needs this copy.
+        except StorageError as e:
+            self.num_failures += 1
+            log.error("upload of %s failed: %s", path, e)
+
+    def hold_acks(self, step: int, ids: list[str]) -> None:
+        """Trajectory ids checkpoint `step` covers, to ack once it is in the bucket."""
+        self._held_acks.append((step, list(ids)))
+
+    @property
+    def unacked_ids(self) -> list[str]:
+        return [i for _, ids in self._held_acks for i in ids]
+
+    def take_durable_acks(self) -> list[str]:
+        """The held ids covered by a checkpoint now verified in the bucket (all of them
+        when checkpoints are not uploaded), removed from the held ones."""
+        done = durable_acks(
+            self._held_acks, self.uploaded, everything=not self.config.upload_checkpoints
+        )
+        self._held_acks = self._held_acks[len(done) :]
+        return [i for _, ids in done for i in ids]
+
+    def wait_idle(self, timeout_s: float | None = None) -> bool:
+        """Wait (up to `timeout_s`, default the config's) until nothing is queued."""
+        timeout_s = self.config.drain_timeout_s if timeout_s is None else timeout_s
+        with self._cond:
+            return self._cond.wait_for(
+                lambda: not self._pending and self._current is None, timeout_s
+            )
 
     def announced_snapshot(self, local: tuple[Path, int] | None) -> tuple[str, int] | None:
-        """What to tell actors: the verified upload unless the local snapshot is newer."""
-        uploaded = self.snapshot
-        if uploaded is None or (local is not None and local[1] > uploaded[1]):
-            return (str(local[0]), local[1]) if local is not None else None
-        return uploaded
+        """What to tell actors: the newest verified upload (actors on other machines cannot
+        read a local path; a slightly older snapshot is caught up by the broadcast), or the
+        local snapshot before anything is uploaded."""
+        if self.snapshot is not None:
+            return self.snapshot
+        return (str(local[0]), local[1]) if local is not None else None
 
     def close(self, timeout_s: float | None = None) -> bool:
         """Finish the queued uploads (up to `timeout_s`, default the config's); True when all
@@ -142,9 +194,7 @@ class ArtifactSync:
         with self._cond:
             self._closing = True
             self._cond.notify_all()
-            drained = self._cond.wait_for(
-                lambda: not self._pending and self._current is None, timeout_s
-            )
+        drained = self.wait_idle(timeout_s)
         if not drained:
             log.warning("uploads still queued at exit: %s", list(self._pending))
         log.info(
@@ -194,9 +244,7 @@ class ArtifactSync:
                     self._cond.notify_all()
 
     def _run(self, kind: str, path: Path, step: int) -> None:
-        if kind == "dispatcher":
-            self.store.put_bytes(self.layout.dispatcher_key, path.read_bytes())
-        elif kind == "evals":
+        if kind == "evals":
             for file in sorted(p for p in path.iterdir() if p.is_file() and p.suffix == ".jsonl"):
                 entry = self.store.upload_file(file, self.layout.eval_key(step, file.name))
                 self.num_bytes += entry.size

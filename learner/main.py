@@ -31,6 +31,21 @@ def _init_distributed() -> None:
         dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
 
 
+def _open_artifacts(storage: StorageConfig, config: LearnerConfig, *, run_name: str):
+    """The bucket's uploader (learner/artifacts.py), None without a bucket."""
+    if not storage.enabled:
+        return None
+    from learner.artifacts import open_artifacts
+
+    return open_artifacts(
+        storage,
+        run_name=run_name,
+        checkpoint_root=Path(config.checkpoint.dir),
+        keep_local=config.checkpoint.keep,
+        resume=config.checkpoint.resume,
+    )
+
+
 def run(config_path: str, overrides: list[str]) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     config = load_section(LearnerConfig, config_path, "learner", overrides)
@@ -54,17 +69,8 @@ def run(config_path: str, overrides: list[str]) -> int:
     from weights.sender import WeightSender
 
     run_dir = Path(config.run_dir)
-    artifacts = None
-    if storage.enabled:  # before looking for a checkpoint: a newer one may be in the bucket
-        from learner.artifacts import open_artifacts
-
-        artifacts = open_artifacts(
-            storage,
-            run_name=broker.namespace,
-            checkpoint_root=Path(config.checkpoint.dir),
-            keep_local=config.checkpoint.keep,
-            resume=config.checkpoint.resume,
-        )
+    # Before looking for a checkpoint: a newer one may be in the bucket.
+    artifacts = _open_artifacts(storage, config, run_name=broker.namespace)
     resume_from = latest_checkpoint(config.checkpoint.dir) if config.checkpoint.resume else None
     # The history files are cut back to what the checkpoint covers before anything is written.
     position = read_training_state(resume_from).dataset_cursor if resume_from else None

@@ -146,3 +146,15 @@ def test_an_upload_killed_midway_does_not_look_complete(s3_server, s3_storage, t
     assert sync.close(timeout_s=120)
     assert store.artifacts(layout, "checkpoint") == ([2, 4], [])
     assert sorted(local_checkpoint_steps(root)) == [4]
+
+
+def test_acks_wait_for_the_checkpoint_that_covers_them_to_be_in_the_bucket():
+    from learner.artifacts import durable_acks
+
+    held = [(2, ["a", "b"]), (4, ["c"]), (6, ["d"])]
+    assert durable_acks(held, uploaded=set()) == []
+    assert durable_acks(held, uploaded={2}) == [(2, ["a", "b"])]
+    # Checkpoint 4 covers everything before it, even if 2 never made it up.
+    assert durable_acks(held, uploaded={4}) == [(2, ["a", "b"]), (4, ["c"])]
+    assert durable_acks(held, uploaded={6, 2}) == held
+    assert durable_acks(held, uploaded=set(), everything=True) == held
