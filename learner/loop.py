@@ -244,6 +244,7 @@ class Learner:
             estimator=cfg.algorithm.advantage_estimator,
             normalize_std=cfg.algorithm.normalize_std,
             eps=cfg.algorithm.std_eps,
+            step_wise=cfg.step_wise,
         )
         staleness = [staleness_of(g, step) for g in groups]
         started = time.monotonic()
