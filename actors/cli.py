@@ -34,10 +34,12 @@ def main(argv: list[str] | None = None) -> int:
     from actors.config import ActorConfig
     from broker.config import BrokerConfig
     from common.config import load_section
+    from common.storage_config import StorageConfig
 
     try:
         config = load_section(ActorConfig, args.config, "actor", args.overrides)
         load_section(BrokerConfig, args.config, "broker", args.overrides)
+        load_section(StorageConfig, args.config, "storage", args.overrides)
     except ValueError as e:
         print(f"actor: {e}", file=sys.stderr)
         return 2

@@ -17,6 +17,7 @@ import pydantic
 from actors.config import ActorConfig
 from broker.config import BrokerConfig
 from common.config import SECTIONS, StrictModel, error_lines, read_sections
+from common.storage_config import StorageConfig
 from deploy.prepare import PrepareConfig
 from envservers.config import EnvServerConfig
 from learner.config import LearnerConfig
@@ -61,6 +62,8 @@ class RunConfig(StrictModel):
     """The learner (`learner --config C`)."""
     actor: ActorConfig | None = None
     """The actor replicas (`actor --config C --replicas N`)."""
+    storage: StorageConfig = StorageConfig()
+    """The bucket for checkpoints, snapshots and eval dumps (learner and actors)."""
     local: LocalRunConfig = LocalRunConfig()
     """The single-machine launcher behind `make run`."""
     prepare: PrepareConfig = PrepareConfig()

@@ -110,16 +110,50 @@ class Sample:
     trajectory_id: str
     group_id: str
     env_class: str
+    step_starts: np.ndarray | None = None
+    """Step-wise trajectories: the position where each step (an assistant turn: a run of
+    loss tokens) begins, ascending; each step is its own sequence in the loss reduction.
+    None: the whole sample is one sequence."""
 
     @property
     def num_tokens(self) -> int:
         return len(self.token_ids)
 
+    @property
+    def num_seqs(self) -> int:
+        """Sequences this sample lays out (one per step; a whole sample always one)."""
+        return 1 if self.step_starts is None else len(self.step_starts)
+
+    @property
+    def num_loss_seqs(self) -> int:
+        """Sequences with at least one loss token (what a sequence mean divides by)."""
+        return self.num_seqs if self.step_starts is not None else int(self.loss_mask.any())
+
+    def seq_index(self, positions: np.ndarray) -> np.ndarray:
+        """The sequence (step) within this sample of each of its loss-token `positions`."""
+        if self.step_starts is None:
+            return np.zeros(len(positions), dtype=np.int64)
+        return np.searchsorted(self.step_starts, positions, side="right") - 1
+
+
+def step_starts(loss_mask: np.ndarray) -> np.ndarray:
+    """Where each run of loss tokens begins: the turns of a token-in/token-out episode
+    (the actor masks exactly the policy's tokens; observations between turns are 0)."""
+    mask = np.asarray(loss_mask, dtype=bool)
+    return np.flatnonzero(mask & ~np.concatenate([[False], mask[:-1]]))
+
 
 def samples_from_groups(
-    groups: Iterable[Group], *, estimator: str, normalize_std: bool = True, eps: float = 1e-6
+    groups: Iterable[Group],
+    *,
+    estimator: str,
+    normalize_std: bool = True,
+    eps: float = 1e-6,
+    step_wise: bool = False,
 ) -> list[Sample]:
-    """Advantages per group and decoded token arrays; group order, then sample order."""
+    """Advantages per group and decoded token arrays; group order, then sample order.
+    `step_wise`: each turn of an episode is its own sequence in the loss, sharing the
+    episode's advantage (docs/learner.md, step-wise trajectories)."""
     samples = []
     for group in groups:
         rewards = torch.tensor([group.rewards], dtype=torch.float32)  # [1, K]
@@ -142,6 +176,7 @@ def samples_from_groups(
                     trajectory_id=trajectory.trajectory_id,
                     group_id=group.group_id,
                     env_class=group.env_class,
+                    step_starts=step_starts(loss_mask) if step_wise else None,
                 )
             )
     return samples

@@ -182,6 +182,11 @@ class LearnerConfig(StrictModel):
     """Forward and backward a group's common token prefix once (its prompt; in multi-turn
     episodes any longer common prefix), every sample's suffix attending to it: identical
     logprobs and gradients, the cost of the unique tokens (docs/learner.md)."""
+    step_wise: bool = False
+    """Step-wise trajectories (SkyRL's `step_wise_trajectories`): each assistant turn of an
+    episode is its own sequence in the loss, with the episode's advantage. Changes what
+    `seq_mean_*` reductions and GSPO call a sequence; `token_mean` is unchanged. Trained in
+    one forward per episode (docs/learner.md)."""
     min_shared_prefix_tokens: int = pydantic.Field(default=16, ge=1)
     """Shorter common prefixes are not shared (the segment bookkeeping would cost more
     than it saves)."""

@@ -16,6 +16,7 @@ import torch.distributed as dist
 from broker.config import BrokerConfig
 from common.config import load_section
 from common.metrics import serve_health, serve_metrics
+from common.storage_config import StorageConfig
 from learner.checkpoint import latest_checkpoint, read_training_state
 from learner.config import LearnerConfig
 from learner.loop import Learner
@@ -54,10 +55,26 @@ def _build_trainer(config: LearnerConfig, device: torch.device) -> Trainer:
     return Trainer(model, config, ref_model=ref_model, device=device)
 
 
+def _open_artifacts(storage: StorageConfig, config: LearnerConfig, *, run_name: str):
+    """The bucket's uploader (learner/artifacts.py), None without a bucket."""
+    if not storage.enabled:
+        return None
+    from learner.artifacts import open_artifacts
+
+    return open_artifacts(
+        storage,
+        run_name=run_name,
+        checkpoint_root=Path(config.checkpoint.dir),
+        keep_local=config.checkpoint.keep,
+        resume=config.checkpoint.resume,
+    )
+
+
 def run(config_path: str, overrides: list[str]) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     config = load_section(LearnerConfig, config_path, "learner", overrides)
     broker = load_section(BrokerConfig, config_path, "broker", overrides)
+    storage = load_section(StorageConfig, config_path, "storage", overrides)
     device = _init_distributed(config)
     commands_group = command_group(config.command_timeout_s)
     if config.torch_threads is not None:
@@ -77,10 +94,17 @@ def run(config_path: str, overrides: list[str]) -> int:
     from weights.sender import WeightSender
 
     run_dir = Path(config.run_dir)
+    # Before looking for a checkpoint: a newer one may be in the bucket.
+    artifacts = _open_artifacts(storage, config, run_name=broker.namespace)
     resume_from = latest_checkpoint(config.checkpoint.dir) if config.checkpoint.resume else None
     # The history files are cut back to what the checkpoint covers before anything is written.
     position = read_training_state(resume_from).dataset_cursor if resume_from else None
-    reporter = Reporter(config, run_dir, position=position)
+    reporter = Reporter(
+        config,
+        run_dir,
+        position=position,
+        on_eval_written=artifacts.evals_written if artifacts else None,
+    )
     learner: Learner | None = None
 
     def ready() -> bool:
@@ -100,8 +124,27 @@ def run(config_path: str, overrides: list[str]) -> int:
         snapshot_interval=config.snapshot_interval,
         sender=sender,
         group=commands_group,
+        artifacts=artifacts,
     )
-    learner = Learner(config, broker, commands, reporter, resume_from=resume_from)
+    learner = Learner(
+        config, broker, commands, reporter, resume_from=resume_from, artifacts=artifacts
+    )
+
+    try:
+        return _run_loop(learner)
+    finally:
+        commands.stop()
+        if artifacts is not None:
+            artifacts.close()  # the last checkpoint goes up before the process ends
+        reporter.close()
+        if sender is not None:
+            sender.close()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _run_loop(learner: Learner) -> int:
+    """Rank 0's loop until done (0) or stopped by SIGINT/SIGTERM (130)."""
 
     async def main() -> dict:
         task = asyncio.current_task()
@@ -115,12 +158,5 @@ def run(config_path: str, overrides: list[str]) -> int:
         log.info("done: %s", summary)
         return 0
     except asyncio.CancelledError:
-        log.warning("stopped by a signal at version %d", trainer.version)
+        log.warning("stopped by a signal at version %d", learner.commands.version)
         return 130
-    finally:
-        commands.stop()
-        reporter.close()
-        if sender is not None:
-            sender.close()
-        if dist.is_initialized():
-            dist.destroy_process_group()

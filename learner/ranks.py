@@ -56,6 +56,7 @@ class RankCommands:
         snapshot_interval: int,
         sender=None,
         group=None,
+        artifacts=None,
     ) -> None:
         self.trainer = trainer
         self.checkpoint_dir = checkpoint_dir
@@ -65,6 +66,7 @@ class RankCommands:
         self.sender = sender
         self.group = group
         """The gloo group commands travel on (`command_group`); None with one rank."""
+        self.artifacts = artifacts  # learner.artifacts.ArtifactSync when a bucket is set
         self._snapshot: tuple[Path, int] | None = None
 
     def _command(self, command: str, payload=None) -> None:
@@ -96,7 +98,10 @@ class RankCommands:
     def save(self, state: TrainingState) -> Path:
         self._command("save", state)
         path = self.trainer.save(self.checkpoint_dir, state)
-        prune_checkpoints(self.checkpoint_dir, self.keep)
+        if self.artifacts is not None:  # uploads it, then prunes what the bucket holds
+            self.artifacts.checkpoint_saved(path, state.step)
+        else:
+            prune_checkpoints(self.checkpoint_dir, self.keep)
         return path
 
     def load(self, path: Path) -> TrainingState:
@@ -149,10 +154,15 @@ class RankCommands:
         previous, self._snapshot = self._snapshot, (final, version)
         if previous is not None and previous[0] != final:
             shutil.rmtree(previous[0], ignore_errors=True)
+        if self.artifacts is not None:
+            self.artifacts.snapshot_written(final, version)
 
     @property
-    def snapshot(self) -> tuple[Path, int] | None:
-        """(directory, version) of the newest snapshot written, or None."""
+    def snapshot(self) -> tuple[Path | str, int] | None:
+        """(directory or s3:// URL, version) of the snapshot to announce, or None: the
+        newest written, or its verified upload when a bucket is configured."""
+        if self.artifacts is not None:
+            return self.artifacts.announced_snapshot(self._snapshot)
         return self._snapshot
 
     def stop(self) -> None:

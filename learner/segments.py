@@ -23,8 +23,8 @@ or in the member's suffix. `hidden_rows [U]` lists those rows once each; `token_
 maps each loss token to one of them. Per-loss-token tensors (`targets`, `behaviour_logprobs`,
 `advantages`, `versions`, `seq_ids`) are aligned `[L]`, in sample order then token order, so
 `policy_loss` and `token_weights` run on them unchanged with a loss mask of all ones
-(`learner/segment_forward.py` `loss_inputs`). `seq_ids` index `sample_indices`, the batch
-positions of this micro-batch's samples.
+(`learner/segment_forward.py` `loss_inputs`). `seq_ids` number this micro-batch's sequences:
+one per sample (in `sample_indices` order), or one per step of a step-wise sample.
 """
 
 from __future__ import annotations
@@ -76,20 +76,17 @@ class SegmentBatch:
     token_row: torch.Tensor  # [L] int64, index into hidden_rows
     targets: torch.Tensor  # [L] int64, the loss token's id
     token_index: torch.Tensor  # [L] int64, the loss token's index in its sample
-    seq_ids: torch.Tensor  # [L] int64, index into sample_indices
+    seq_ids: torch.Tensor  # [L] int64, the loss token's sequence (< num_seqs)
     behaviour_logprobs: torch.Tensor  # [L] float32
     advantages: torch.Tensor  # [L] float32
     versions: torch.Tensor  # [L] int64
     sample_indices: tuple[int, ...]  # batch positions of the S samples
     num_unshared_tokens: int  # what the plain packed layout would train
+    num_seqs: int = 0  # sequences `seq_ids` index: S, or more when samples are step-wise
 
     @property
     def num_tokens(self) -> int:
         return self.input_ids.shape[1]
-
-    @property
-    def num_seqs(self) -> int:
-        return len(self.sample_indices)
 
     @property
     def num_loss_tokens(self) -> int:
@@ -127,6 +124,7 @@ def collate_segments(samples: Sequence[Sample], pieces: Sequence[Piece]) -> Segm
     row_ids: list[np.ndarray] = []
     row_positions: list[np.ndarray] = []
     sample_indices: list[int] = []
+    num_seqs = 0  # sequences so far: one per sample, or one per step of a step-wise one
     # Per sample, aligned on its loss tokens: the row whose state predicts the token, etc.
     per_token: dict[str, list[np.ndarray]] = {
         name: [] for name in ("predictor", "target", "index", "seq", "behaviour", "adv", "version")
@@ -161,7 +159,8 @@ def collate_segments(samples: Sequence[Sample], pieces: Sequence[Piece]) -> Segm
             per_token["predictor"].append(rows[positions - 1])
             per_token["target"].append(sample.token_ids[positions])
             per_token["index"].append(positions)
-            per_token["seq"].append(np.full(len(positions), len(sample_indices)))
+            per_token["seq"].append(num_seqs + sample.seq_index(positions))
+            num_seqs += sample.num_seqs
             per_token["behaviour"].append(sample.behaviour_logprobs[positions])
             per_token["adv"].append(np.full(len(positions), sample.advantage))
             per_token["version"].append(sample.versions[positions])
@@ -186,4 +185,5 @@ def collate_segments(samples: Sequence[Sample], pieces: Sequence[Piece]) -> Segm
         versions=tensor(per_token["version"], np.int64),
         sample_indices=tuple(sample_indices),
         num_unshared_tokens=sum(samples[i].num_tokens for i in sample_indices),
+        num_seqs=num_seqs,
     )

@@ -238,9 +238,8 @@ class Trainer:
     ) -> tuple[float, torch.Tensor, torch.Tensor]:
         """Forward and backward every micro-batch, gradients summed into `.grad`. Returns
         the batch loss and the health sums and extremes (all-reduced over ranks)."""
-        loss_tokens = [int(s.loss_mask.sum()) for s in samples]
-        total_tokens = sum(loss_tokens)
-        total_seqs = sum(1 for n in loss_tokens if n > 0)
+        total_tokens = sum(int(s.loss_mask.sum()) for s in samples)
+        total_seqs = sum(s.num_loss_seqs for s in samples)  # a step-wise sample: its turns
         entropy_mode = "grad" if self.algorithm.entropy_coef > 0 else "detached"
         dev = self.device
         loss_sum = torch.zeros((), dtype=torch.float64, device=dev)
@@ -248,12 +247,7 @@ class Trainer:
         for mb, prox, ref in zip(micro_batches, proximal, reference, strict=True):
             logprobs, entropy = self._logprobs(self.model, mb, entropy=entropy_mode)
             inputs = loss_inputs(
-                mb,
-                logprobs,
-                entropy=entropy,
-                proximal_logprobs=prox,
-                ref_logprobs=ref,
-                device=dev,
+                mb, logprobs, entropy=entropy, proximal_logprobs=prox, ref_logprobs=ref, device=dev
             )
             terms = policy_loss(inputs, self.algorithm)
             weights = token_weights(
