@@ -48,6 +48,12 @@ class Session:
     closed: bool = False
 
 
+@dataclass(frozen=True)
+class _Reset:
+    env: Environment
+    observation: Observation
+
+
 def _messages(messages: list[dict[str, Any]]) -> list[env_pb2.ChatMessage]:
     out = []
     for m in messages:
@@ -85,6 +91,8 @@ class EnvService(env_pb2_grpc.EnvServiceServicer):
         self.providers = providers
         self.config = config
         self.sessions: dict[str, Session] = {}
+        self._resetting: dict[str, tuple[str, asyncio.Future]] = {}
+        """Resets in flight: session id -> (env class, future of its ResetResponse or None)."""
         self.draining = False
 
     async def _fail(self, context: Any, method: str, code: Code, message: str) -> NoReturn:
@@ -101,65 +109,113 @@ class EnvService(env_pb2_grpc.EnvServiceServicer):
         )
 
     async def Reset(self, request, context):
-        fail = self._fail
-        if self.draining:
-            await fail(context, "Reset", Code.UNAVAILABLE, "server is shutting down")
-        if not request.env_class:
-            await fail(context, "Reset", Code.INVALID_ARGUMENT, "env_class: required")
-        provider = self.providers.get(request.env_class)
-        if provider is None:
-            hosted = sorted(self.providers)
-            await fail(
-                context,
-                "Reset",
-                Code.NOT_FOUND,
-                f"env_class: unknown environment {request.env_class!r}; hosted here: {hosted}",
-            )
-        existing = self.sessions.get(request.session_id) if request.session_id else None
-        if existing is not None:  # a retried Reset: same answer, no second episode
-            if existing.env_class != request.env_class:
-                await fail(context, "Reset", Code.INVALID_ARGUMENT, "session_id: already in use")
-            return existing.reset_response
-        if len(self.sessions) >= self.config.max_sessions:
-            await fail(
+        provider = await self._provider(request, context)
+        session_id = request.session_id or uuid.uuid4().hex
+        known = await self._known_session(session_id, request.env_class, context)
+        if known is not None:  # a retried Reset: same answer, no second episode
+            return known
+        if len(self.sessions) + len(self._resetting) >= self.config.max_sessions:
+            await self._fail(
                 context,
                 "Reset",
                 Code.RESOURCE_EXHAUSTED,
                 f"too many open sessions ({self.config.max_sessions}); close some",
             )
+        task = await self._task(request, context)
+        # Reserve the id (and a slot) before the first await: a concurrent Reset of the same
+        # id waits for this one's answer, and a burst cannot pass max_sessions.
+        pending: asyncio.Future = asyncio.get_running_loop().create_future()
+        self._resetting[session_id] = (request.env_class, pending)
+        try:
+            reset = await self._reset_env(provider, request.env_class, task, context)
+            response = reset_response(session_id, reset.observation)
+            self.sessions[session_id] = Session(
+                session_id, request.env_class, reset.env, response, time.monotonic()
+            )
+            metrics.ACTIVE_SESSIONS.labels(request.env_class).inc()
+            pending.set_result(response)
+            return response
+        finally:
+            del self._resetting[session_id]
+            if not pending.done():
+                pending.set_result(None)  # this Reset failed: so do the ones waiting on it
+
+    async def _provider(self, request, context) -> EnvProvider:
+        if self.draining:
+            await self._fail(context, "Reset", Code.UNAVAILABLE, "server is shutting down")
+        if not request.env_class:
+            await self._fail(context, "Reset", Code.INVALID_ARGUMENT, "env_class: required")
+        provider = self.providers.get(request.env_class)
+        if provider is None:
+            hosted = sorted(self.providers)
+            await self._fail(
+                context,
+                "Reset",
+                Code.NOT_FOUND,
+                f"env_class: unknown environment {request.env_class!r}; hosted here: {hosted}",
+            )
+        return provider
+
+    async def _known_session(
+        self, session_id: str, env_class: str, context
+    ) -> env_pb2.ResetResponse | None:
+        """The answer already given (or being computed) for this session id, if any."""
+        existing = self.sessions.get(session_id)
+        in_flight = self._resetting.get(session_id)
+        if existing is None and in_flight is None:
+            return None
+        known_class = existing.env_class if existing is not None else in_flight[0]
+        if known_class != env_class:
+            await self._fail(context, "Reset", Code.INVALID_ARGUMENT, "session_id: already in use")
+        if existing is not None:
+            return existing.reset_response
+        response = await asyncio.shield(in_flight[1])
+        if response is None:
+            await self._fail(
+                context, "Reset", Code.ABORTED, "session_id: a concurrent Reset of it failed"
+            )
+        return response
+
+    async def _task(self, request, context) -> dict[str, Any]:
         try:
             task = json.loads(request.task_json or "{}")
         except json.JSONDecodeError as e:
-            await fail(context, "Reset", Code.INVALID_ARGUMENT, f"task_json: not valid JSON: {e}")
+            await self._fail(
+                context, "Reset", Code.INVALID_ARGUMENT, f"task_json: not valid JSON: {e}"
+            )
         if not isinstance(task, dict):
-            await fail(context, "Reset", Code.INVALID_ARGUMENT, "task_json: must be a JSON object")
+            await self._fail(
+                context, "Reset", Code.INVALID_ARGUMENT, "task_json: must be a JSON object"
+            )
+        return task
 
+    async def _reset_env(
+        self, provider: EnvProvider, env_class: str, task: dict[str, Any], context
+    ) -> _Reset:
+        """A fresh env reset from `task`; on any failure it is closed and the call fails."""
+        fail = self._fail
         env = provider.make()
         try:
             async with asyncio.timeout(self._time_left(context)):
-                obs = await env.reset(task)
+                return _Reset(env, await env.reset(task))
         except ValueError as e:  # the row itself is unusable: the caller's fault
             await self._close_env(env)
             await fail(context, "Reset", Code.INVALID_ARGUMENT, f"task_json: {e}")
         except TimeoutError:
             await self._close_env(env)
             await fail(context, "Reset", Code.DEADLINE_EXCEEDED, "reset took too long")
+        except asyncio.CancelledError:  # the client went away: nobody will close this env
+            await self._close_env(env)
+            raise
         except Exception as e:  # env failure: this call fails, the server keeps serving
-            log.exception("reset of %s failed", request.env_class)
+            log.exception("reset of %s failed", env_class)
             await self._close_env(env)
             await fail(
                 context,
                 "Reset",
                 Code.INTERNAL,
-                f"reset of {request.env_class} failed: {type(e).__name__}: {e}",
+                f"reset of {env_class} failed: {type(e).__name__}: {e}",
             )
-        session_id = request.session_id or uuid.uuid4().hex
-        response = reset_response(session_id, obs)
-        self.sessions[session_id] = Session(
-            session_id, request.env_class, env, response, time.monotonic()
-        )
-        metrics.ACTIVE_SESSIONS.labels(request.env_class).inc()
-        return response
 
     def _time_left(self, context: Any) -> float:
         remaining = context.time_remaining()

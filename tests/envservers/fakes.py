@@ -45,3 +45,35 @@ class SlowProvider(EnvProvider):
 
     def make(self):
         return SlowEnv()
+
+
+class GatedEnv(Environment):
+    """Reset waits until its provider's gate opens; close is recorded."""
+
+    def __init__(self, provider: GatedProvider) -> None:
+        self.provider = provider
+
+    async def reset(self, task):
+        await self.provider.gate.wait()
+        return Observation(messages=list(task.get("prompt", [])))
+
+    async def step(self, action_text):
+        return StepResult([], 0.0, True, {})
+
+    async def close(self):
+        self.provider.num_closed += 1
+
+
+class GatedProvider(EnvProvider):
+    """Counts the envs it made and the ones closed; `gate` holds every reset."""
+
+    description = "test env whose reset waits for a gate"
+
+    def __init__(self) -> None:
+        self.gate = asyncio.Event()
+        self.num_made = 0
+        self.num_closed = 0
+
+    def make(self):
+        self.num_made += 1
+        return GatedEnv(self)
