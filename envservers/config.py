@@ -118,6 +118,9 @@ class EnvServerConfig(StrictModel):
     """Server-side cap on one step when the client sets no shorter deadline."""
     max_tool_calls_per_step: int = pydantic.Field(8, ge=1)
     """Tool calls run per assistant message; more are error observations."""
+    max_observation_chars: int = pydantic.Field(16_384, ge=256)
+    """Longest observation message (a tool's result) Step returns; a longer one keeps its
+    head and tail around a marker saying how many characters were cut."""
     drain_s: float = pydantic.Field(1.0, ge=0)
     """On SIGTERM: health goes NOT_SERVING and new sessions are refused for this long
     before the server stops accepting RPCs."""

@@ -8,7 +8,8 @@ What is enforced (namespaces mode, as root — see sandbox_launcher.py for how):
 timeout that SIGKILLs the process group (and the pid namespace with it); RLIMIT_CPU,
 RLIMIT_AS, RLIMIT_FSIZE, RLIMIT_NPROC, RLIMIT_NOFILE; no network namespace devices up; a
 read-only root holding only the interpreter, the system libraries and the scratch dir;
-an unprivileged uid; output capped at `max_output_bytes` (the run is killed past it).
+an unprivileged uid; output capped at `max_output_bytes` (the run is killed past it, and the
+output it wrote so far ends with a marker saying so).
 """
 
 from __future__ import annotations
@@ -117,7 +118,12 @@ class Sandbox:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
             await proc.wait()
-        output = b"".join(chunks)[: self.config.max_output_bytes].decode("utf-8", "replace")
+        limit = self.config.max_output_bytes
+        output = b"".join(chunks)[:limit].decode("utf-8", "replace")
+        if killed == "output limit":
+            output += (
+                f"\n[... output cut at {limit} bytes: the program was killed for writing more]"
+            )
         return RunResult(None if killed else proc.returncode, output, killed)
 
     async def close(self) -> None:

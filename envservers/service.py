@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -26,9 +27,10 @@ import grpc
 
 from envservers import metrics
 from envservers.config import EnvServerConfig
+from envservers.responses import cap_observations, reset_response, step_response
 from envservers.types import Environment, EnvProvider
 from protos import env_pb2, env_pb2_grpc
-from protos.types import Observation, StepResult
+from protos.types import Observation
 
 log = logging.getLogger(__name__)
 Code = grpc.StatusCode
@@ -52,38 +54,6 @@ class Session:
 class _Reset:
     env: Environment
     observation: Observation
-
-
-def _messages(messages: list[dict[str, Any]]) -> list[env_pb2.ChatMessage]:
-    out = []
-    for m in messages:
-        content = m.get("content", "")
-        out.append(
-            env_pb2.ChatMessage(
-                role=str(m.get("role", "")),
-                content=content if isinstance(content, str) else json.dumps(content),
-                name=str(m.get("name") or ""),
-            )
-        )
-    return out
-
-
-def reset_response(session_id: str, obs: Observation) -> env_pb2.ResetResponse:
-    return env_pb2.ResetResponse(
-        session_id=session_id,
-        messages=_messages(obs.messages),
-        tools=[env_pb2.ToolSpec(json=json.dumps(t)) for t in obs.tools],
-        metadata_json=json.dumps(obs.metadata, default=str),
-    )
-
-
-def step_response(result: StepResult) -> env_pb2.StepResponse:
-    return env_pb2.StepResponse(
-        observations=_messages(result.observations),
-        reward=float(result.reward),
-        done=bool(result.done),
-        metadata_json=json.dumps(result.metadata, default=str),
-    )
 
 
 class EnvService(env_pb2_grpc.EnvServiceServicer):
@@ -271,6 +241,7 @@ class EnvService(env_pb2_grpc.EnvServiceServicer):
                     Code.INTERNAL,
                     f"step of {session.env_class} failed: {type(e).__name__}: {e}",
                 )
+            self._check_output(session.env_class, response)
             session.last_seq += 1
             session.last_response = response
             session.done = response.done
@@ -278,6 +249,19 @@ class EnvService(env_pb2_grpc.EnvServiceServicer):
         metrics.STEPS.labels(session.env_class).inc()
         metrics.STEP_SECONDS.labels(session.env_class).observe(time.perf_counter() - start)
         return response
+
+    def _check_output(self, env_class: str, response: env_pb2.StepResponse) -> None:
+        """Cut huge observations; count (and log) a reward that is not a finite number. It
+        is passed on as it is: the actor ends such an episode as an error, never trains on
+        it (actors/episode.py), and the count here says which environment is at fault."""
+        num_cut = cap_observations(response, self.config.max_observation_chars)
+        if num_cut:
+            metrics.TRUNCATED_OBSERVATIONS.labels(env_class).inc(num_cut)
+        if not math.isfinite(response.reward):
+            metrics.NONFINITE_REWARDS.labels(env_class).inc()
+            log.warning(
+                "environment %s returned a non-finite reward %s", env_class, response.reward
+            )
 
     async def Close(self, request, context):
         if not request.session_id:
