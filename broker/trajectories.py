@@ -37,7 +37,7 @@ SPILL_THRESHOLD_BYTES = MAX_PAYLOAD_BYTES - 64 * 1024
 
 CORRUPT_MESSAGES = prometheus_client.Counter(
     "tether_broker_corrupt_messages_total",
-    "Messages that could not be decoded and were terminated",
+    "Messages that could not be decoded: terminated (a policy KV value: ignored)",
     ["subject"],
 )
 PUBLISH_RETRIES = prometheus_client.Counter(
@@ -236,11 +236,17 @@ class TrajectoryConsumer:
         try:
             data = msg.data if claim is None else await self._claimed_body(claim, what)
             trajectory = decode(data, Trajectory, what=what)
+            if claim is not None and trajectory.trajectory_id != claim:
+                raise WireDecodeError(
+                    f"claim {claim!r} {what} holds trajectory {trajectory.trajectory_id!r}"
+                )
         except WireDecodeError as e:
             self.num_corrupt += 1
             CORRUPT_MESSAGES.labels(msg.subject).inc()
             log.error("terminating undecodable message: %s", e)
             await msg.term()
+            if claim is not None:  # a body nobody will ever claim: free its storage
+                await self.delete_claim(claim)
             return None
         return ReceivedTrajectory(trajectory=trajectory, msg=msg, claim=claim, consumer=self)
 
@@ -254,6 +260,8 @@ class TrajectoryConsumer:
         return result.data
 
     async def delete_claim(self, claim: str) -> None:
+        if self._spill is None:
+            self._spill = await self.js.object_store(self.names.spill_bucket)
         try:
             await self._spill.delete(claim)
         except nats.js.errors.NotFoundError:

@@ -220,14 +220,18 @@ class Learner:
         while len(taken) < num_groups:
             group = await self._next_group()
             decision = decide_group(
-                group, version=self.version, max_staleness=self.config.max_staleness
+                group,
+                version=self.version,
+                max_staleness=self.config.max_staleness,
+                vocab_size=self.commands.vocab_size,
             )
             self._take(group, decision.drop_reason)
             if decision.drop_reason is not None:
                 log.info("dropped group %s: %s", group.group_id, decision.drop_reason)
                 await self._release()  # its replacement
                 continue
-            self._count_drop(group.group_id, "errors", list(decision.error_ids))
+            for reason, ids in decision.removed.items():
+                self._count_drop(group.group_id, reason, list(ids))
             taken.append(decision.group)
         return taken, time.monotonic() - started
 
