@@ -81,7 +81,7 @@ class Learner:
     # ---- set-up ----------------------------------------------------------------------------
 
     async def _connect(self) -> None:
-        self.nc = await client.connect(self.broker.url, name="learner")
+        self.nc = await client.connect(self.broker.url, name="learner", tls=self.broker.tls)
         self.js = self.nc.jetstream()
         limits = self.broker.stream_limits()
         await client.ensure_streams(self.js, self.names, limits)
