@@ -16,12 +16,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import secrets
 import signal
 import socket
 import sys
 import time
 from pathlib import Path
 
+from broker.security import NatsAuth
 from broker.server import NatsServer
 from common.config import load_section
 from common.procs import free_port
@@ -102,6 +104,9 @@ def launch(config_path: Path, overrides: list[str]) -> int:
         run = load_run_config(config_path, args)
         if run.learner is None or run.actor is None or run.envserver is None:
             raise ValueError(f"{config_path}: a run needs [learner], [actor] and [envserver]")
+        # The bus needs credentials: the environment's, else a token made for this run
+        # alone (handed to the children in their environment; never written anywhere).
+        auth = NatsAuth.from_environment() or NatsAuth(token=secrets.token_urlsafe(24))
     except ValueError as e:
         print(f"python -m deploy.local: {e}", file=sys.stderr)
         return 2
@@ -120,7 +125,11 @@ def launch(config_path: Path, overrides: list[str]) -> int:
     (run_dir / "logs").mkdir()
     children = ProcessGroup(run_dir / "logs")
     nats = NatsServer(
-        run_dir / "nats", port=ports["nats"], log_file=run_dir / "logs" / "nats-server.log"
+        run_dir / "nats",
+        port=ports["nats"],
+        log_file=run_dir / "logs" / "nats-server.log",
+        auth=auth,
+        tls=run.broker.tls,
     )
     metrics_ports = {
         "learner": ports["learner"],
@@ -145,11 +154,13 @@ def launch(config_path: Path, overrides: list[str]) -> int:
         cfg = ["--config", str(config_path)]
         # The same entry points as the `envserver`, `learner` and `actor` console scripts.
         python = [sys.executable, "-m"]
+        env = auth.client_environment()  # the env server never talks to the bus
         children.start("envserver", [*python, "envservers.cli", *cfg, *args])
-        children.start("learner", [*python, "learner.cli", *cfg, *args])
+        children.start("learner", [*python, "learner.cli", *cfg, *args], env=env)
         children.start(
             "actor",
             [*python, "actors.cli", *cfg, "--replicas", str(local.actor_replicas), *args],
+            env=env,
         )
         print(
             f"started nats-server ({nats.url}), envserver, learner, {local.actor_replicas} actor "

@@ -95,6 +95,27 @@ class OpenEnvConfig(StrictModel):
     """Longest wait for one OpenEnv reply."""
 
 
+class EnvServerTlsConfig(StrictModel):
+    """`[envserver.tls]`: the gRPC port speaks TLS only, optionally mutual TLS. Off while
+    `cert_file` is empty; file paths only (keys never sit in a config file)."""
+
+    cert_file: str = ""
+    """The server's certificate (PEM). Setting it (with key_file) turns TLS on."""
+    key_file: str = ""
+    """The server's private key (PEM file)."""
+    client_ca_file: str = ""
+    """PEM bundle of the CA that signs client certificates. Setting it requires every
+    client to present one (mutual TLS): a client without it cannot even connect."""
+
+    @pydantic.model_validator(mode="after")
+    def _pairs(self) -> EnvServerTlsConfig:
+        if bool(self.cert_file) != bool(self.key_file):
+            raise ValueError("cert_file and key_file: give both or neither")
+        if self.client_ca_file and not self.cert_file:
+            raise ValueError("client_ca_file: mutual TLS needs the server's cert_file too")
+        return self
+
+
 class EnvServerConfig(StrictModel):
     """`[envserver]`: one gRPC env server process."""
 
@@ -126,6 +147,8 @@ class EnvServerConfig(StrictModel):
     before the server stops accepting RPCs."""
     shutdown_grace_s: float = pydantic.Field(30.0, ge=0)
     """Then in-flight RPCs get this long to finish."""
+    tls: EnvServerTlsConfig = EnvServerTlsConfig()
+    """TLS on the gRPC port (off by default)."""
     metrics_port: int | None = pydantic.Field(9400, ge=0, le=65535)
     """Prometheus /metrics port; 0 picks a free one; null disables."""
     log_level: str = "INFO"
