@@ -50,7 +50,12 @@ class SqlConfig(StrictModel):
     query_timeout_s: float = pydantic.Field(2.0, gt=0)
     """A query running longer is interrupted (and reported to the model)."""
     max_rows: int = pydantic.Field(50, ge=1)
-    """Rows shown to the model per query result."""
+    """Rows shown to the model per query result (a query's rows past this are never
+    fetched, so a runaway result cannot fill the server's memory)."""
+    max_value_bytes: int = pydantic.Field(4 * MiB, ge=1024)
+    """Longest string or blob a query may make or read (SQLite's SQLITE_LIMIT_LENGTH): a
+    model query such as `hex(randomblob(300000000))` fails at once instead of taking
+    gigabytes and a minute of CPU."""
 
 
 class McpServerConfig(StrictModel):
