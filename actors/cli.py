@@ -34,10 +34,12 @@ def main(argv: list[str] | None = None) -> int:
     from actors.config import ActorConfig
     from broker.config import BrokerConfig
     from common.config import load_section
+    from common.storage_config import StorageConfig
 
     try:
         config = load_section(ActorConfig, args.config, "actor", args.overrides)
         load_section(BrokerConfig, args.config, "broker", args.overrides)
+        load_section(StorageConfig, args.config, "storage", args.overrides)
     except ValueError as e:
         print(f"actor: {e}", file=sys.stderr)
         return 2
@@ -45,7 +47,16 @@ def main(argv: list[str] | None = None) -> int:
     import logging
     import signal
 
-    from actors.replicas import LocalProcesses, ReplicaSpec, supervise
+    from actors.replicas import LocalProcesses, ReplicaSpec, replica_gpus, supervise
+    from common.placement import visible_gpus
+
+    try:
+        devices = replica_gpus(
+            config.replica_gpus, args.replicas, config.engine.num_gpus, visible_gpus()
+        )
+    except ValueError as e:
+        print(f"actor: {e}", file=sys.stderr)
+        return 2
 
     logging.basicConfig(
         level=config.log_level, format="%(asctime)s %(levelname)s actor %(name)s: %(message)s"
@@ -54,7 +65,12 @@ def main(argv: list[str] | None = None) -> int:
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stopping.append(True))
     specs = [
-        ReplicaSpec(index=i, config_path=args.config, overrides=tuple(args.overrides))
+        ReplicaSpec(
+            index=i,
+            config_path=args.config,
+            overrides=tuple(args.overrides),
+            cuda_visible_devices=devices[i],
+        )
         for i in range(args.replicas)
     ]
     return supervise(LocalProcesses(), specs, should_stop=lambda: bool(stopping))

@@ -125,9 +125,12 @@ class VllmEngineConfig(StrictModel):
     weights snapshot for an actor that joins a running job."""
     initial_version: int = 0
     """Policy version of the weights in `model` (the snapshot's version)."""
-    dtype: str = "float32"
-    """Weights and activations dtype. float32 keeps vLLM's logprobs equal to the learner's
-    recomputation on the tiny model; use bfloat16 for real models on GPU."""
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """Weights and activations dtype; `auto` is bfloat16 on GPU and float32 on CPU (float32
+    keeps vLLM's logprobs equal to the learner's recomputation on the CPU tiny model). It
+    must equal the learner's compute dtype (`learner.dtype`, also auto by default): a
+    mismatch is refused when the engine subscribes to the weight broadcast
+    (weights/dtypes.py), and weights travel in this dtype."""
     max_model_len: int = 2048
     """Longest prompt + generation, in tokens."""
     max_num_seqs: int = 64
@@ -154,14 +157,27 @@ class VllmEngineConfig(StrictModel):
     computed by the old weights, as in PipelineRL/AReaL; new requests never reuse it). True:
     the cache is dropped and running requests recompute their prefix with the new weights on
     resume."""
-    staged_weight_load: bool = True
-    """Receive every tensor before loading any, so a failed round leaves the old weights
-    intact (costs one extra copy of the model during the update)."""
+    staged_weight_load: bool | None = None
+    """True: every tensor received is copied to host memory and loaded after the last, so a
+    failed round leaves the old weights intact (one host copy of the model per worker
+    during the update; the GPU holds one bucket outside vLLM's budget). False: each bucket
+    is loaded as it arrives (no copy anywhere); a failed round leaves the weights mixed and
+    the engine stops generating until the next whole round or snapshot. None: staged for
+    an engine of one GPU, streamed for tensor or pipeline parallel engines (each of their
+    workers would stage the whole model; True is refused there)."""
     track_weights_checksum: bool = False
     """Fingerprint every loaded weight set (`weights_checksum()`), for tests and debugging;
     costs a float64 pass over the weights per update."""
     tensor_parallel_size: int = 1
-    """GPUs per engine (each worker takes a rank in the weight broadcast)."""
+    """GPUs per pipeline stage (each worker takes a rank in the weight broadcast)."""
+    pipeline_parallel_size: int = 1
+    """Pipeline stages per engine. An engine takes tensor_parallel_size x
+    pipeline_parallel_size GPUs, and as many ranks in the weight broadcast: every worker
+    receives the whole stream and loads the layers of its own stage."""
+    data_parallel_size: int = 1
+    """Must stay 1: vLLM's data-parallel ranks are engine cores of their own that the weight
+    broadcast cannot address one by one. Tether's data parallelism is `actor --replicas N`
+    (N engines, each in the broadcast)."""
     gpu_memory_utilization: float = 0.5
     """Fraction of GPU memory for weights and KV cache (ignored on CPU)."""
     cpu_kvcache_gib: int = 1
@@ -173,13 +189,50 @@ class VllmEngineConfig(StrictModel):
     replicas sharing a small machine do not fight over the same core."""
 
     @pydantic.field_validator(
-        "max_model_len", "max_num_seqs", "tensor_parallel_size", "cpu_kvcache_gib"
+        "max_model_len",
+        "max_num_seqs",
+        "tensor_parallel_size",
+        "pipeline_parallel_size",
+        "cpu_kvcache_gib",
     )
     @classmethod
     def _positive(cls, value: int) -> int:
         if value < 1:
             raise ValueError(f"must be >= 1, got {value}")
         return value
+
+    @pydantic.field_validator("data_parallel_size")
+    @classmethod
+    def _no_engine_data_parallel(cls, value: int) -> int:
+        if value != 1:
+            raise ValueError(
+                f"data_parallel_size = {value}: vLLM's data-parallel engine cores cannot each "
+                "join the weight broadcast. Run one engine per data-parallel rank instead: "
+                f"`actor --replicas {value}` (or more replicas), each its own engine"
+            )
+        return value
+
+    @pydantic.model_validator(mode="after")
+    def _no_full_staging_per_worker(self) -> VllmEngineConfig:
+        if self.staged_weight_load and self.num_gpus > 1:
+            raise ValueError(
+                f"staged_weight_load = true with {self.num_gpus} GPUs per engine: every "
+                "worker would stage the whole model in host memory. Leave it unset (streamed "
+                "loads for parallel engines)"
+            )
+        return self
+
+    @property
+    def stages_weights(self) -> bool:
+        """Whether weight rounds are staged in host memory (see `staged_weight_load`)."""
+        if self.staged_weight_load is None:
+            return self.num_gpus == 1
+        return self.staged_weight_load
+
+    @property
+    def num_gpus(self) -> int:
+        """GPUs (and weight-broadcast ranks) of one engine."""
+        return self.tensor_parallel_size * self.pipeline_parallel_size
 
     @pydantic.model_validator(mode="after")
     def _prefills_fit(self) -> VllmEngineConfig:
@@ -226,6 +279,12 @@ class ActorConfig(StrictModel):
     scrapers and probes come from outside the pod."""
     log_level: str = "INFO"
     """Python logging level of the replicas."""
+    replica_gpus: list[str] | None = None
+    """CUDA_VISIBLE_DEVICES of each replica's engine ("0", or "2,3" for an engine of two
+    GPUs), as a launcher's placement plan (common/placement.py) hands them out; replica i
+    takes entry i modulo their number. None: `actor --replicas N` plans them over the GPUs
+    it sees (CUDA_VISIBLE_DEVICES, else nvidia-smi), `engine.num_gpus` each, and refuses
+    when they are too few; on a machine without GPUs nothing is set."""
 
     @pydantic.model_validator(mode="after")
     def _check(self) -> ActorConfig:

@@ -39,11 +39,12 @@ import logging
 import math
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
 from actors.chat import ChatTemplate
 from actors.config import EnvConfig, RolloutConfig, SamplingConfig
 from actors.env_retry import EnvFailed, close_session, open_session, step_session
-from actors.types import Engine, EnvConnector, EnvSession, EpisodeResult, Generation
+from actors.types import Engine, EnvConnector, EnvSession, EpisodeResult, Generation, Turn
 from broker.wire import PromptTask
 from common.rows import row_problem
 from protos.client import TaskRejected
@@ -79,21 +80,27 @@ def validate_task(task: PromptTask, *, max_group_size: int = 1024) -> None:
         raise TaskRejected(f"malformed prompt task {task.task_id!r}: " + "; ".join(problems))
 
 
+@dataclass(frozen=True)
+class Rollout:
+    """Everything an episode is played with besides its task."""
+
+    engine: Engine
+    env: EnvConnector
+    chat: ChatTemplate
+    limits: RolloutConfig
+    sampling: SamplingConfig
+    env_config: EnvConfig
+    """How hard to try the env servers (attempts, backoff)."""
+
+
 async def run_episode(
-    *,
-    engine: Engine,
-    env: EnvConnector,
-    chat: ChatTemplate,
-    task: PromptTask,
-    limits: RolloutConfig,
-    sampling: SamplingConfig,
-    env_config: EnvConfig,
-    seed: int | None = None,
+    rollout: Rollout, task: PromptTask, *, seed: int | None = None
 ) -> EpisodeResult:
-    """Play one episode (with `seed` for its sampling, or `sampling.seed`). Raises
+    """Play one episode (with `seed` for its sampling, else `sampling.seed`). Raises
     TaskRejected when the task itself cannot be run; env outages end the episode with an
     `error:*` stop reason instead."""
-    episode = _Episode(engine, env, chat, task, limits, sampling, env_config, seed)
+    limits = rollout.limits
+    episode = _Episode(rollout, task, seed)
     result = episode.result
     try:
         await episode.start()
@@ -117,16 +124,12 @@ async def run_episode(
 class _Episode:
     """The state of one episode between turns (history, actions, the open session)."""
 
-    def __init__(self, engine, env, chat, task, limits, sampling, env_config, seed) -> None:
-        self.engine: Engine = engine
-        self.env: EnvConnector = env
-        self.chat: ChatTemplate = chat
-        self.task: PromptTask = task
-        self.limits: RolloutConfig = limits
-        self.sampling: SamplingConfig = sampling
-        self.env_config: EnvConfig = env_config
-        self.seed = sampling.seed if seed is None else seed
-        self.stop_tokens = (chat.eos_token_id,)
+    def __init__(self, rollout: Rollout, task: PromptTask, seed: int | None) -> None:
+        self.engine, self.env, self.chat = rollout.engine, rollout.env, rollout.chat
+        self.limits, self.sampling = rollout.limits, rollout.sampling
+        self.env_config = rollout.env_config
+        self.task = task
+        self.seed = rollout.sampling.seed if seed is None else seed
         self.result = EpisodeResult(timing={"generate_s": 0.0, "env_s": 0.0, "start": time.time()})
         self.actions: list[str] = []
         self.observations: list[list[dict]] = []
@@ -163,13 +166,8 @@ class _Episode:
             return "overlong"
         max_tokens = min(limits.max_generate_length, budget)
         start = time.perf_counter()
-        generation = await self.engine.generate(
-            list(result.token_ids),
-            self.sampling,
-            max_tokens=max_tokens,
-            stop_token_ids=self.stop_tokens,
-            seed=self.seed,
-        )
+        turn = Turn(self.sampling, max_tokens, (self.chat.eos_token_id,), self.seed)
+        generation = await self.engine.generate(list(result.token_ids), turn)
         result.timing["generate_s"] += time.perf_counter() - start
         _check_generation(generation, max_tokens)
         result.append(
@@ -237,14 +235,9 @@ def _record_env_metadata(metadata: dict | None, result: EpisodeResult) -> None:
 
 
 async def run_group(
-    *,
-    engine: Engine,
-    env: EnvConnector,
-    chat: ChatTemplate,
+    rollout: Rollout,
     task: PromptTask,
-    limits: RolloutConfig,
-    sampling: SamplingConfig,
-    env_config: EnvConfig,
+    *,
     on_result: Callable[[int, EpisodeResult], Awaitable[None]] | None = None,
 ) -> list[EpisodeResult]:
     """Play the task's group_size samples concurrently; results in sample order. A seeded
@@ -253,17 +246,11 @@ async def run_group(
     failure), the others are cancelled and that exception is raised."""
     validate_task(task)
 
+    base_seed = rollout.sampling.seed
+
     async def sample(index: int) -> EpisodeResult:
-        result = await run_episode(
-            engine=engine,
-            env=env,
-            chat=chat,
-            task=task,
-            limits=limits,
-            sampling=sampling,
-            env_config=env_config,
-            seed=None if sampling.seed is None else sampling.seed + index,
-        )
+        seed = None if base_seed is None else base_seed + index
+        result = await run_episode(rollout, task, seed=seed)
         if on_result is not None:
             await on_result(index, result)
         return result

@@ -11,13 +11,11 @@ replays exactly on the same machine.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
 from typing import Any
 
 import torch
 
-from actors.config import SamplingConfig
-from actors.types import Generation
+from actors.types import Generation, Turn
 
 
 class HFEngine:
@@ -26,32 +24,15 @@ class HFEngine:
         self.version = version
         self._lock = asyncio.Lock()
 
-    async def generate(
-        self,
-        prompt_token_ids: list[int],
-        sampling: SamplingConfig,
-        *,
-        max_tokens: int,
-        stop_token_ids: Sequence[int] = (),
-        seed: int | None = None,
-    ) -> Generation:
-        seed = sampling.seed if seed is None else seed
+    async def generate(self, prompt_token_ids: list[int], turn: Turn) -> Generation:
         async with self._lock:
-            return await asyncio.to_thread(
-                self._generate, list(prompt_token_ids), sampling, max_tokens, stop_token_ids, seed
-            )
+            return await asyncio.to_thread(self._generate, list(prompt_token_ids), turn)
 
     @torch.no_grad()
-    def _generate(
-        self,
-        prompt: list[int],
-        sampling: SamplingConfig,
-        max_tokens: int,
-        stop_token_ids: Sequence[int],
-        seed: int | None,
-    ) -> Generation:
-        if seed is not None:
-            torch.manual_seed(seed)
+    def _generate(self, prompt: list[int], turn: Turn) -> Generation:
+        if turn.seed is not None:
+            torch.manual_seed(turn.seed)
+        sampling, stop_token_ids = turn.sampling, turn.stop_token_ids
         greedy = sampling.temperature == 0
         output = self.model.generate(
             input_ids=torch.tensor([prompt]),
@@ -60,7 +41,7 @@ class HFEngine:
             temperature=None if greedy else sampling.temperature,
             top_p=None if greedy else sampling.top_p,
             top_k=None if greedy else 0,
-            max_new_tokens=max_tokens,
+            max_new_tokens=turn.max_tokens,
             eos_token_id=list(stop_token_ids) or None,
             pad_token_id=self.model.config.pad_token_id,
             output_scores=True,

@@ -76,7 +76,10 @@ def replica_main(spec: ReplicaSpec) -> None:
 async def _build_real(spec: ReplicaSpec, config: ActorConfig, broker: BrokerConfig):
     from transformers import AutoTokenizer
 
+    from actors.snapshots import SnapshotSource
     from actors.vllm_engine import VllmEngine, threads_bind_for_replica
+    from common.config import load_section
+    from common.storage_config import StorageConfig
 
     tokenizer = AutoTokenizer.from_pretrained(config.engine.model)
     bind = threads_bind_for_replica(
@@ -93,6 +96,9 @@ async def _build_real(spec: ReplicaSpec, config: ActorConfig, broker: BrokerConf
         env=GrpcEnvConnector(client),
         chat=ChatTemplate(tokenizer),
         actor_id=actor_id_of(spec),
+        snapshots=SnapshotSource(
+            load_section(StorageConfig, spec.config_path, "storage", spec.overrides)
+        ),
     )
     return actor, engine.shutdown
 

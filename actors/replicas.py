@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib
 import logging
 import multiprocessing
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -36,6 +37,9 @@ class ReplicaSpec:
     """`module:function` run in the replica process with this spec."""
     extra: dict[str, Any] = field(default_factory=dict)
     """Free-form arguments for the target (tests pass fake engine scripts here)."""
+    cuda_visible_devices: str | None = None
+    """The GPUs of this replica's engine (set in the replica process before anything
+    imports torch); None leaves the environment as it is (CPU machines)."""
 
 
 class ReplicaHandle(Protocol):
@@ -67,7 +71,30 @@ def resolve(target: str) -> Callable[[ReplicaSpec], None]:
     return getattr(importlib.import_module(module), name)
 
 
+def replica_gpus(
+    configured: list[str] | None, num_replicas: int, gpus_per_engine: int, visible: list[str]
+) -> list[str | None]:
+    """CUDA_VISIBLE_DEVICES of each replica: the configured list (a launcher's placement
+    plan), else a plan of our own over the `visible` GPUs; None for each on a machine
+    without GPUs. ValueError (naming the counts) when the GPUs are too few."""
+    if configured:
+        return [configured[i % len(configured)] for i in range(num_replicas)]
+    if not visible:
+        return [None] * num_replicas
+    from common.placement import PlacementRequest, plan_placement
+
+    placement = plan_placement(
+        {"this machine": visible},
+        PlacementRequest(0, num_replicas, gpus_per_engine, colocate="never"),
+    )
+    return [engine.cuda_visible_devices for engine in placement.engines]
+
+
 def _process_main(spec: ReplicaSpec) -> None:
+    if spec.cuda_visible_devices is not None:
+        # Before the target imports torch or vLLM: CUDA reads these once, at its start.
+        os.environ["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+        os.environ["CUDA_VISIBLE_DEVICES"] = spec.cuda_visible_devices
     resolve(spec.target)(spec)
 
 

@@ -7,7 +7,6 @@ protocols only, so it runs on vLLM (actors/vllm_engine.py), on transformers
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -30,22 +29,28 @@ class Generation:
     """Policy version of the weights that produced each token."""
 
 
+@dataclass(frozen=True)
+class Turn:
+    """What one assistant turn may generate: the role's sampling settings (as configured),
+    and what the episode decides per turn."""
+
+    sampling: SamplingConfig
+    max_tokens: int
+    """At most this many tokens (what is left of the episode's budget)."""
+    stop_token_ids: tuple[int, ...] = ()
+    """The turn ends after the first of these (included)."""
+    seed: int | None = None
+    """This request's seed (sample i of a seeded group uses sampling.seed + i); None:
+    unseeded."""
+
+
 class Engine(Protocol):
     version: int
     """Policy version of the weights generating now."""
 
-    async def generate(
-        self,
-        prompt_token_ids: list[int],
-        sampling: SamplingConfig,
-        *,
-        max_tokens: int,
-        stop_token_ids: Sequence[int] = (),
-        seed: int | None = None,
-    ) -> Generation:
-        """One assistant turn: at most `max_tokens` tokens, ending after the first stop
-        token (included) or at the limit. `seed` overrides `sampling.seed` for this
-        request (sample i of a seeded group uses seed + i)."""
+    async def generate(self, prompt_token_ids: list[int], turn: Turn) -> Generation:
+        """One assistant turn: at most `turn.max_tokens` tokens, ending after the first stop
+        token (included) or at the limit."""
         ...
 
 

@@ -32,12 +32,12 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-from actors.config import SamplingConfig, VllmEngineConfig
-from actors.types import Generation
+from actors.config import VllmEngineConfig
+from actors.types import Generation, Turn
 from weights.follower import WeightUpdate, WeightUpdateError
 from weights.subscription import RoundTicket
 
@@ -74,10 +74,14 @@ class VllmEngine:
     """An AsyncLLM with the Engine interface (`generate`) and in-flight weight updates.
     Create with `await VllmEngine.start(config)`; call `shutdown()` when done."""
 
-    def __init__(self, llm: Any, config: VllmEngineConfig) -> None:
+    def __init__(self, llm: Any, config: VllmEngineConfig, dtype: str = "float32") -> None:
         self.llm = llm
         self.config = config
+        self.dtype = dtype
+        """The resolved dtype vLLM runs in (the learner must compute in the same)."""
         self.version = config.initial_version
+        self.weights_mixed = False
+        """A streamed round failed half-way: generation stays paused until a whole load."""
         self._update_lock = asyncio.Lock()
         # Salts the prefix cache of each request: bumped when an update starts and when its
         # weights are in, so a request admitted afterwards never reuses KV blocks that older
@@ -88,12 +92,16 @@ class VllmEngine:
     async def start(cls, config: VllmEngineConfig) -> VllmEngine:
         os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(config.cpu_kvcache_gib)
         os.environ["VLLM_CPU_OMP_THREADS_BIND"] = config.cpu_threads_bind
+        import torch
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
+        from weights.dtypes import resolve_engine_dtype
+
+        dtype = resolve_engine_dtype(config.dtype, on_gpu=torch.cuda.is_available())
         args = AsyncEngineArgs(
             model=config.model,
-            dtype=config.dtype,
+            dtype=dtype,
             max_model_len=config.max_model_len,
             max_num_seqs=config.max_num_seqs,
             seed=config.seed,
@@ -103,40 +111,33 @@ class VllmEngine:
             enforce_eager=config.enforce_eager,
             logprobs_mode=config.logprobs_mode,
             tensor_parallel_size=config.tensor_parallel_size,
+            pipeline_parallel_size=config.pipeline_parallel_size,
             gpu_memory_utilization=config.gpu_memory_utilization,
             worker_extension_cls=WORKER_EXTENSION,
             disable_log_stats=True,
         )
         # No local name for the AsyncLLM: something in vLLM keeps this frame alive, and a
         # local would keep the AsyncLLM alive past shutdown() until interpreter exit.
-        engine = cls(AsyncLLM.from_engine_args(args), config)
+        engine = cls(AsyncLLM.from_engine_args(args), config, dtype)
         await engine.llm.update_weight_version(str(config.initial_version))
         return engine
 
     @property
     def num_weight_slots(self) -> int:
         """Ranks this engine takes in a weight round (one per worker)."""
-        return self.config.tensor_parallel_size
+        return self.config.num_gpus
 
     # ---- generation ---------------------------------------------------------------------------
 
-    def _sampling_params(
-        self,
-        sampling: SamplingConfig,
-        *,
-        max_tokens: int,
-        stop_token_ids: Sequence[int],
-        seed: int | None,
-        final_only: bool,
-    ):
+    def _sampling_params(self, turn: Turn, *, final_only: bool):
         from vllm.sampling_params import RequestOutputKind, SamplingParams
 
         return SamplingParams(
-            temperature=sampling.temperature,
-            top_p=sampling.top_p,
-            max_tokens=max_tokens,
-            seed=sampling.seed if seed is None else seed,
-            stop_token_ids=list(stop_token_ids),
+            temperature=turn.sampling.temperature,
+            top_p=turn.sampling.top_p,
+            max_tokens=turn.max_tokens,
+            seed=turn.seed,
+            stop_token_ids=list(turn.stop_token_ids),
             logprobs=0,  # the sampled token's logprob only
             detokenize=False,
             output_kind=RequestOutputKind.FINAL_ONLY if final_only else RequestOutputKind.DELTA,
@@ -159,24 +160,10 @@ class VllmEngine:
                 raise RuntimeError(f"request {request_id} ended: {completion.finish_reason}")
             yield completion
 
-    async def stream(
-        self,
-        prompt_token_ids: list[int],
-        sampling: SamplingConfig,
-        *,
-        max_tokens: int,
-        stop_token_ids: Sequence[int] = (),
-        seed: int | None = None,
-    ) -> AsyncIterator[TokenDelta]:
+    async def stream(self, prompt_token_ids: list[int], turn: Turn) -> AsyncIterator[TokenDelta]:
         """Generate, yielding tokens as they arrive (the last delta has `finish_reason` and
         the per-token `versions`)."""
-        params = self._sampling_params(
-            sampling,
-            max_tokens=max_tokens,
-            stop_token_ids=stop_token_ids,
-            seed=seed,
-            final_only=False,
-        )
+        params = self._sampling_params(turn, final_only=False)
         num_tokens = 0
         async for completion in self._outputs(prompt_token_ids, params):
             new_ids = list(completion.token_ids)
@@ -189,24 +176,10 @@ class VllmEngine:
                 delta.versions = _expand_spans(completion.weight_versions, num_tokens)
             yield delta
 
-    async def generate(
-        self,
-        prompt_token_ids: list[int],
-        sampling: SamplingConfig,
-        *,
-        max_tokens: int,
-        stop_token_ids: Sequence[int] = (),
-        seed: int | None = None,
-    ) -> Generation:
+    async def generate(self, prompt_token_ids: list[int], turn: Turn) -> Generation:
         """The whole turn at once: vLLM sends only the final output (per-token streaming
         costs the actor a Python round per token and engine step)."""
-        params = self._sampling_params(
-            sampling,
-            max_tokens=max_tokens,
-            stop_token_ids=stop_token_ids,
-            seed=seed,
-            final_only=True,
-        )
+        params = self._sampling_params(turn, final_only=True)
         started_version, completion = self.version, None
         async for output in self._outputs(prompt_token_ids, params):
             completion = output  # FINAL_ONLY: one output, when the request ends
@@ -237,7 +210,8 @@ class VllmEngine:
     async def update_weights(self, ticket: RoundTicket) -> WeightUpdate:
         """In-flight update from a weight round (`weights.subscription.RoundTicket`): pause
         with requests kept, receive and load in the workers, relabel, resume. If the round
-        fails, generation resumes, the version stays, and WeightUpdateError is raised."""
+        fails the version stays and WeightUpdateError is raised; generation resumes on the
+        old weights, or (a streamed load cut short) stays paused until a whole load."""
         async with self._update_lock:
             started = time.monotonic()
             self._cache_epoch += 1  # requests admitted while the pause takes effect
@@ -249,14 +223,27 @@ class VllmEngine:
                 results = await self._worker_call(
                     "receive_weights",
                     ticket.as_dict(),
-                    self.config.staged_weight_load,
+                    self.config.stages_weights,
                     self.config.track_weights_checksum,
                 )
+                failed = [r for r in results if not r["ok"]]
+                # Some workers loaded and some did not (TP), or a streamed load was cut: the
+                # model no longer holds one version.
+                self.weights_mixed = bool(failed) and (
+                    any(r["weights_mixed"] for r in results) or len(failed) < len(results)
+                )
+                if failed:
+                    raise WeightUpdateError(
+                        f"round {ticket.version} failed in the engine worker: "
+                        f"{failed[0]['error']}"
+                        + ("; weights mixed, generation paused" if self.weights_mixed else "")
+                    )
                 await self.llm.update_weight_version(str(ticket.version))
                 self.version = ticket.version
                 self._cache_epoch += 1  # from here on: blocks of the new weights only
             finally:
-                await self.llm.resume_generation()
+                if not self.weights_mixed:
+                    await self.llm.resume_generation()
             stall_s = time.monotonic() - started
         return WeightUpdate(
             version=ticket.version,
@@ -267,6 +254,12 @@ class VllmEngine:
             num_bytes=results[0]["num_bytes"],
         )
 
+    async def close_weight_channel(self) -> None:
+        """Leave the weight broadcast's group cleanly (before the engine stops); nothing to
+        do when the engine is gone (its workers' communicators went with them)."""
+        if self.llm is not None and not self.llm.errored:
+            await self._worker_call("close_weight_channel")
+
     async def load_snapshot(self, path: str, version: int) -> float:
         """Load a weights snapshot from disk (a late joiner, or recovery after a failed
         round) and label later tokens `version`. Returns the stall in seconds. A snapshot
@@ -275,18 +268,22 @@ class VllmEngine:
         async with self._update_lock:
             started = time.monotonic()
             await self.llm.pause_generation(mode="keep", clear_cache=True)
+            staged = self.config.stages_weights
             try:
                 await self._worker_call(
-                    "load_weights_from_path",
-                    str(path),
-                    self.config.track_weights_checksum,
-                    self.config.staged_weight_load,
+                    "load_weights_from_path", str(path), self.config.track_weights_checksum, staged
                 )
                 await self.llm.update_weight_version(str(version))
                 self.version = version
+                self.weights_mixed = False
                 self._cache_epoch += 1
+            except WeightUpdateError:
+                # Streamed: some files may be in, others not. Staged: nothing was loaded.
+                self.weights_mixed = self.weights_mixed or not staged
+                raise
             finally:
-                await self.llm.resume_generation()
+                if not self.weights_mixed:
+                    await self.llm.resume_generation()
             return time.monotonic() - started
 
     async def weights_checksum(self) -> dict[str, float] | None:

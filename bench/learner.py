@@ -7,16 +7,17 @@
            AdamW), announcing each version in the KV, metrics.jsonl and trained.jsonl.
            Timed from `run()` to the end of the K-th step (the final checkpoint after it
            is not counted).
-    bare:  a plain transformers model, AdamW, the same K batches packed into the same
-           micro-batches (same token budget), collated before the clock starts; per micro-
-           batch forward, token logprobs, policy-gradient loss, backward; grad clip, step;
-           on a worker thread, as the learner trains.
+    bare:  a plain transformers model, AdamW, the same K batches planned and laid out into
+           the same micro-batches (same token budget, segment attention: the learner's own
+           forward), collated before the clock starts; per micro-batch forward, loss-token
+           logprobs, policy-gradient loss, backward; grad clip, step; on a worker thread, as
+           the learner trains. So the ratio is the cost of the learner's machinery around
+           the same arithmetic (the arithmetic itself: bench/prefix_sharing.py).
     Runs alternate (bare, learner, bare, learner, ...) after a warm-up step, each on fresh
     pre-published data; the best of each is compared (the machines are shared and noisy).
-    Packed micro-batches attend through a dense [N, N] mask on CPU (no varlen kernel), so
-    the token budget is kept at 2K: both sides pay the same quadratic cost. torch runs one
-    thread (`--torch-threads`): with two, an OpenMP team on a 2-core machine shared with
-    other busy processes spins for a descheduled member and the numbers swing 6x.
+    torch runs one thread (`--torch-threads`): with two, an OpenMP team on a 2-core machine
+    shared with other busy processes spins for a descheduled member and the numbers swing
+    6x.
 
 Tokens/s = tokens trained / seconds. Writes bench/results/learner.json with
 `ratio_vs_bare_torch` (target >= 0.95).
@@ -97,9 +98,12 @@ async def publish(url: str, namespace: str, groups) -> None:
 
 
 def micro_batches_per_step(groups, *, prompts_per_step: int, token_budget: int):
-    """The learner's batches, collated: step k trains groups [kP, (k+1)P) in stream order."""
+    """The learner's batches, planned and laid out as the trainer does (segments, shared
+    prefixes): step k trains groups [kP, (k+1)P) in stream order."""
     from learner.batching import Group as LearnerGroup
-    from learner.batching import collate, plan_micro_batches, samples_from_groups
+    from learner.batching import samples_from_groups
+    from learner.prefix_plan import plan_pieces
+    from learner.segments import collate_segments
 
     steps = []
     for start in range(0, len(groups), prompts_per_step):
@@ -108,11 +112,9 @@ def micro_batches_per_step(groups, *, prompts_per_step: int, token_budget: int):
             for g in groups[start : start + prompts_per_step]
         ]
         samples = samples_from_groups(chunk, estimator="grpo")
-        (plan,) = plan_micro_batches(
-            [s.num_tokens for s in samples], num_ranks=1, token_budget=token_budget
-        )
+        (plan,) = plan_pieces(samples, num_ranks=1, token_budget=token_budget)
         num_loss_tokens = sum(int(s.loss_mask.sum()) for s in samples)
-        steps.append(([collate([samples[i] for i in mb]) for mb in plan], num_loss_tokens))
+        steps.append(([collate_segments(samples, mb) for mb in plan], num_loss_tokens))
     return steps
 
 
@@ -128,26 +130,25 @@ def in_worker_thread(fn, *args, **kwargs):
 
 
 def bare_torch(model_path: str, steps, *, lr: float) -> tuple[float, int]:
-    """(seconds, tokens) of a plain training loop over pre-collated micro-batches."""
+    """(seconds, tokens) of a plain training loop over pre-collated micro-batches, on the
+    learner's own forward (segment attention, logits at the loss tokens only)."""
     import torch
     from transformers import AutoModelForCausalLM
 
+    from learner.segment_attention import use_segment_attention
+    from learner.segment_forward import forward_loss_tokens
+
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).train()
+    model = use_segment_attention(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
     num_tokens = 0
     started = time.perf_counter()
     for micro_batches, num_loss_tokens in steps:
         for mb in micro_batches:
-            logits = model(
-                input_ids=mb.input_ids, position_ids=mb.position_ids, use_cache=False
-            ).logits[0]  # [N, V]
-            targets = mb.input_ids[0, 1:]
-            logprobs = torch.log_softmax(logits[:-1].float(), dim=-1)
-            picked = logprobs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # [N - 1]
-            mask = mb.loss_mask[1:]
-            loss = -(mb.advantages[1:] * picked * mask).sum() / num_loss_tokens
+            logprobs, _ = forward_loss_tokens(model, mb)  # [L]
+            loss = -(mb.advantages * logprobs).sum() / num_loss_tokens
             loss.backward()
-            num_tokens += mb.num_tokens
+            num_tokens += mb.num_unshared_tokens
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -161,9 +162,10 @@ def run_learner(model_path: str, url: str, namespace: str, work: Path, args) -> 
     from broker.config import BrokerConfig
     from learner.config import LearnerConfig
     from learner.loop import Learner
+    from learner.model_init import load_model
     from learner.ranks import RankCommands
     from learner.reporting import Reporter
-    from learner.trainer import Trainer, load_model
+    from learner.trainer import Trainer
 
     work.mkdir(parents=True, exist_ok=True)
     train_data = work / "train.jsonl"
@@ -190,7 +192,7 @@ def run_learner(model_path: str, url: str, namespace: str, work: Path, args) -> 
     )
     broker = BrokerConfig(url=url, namespace=namespace)
     torch.manual_seed(0)
-    trainer = Trainer(load_model(model_path), config)
+    trainer = Trainer(load_model(model_path, device=torch.device("cpu")), config)
     commands = RankCommands(
         trainer,
         checkpoint_dir=config.checkpoint.dir,

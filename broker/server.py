@@ -24,7 +24,7 @@ from pathlib import Path
 
 from broker.config import BrokerTlsConfig
 from broker.security import NatsAuth, server_tls_block
-from common.procs import die_with_parent, free_port
+from common.procs import die_with_parent, free_port, stop_on_signals
 
 MAX_PAYLOAD_BYTES = 8 * 1024 * 1024
 """8 MB: the largest payload NATS documents as sensible; larger trajectories are spilled."""
@@ -154,24 +154,17 @@ def serve_forever(
     tls: BrokerTlsConfig | None = None,
 ) -> int:
     """Run a server in the foreground until SIGINT/SIGTERM (`python -m broker serve`)."""
-    stopping = False
-
-    def _stop(signum, frame):
-        nonlocal stopping
-        stopping = True
-
     # Handlers first: a signal that arrives right after "ready" must still stop cleanly.
-    signal.signal(signal.SIGINT, _stop)
-    signal.signal(signal.SIGTERM, _stop)
+    stopping = stop_on_signals()
     server = NatsServer(store_dir, host=host, port=port, auth=auth, tls=tls).start()
     print(f"nats-server ready at {server.url} (store {server.store_dir})", flush=True)
     try:
-        while not stopping and server.process.poll() is None:
+        while not stopping.is_set() and server.process.poll() is None:
             time.sleep(0.2)
     finally:
         code = server.process.poll()
         server.stop()
-    if code is not None and not stopping:
+    if code is not None and not stopping.is_set():
         print(f"nats-server exited on its own with code {code}", file=sys.stderr)
         return code or 1
     return 0

@@ -45,36 +45,40 @@ class StreamLimits:
     """Copies of each stream and bucket on a clustered server; consumers inherit it."""
 
 
+def _work_queue(name: str, subject: str, limits: StreamLimits, **bound: int) -> StreamConfig:
+    """A file-backed work-queue stream that refuses new messages when full (DiscardNew:
+    publishers wait, nothing is evicted), deduplicated by Nats-Msg-Id; `bound` is its
+    max_msgs or max_bytes."""
+    return StreamConfig(
+        name=name,
+        subjects=[subject],
+        retention=RetentionPolicy.WORK_QUEUE,
+        storage=StorageType.FILE,
+        discard=DiscardPolicy.NEW,
+        max_msg_size=MAX_PAYLOAD_BYTES,
+        duplicate_window=limits.duplicate_window_s,
+        num_replicas=limits.replicas,
+        **bound,
+    )
+
+
 async def ensure_streams(
     js: JetStreamContext, names: BusNames, limits: StreamLimits = StreamLimits()
 ) -> None:
     """Create or update the streams, consumers and buckets. Safe to call from every process."""
     await _ensure_stream(
         js,
-        StreamConfig(
-            name=names.prompts_stream,
-            subjects=[names.prompts_subject],
-            retention=RetentionPolicy.WORK_QUEUE,
-            storage=StorageType.FILE,
-            discard=DiscardPolicy.NEW,
-            max_msgs=limits.max_prompt_msgs,
-            max_msg_size=MAX_PAYLOAD_BYTES,
-            duplicate_window=limits.duplicate_window_s,
-            num_replicas=limits.replicas,
+        _work_queue(
+            names.prompts_stream, names.prompts_subject, limits, max_msgs=limits.max_prompt_msgs
         ),
     )
     await _ensure_stream(
         js,
-        StreamConfig(
-            name=names.trajectories_stream,
-            subjects=[names.trajectories_subject],
-            retention=RetentionPolicy.WORK_QUEUE,
-            storage=StorageType.FILE,
-            discard=DiscardPolicy.NEW,
+        _work_queue(
+            names.trajectories_stream,
+            names.trajectories_subject,
+            limits,
             max_bytes=limits.max_trajectory_bytes,
-            max_msg_size=MAX_PAYLOAD_BYTES,
-            duplicate_window=limits.duplicate_window_s,
-            num_replicas=limits.replicas,
         ),
     )
     await _ensure_consumer(

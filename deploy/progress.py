@@ -49,9 +49,15 @@ def progress_line(
         f"step {step:>3}/{total_steps} | v {record['version']:>3} | "
         f"reward {record['reward_mean']:.2f} | {eval_text} | "
         f"staleness max {record['max_staleness_seen']} | "
-        f"{record['tokens_per_s']:,.0f} tok/s | "
+        f"{record['tokens_per_s']:,.0f} tok/s{_sharing(record)} | "
         f"{_fmt_duration(wall)} elapsed, ~{left} left"
     )
+
+
+def _sharing(record: dict) -> str:
+    """How much shared-prefix training saved in this step (nothing when it shared nothing)."""
+    ratio = record.get("train/prefix_sharing_ratio", 1.0)
+    return f" (shared prefixes x{ratio:.1f})" if ratio > 1.005 else ""
 
 
 def eval_line(record: dict) -> str:
@@ -84,6 +90,8 @@ def summarize(records: list[dict]) -> dict:
         "reward_mean_first": train[0]["reward_mean"],
         "reward_mean_last": last["reward_mean"],
         "tokens_per_s_mean": sum(r["tokens_per_s"] for r in train) / len(train),
+        "prefix_sharing_ratio_mean": sum(r.get("train/prefix_sharing_ratio", 1.0) for r in train)
+        / len(train),
     }
 
 
@@ -98,6 +106,7 @@ def summary_table(summary: dict) -> str:
         ("  dropped", f"{summary['dropped']} {summary['dropped_by_reason'] or ''}".strip()),
         ("max staleness seen", f"{summary['max_staleness_seen']}"),
         ("mean tokens/s (learner)", f"{summary['tokens_per_s_mean']:,.0f}"),
+        ("mean prefix sharing", f"x{summary['prefix_sharing_ratio_mean']:.2f}"),
     ]
     width = max(len(name) for name, _ in rows)
     return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)

@@ -1,4 +1,4 @@
-"""From trajectories off the bus to the tensors of one micro-batch (pure: no I/O, no collectives).
+"""From trajectories off the bus to the samples the trainer plans (pure: no I/O, no collectives).
 
 1. `GroupAssembler` collects trajectories into GRPO groups by `group_id`; a group is
    complete when `group_size` distinct samples arrived. It is idempotent on
@@ -6,18 +6,12 @@
    second trajectory for an already filled `(group_id, sample_index)` is ignored too.
 2. `samples_from_groups` computes each trajectory's advantage within its group and decodes
    its packed token arrays (zero copy) into a `Sample`.
-3. `plan_micro_batches` spreads samples over ranks (balanced by tokens, longest first) and
-   packs each rank's samples into micro-batches of at most `token_budget` tokens
-   (first-fit decreasing; a longer sequence gets a micro-batch of its own). Every rank gets
-   the same number of micro-batches (padded with empty ones), because each FSDP forward is
-   a collective all ranks must join. The plan is a deterministic function of the lengths,
-   so every rank computes the same plan from the same batch.
-4. `collate` concatenates a micro-batch padding-free: one row `[1, N]` with position ids
-   restarting at 0 per sequence (transformers then builds a block-diagonal causal mask for
-   sdpa/eager, and flash-attention uses the same position ids), plus `cu_seqlens`. Chosen
-   over padding because agent trajectories vary from hundreds to 100K+ tokens: padding a
-   micro-batch to its longest member would waste most of the compute, and a token budget
-   bounds memory exactly.
+
+Micro-batches are planned and laid out by learner/prefix_plan.py and learner/segments.py:
+a group's common prefix is trained once, and sequences meet in a packed row without a dense
+mask. Packing (not padding), because agent trajectories vary from hundreds to 100K+ tokens:
+padding a micro-batch to its longest member would waste most of the compute, and a token
+budget bounds memory exactly.
 """
 
 from __future__ import annotations
@@ -116,16 +110,50 @@ class Sample:
     trajectory_id: str
     group_id: str
     env_class: str
+    step_starts: np.ndarray | None = None
+    """Step-wise trajectories: the position where each step (an assistant turn: a run of
+    loss tokens) begins, ascending; each step is its own sequence in the loss reduction.
+    None: the whole sample is one sequence."""
 
     @property
     def num_tokens(self) -> int:
         return len(self.token_ids)
 
+    @property
+    def num_seqs(self) -> int:
+        """Sequences this sample lays out (one per step; a whole sample always one)."""
+        return 1 if self.step_starts is None else len(self.step_starts)
+
+    @property
+    def num_loss_seqs(self) -> int:
+        """Sequences with at least one loss token (what a sequence mean divides by)."""
+        return self.num_seqs if self.step_starts is not None else int(self.loss_mask.any())
+
+    def seq_index(self, positions: np.ndarray) -> np.ndarray:
+        """The sequence (step) within this sample of each of its loss-token `positions`."""
+        if self.step_starts is None:
+            return np.zeros(len(positions), dtype=np.int64)
+        return np.searchsorted(self.step_starts, positions, side="right") - 1
+
+
+def step_starts(loss_mask: np.ndarray) -> np.ndarray:
+    """Where each run of loss tokens begins: the turns of a token-in/token-out episode
+    (the actor masks exactly the policy's tokens; observations between turns are 0)."""
+    mask = np.asarray(loss_mask, dtype=bool)
+    return np.flatnonzero(mask & ~np.concatenate([[False], mask[:-1]]))
+
 
 def samples_from_groups(
-    groups: Iterable[Group], *, estimator: str, normalize_std: bool = True, eps: float = 1e-6
+    groups: Iterable[Group],
+    *,
+    estimator: str,
+    normalize_std: bool = True,
+    eps: float = 1e-6,
+    step_wise: bool = False,
 ) -> list[Sample]:
-    """Advantages per group and decoded token arrays; group order, then sample order."""
+    """Advantages per group and decoded token arrays; group order, then sample order.
+    `step_wise`: each turn of an episode is its own sequence in the loss, sharing the
+    episode's advantage (docs/learner.md, step-wise trajectories)."""
     samples = []
     for group in groups:
         rewards = torch.tensor([group.rewards], dtype=torch.float32)  # [1, K]
@@ -148,98 +176,7 @@ def samples_from_groups(
                     trajectory_id=trajectory.trajectory_id,
                     group_id=group.group_id,
                     env_class=group.env_class,
+                    step_starts=step_starts(loss_mask) if step_wise else None,
                 )
             )
     return samples
-
-
-def plan_micro_batches(
-    lengths: list[int], *, num_ranks: int, token_budget: int
-) -> list[list[list[int]]]:
-    """`plan[rank][micro_batch]` = indices into `lengths`. Same number of micro-batches on
-    every rank (trailing empty lists pad the short ones)."""
-    if num_ranks < 1 or token_budget < 1:
-        raise ValueError(
-            f"need num_ranks >= 1 and token_budget >= 1, got {num_ranks}, {token_budget}"
-        )
-    longest_first = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
-    rank_tokens = [0] * num_ranks
-    rank_samples: list[list[int]] = [[] for _ in range(num_ranks)]
-    for i in longest_first:
-        rank = min(range(num_ranks), key=lambda r: (rank_tokens[r], r))
-        rank_tokens[rank] += lengths[i]
-        rank_samples[rank].append(i)
-    plan = []
-    for indices in rank_samples:
-        bins: list[list[int]] = []
-        bin_tokens: list[int] = []
-        for i in indices:  # already longest first
-            for b, used in enumerate(bin_tokens):
-                if used + lengths[i] <= token_budget:
-                    bins[b].append(i)
-                    bin_tokens[b] += lengths[i]
-                    break
-            else:
-                bins.append([i])
-                bin_tokens.append(lengths[i])
-        plan.append(bins)
-    num_micro_batches = max(len(bins) for bins in plan)
-    return [bins + [[] for _ in range(num_micro_batches - len(bins))] for bins in plan]
-
-
-@dataclass
-class MicroBatch:
-    """Padding-free concatenation of whole sequences (N tokens, S sequences)."""
-
-    input_ids: torch.Tensor  # [1, N] int64
-    position_ids: torch.Tensor  # [1, N] int64, restarting at 0 per sequence
-    cu_seqlens: torch.Tensor  # [S + 1] int32
-    seq_ids: torch.Tensor  # [N] int64
-    loss_mask: torch.Tensor  # [N] bool
-    behaviour_logprobs: torch.Tensor  # [N] float32
-    advantages: torch.Tensor  # [N] float32
-    versions: torch.Tensor  # [N] int64
-    num_seqs: int
-
-    @property
-    def num_tokens(self) -> int:
-        return self.input_ids.shape[1]
-
-
-def collate(samples: list[Sample]) -> MicroBatch:
-    """Concatenate samples into one micro-batch; an empty list gives a 1-token dummy with no
-    loss token (a rank without data still joins the collectives)."""
-    if not samples:
-        return MicroBatch(
-            input_ids=torch.zeros((1, 1), dtype=torch.int64),
-            position_ids=torch.zeros((1, 1), dtype=torch.int64),
-            cu_seqlens=torch.tensor([0, 1], dtype=torch.int32),
-            seq_ids=torch.zeros(1, dtype=torch.int64),
-            loss_mask=torch.zeros(1, dtype=torch.bool),
-            behaviour_logprobs=torch.zeros(1, dtype=torch.float32),
-            advantages=torch.zeros(1, dtype=torch.float32),
-            versions=torch.full((1,), -1, dtype=torch.int64),
-            num_seqs=1,
-        )
-    lengths = [s.num_tokens for s in samples]
-    if min(lengths) < 1:
-        raise ValueError("cannot train on an empty trajectory")
-    cu_seqlens = np.concatenate([[0], np.cumsum(lengths)])
-    positions = np.concatenate([np.arange(n) for n in lengths])
-    seq_ids = np.repeat(np.arange(len(samples)), lengths)
-    advantages = np.repeat(np.array([s.advantage for s in samples], dtype=np.float32), lengths)
-
-    def cat(name: str, dtype: np.dtype) -> torch.Tensor:
-        return torch.from_numpy(np.concatenate([getattr(s, name) for s in samples]).astype(dtype))
-
-    return MicroBatch(
-        input_ids=cat("token_ids", np.int64).unsqueeze(0),
-        position_ids=torch.from_numpy(positions.astype(np.int64)).unsqueeze(0),
-        cu_seqlens=torch.from_numpy(cu_seqlens.astype(np.int32)),
-        seq_ids=torch.from_numpy(seq_ids.astype(np.int64)),
-        loss_mask=cat("loss_mask", np.bool_),
-        behaviour_logprobs=cat("behaviour_logprobs", np.float32),
-        advantages=torch.from_numpy(advantages),
-        versions=cat("versions", np.int64),
-        num_seqs=len(samples),
-    )

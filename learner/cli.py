@@ -34,11 +34,13 @@ def main(argv: list[str] | None = None) -> int:
         overrides.append(f"learner.nproc={args.nproc}")
     from broker.config import BrokerConfig
     from common.config import load_section
+    from common.storage_config import StorageConfig
     from learner.config import LearnerConfig
 
     try:
         config = load_section(LearnerConfig, args.config, "learner", overrides)
         load_section(BrokerConfig, args.config, "broker", overrides)
+        load_section(StorageConfig, args.config, "storage", overrides)
     except ValueError as e:
         print(f"learner: {e}", file=sys.stderr)
         return 2

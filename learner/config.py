@@ -145,12 +145,24 @@ class LearnerConfig(StrictModel):
     """SkyRL-format training prompts (JSONL or Parquet)."""
     eval_data: str | None = None
     """SkyRL-format eval prompts; None disables eval."""
-    dtype: Literal["fp32", "bf16"] = "fp32"
-    """Compute dtype; bf16 keeps fp32 master weights and reduces gradients in fp32."""
+    dtype: Literal["auto", "fp32", "bf16"] = "auto"
+    """Compute dtype; bf16 keeps fp32 master weights and reduces gradients in fp32. `auto`:
+    bf16 on GPU, fp32 on CPU. Weights go to the engines in this dtype, and an engine of
+    another dtype is refused (weights/dtypes.py)."""
     gradient_checkpointing: bool = False
     """Recompute activations in backward to save memory."""
     nproc: int = pydantic.Field(default=1, ge=1)
     """Number of learner ranks (torchrun processes)."""
+    collective_timeout_s: float = pydantic.Field(default=600.0, gt=0)
+    """Timeout of the ranks' own collectives (FSDP all-gathers and reduce-scatters; NCCL on
+    GPU, where a collective stuck this long takes the rank down and torchrun the job). Ranks
+    > 0 gather weights in step with rank 0 while it sends them, so it must exceed
+    weight_sync.join_timeout_s + 2 x weight_sync.transfer_timeout_s."""
+    command_timeout_s: float = pydantic.Field(default=86400.0, gt=0)
+    """How long ranks > 0 wait for rank 0's next command. It travels over a CPU gloo group of
+    its own, not NCCL: rank 0 may wait on the bus (first trajectories, evals, the drain) far
+    longer than any collective should take. A rank 0 that dies closes its connections and the
+    others stop at once; this bounds only a rank 0 that hangs."""
     seed: int = 0
     """Seed of the dataset order and of torch."""
     torch_threads: int | None = pydantic.Field(default=None, ge=1)
@@ -164,7 +176,20 @@ class LearnerConfig(StrictModel):
     group_size: int = pydantic.Field(default=8, ge=2)
     """Samples per prompt (GRPO group size)."""
     micro_batch_tokens: int = pydantic.Field(default=8192, ge=1)
-    """Token budget of one packed micro-batch (forward + backward)."""
+    """Token budget of one packed micro-batch (forward + backward), counted as trained: a
+    shared prefix counts once."""
+    share_prefix: bool = True
+    """Forward and backward a group's common token prefix once (its prompt; in multi-turn
+    episodes any longer common prefix), every sample's suffix attending to it: identical
+    logprobs and gradients, the cost of the unique tokens (docs/learner.md)."""
+    step_wise: bool = False
+    """Step-wise trajectories (SkyRL's `step_wise_trajectories`): each assistant turn of an
+    episode is its own sequence in the loss, with the episode's advantage. Changes what
+    `seq_mean_*` reductions and GSPO call a sequence; `token_mean` is unchanged. Trained in
+    one forward per episode (docs/learner.md)."""
+    min_shared_prefix_tokens: int = pydantic.Field(default=16, ge=1)
+    """Shorter common prefixes are not shared (the segment bookkeeping would cost more
+    than it saves)."""
     eval_interval: int | None = pydantic.Field(default=None, ge=1)
     """Run eval every this many steps; None never."""
     nan_skip_limit: int = pydantic.Field(default=3, ge=1)
@@ -202,6 +227,14 @@ class LearnerConfig(StrictModel):
     def _check(self) -> LearnerConfig:
         if self.eval_interval is not None and self.eval_data is None:
             raise ValueError("eval_interval is set but eval_data is not")
+        sync = self.weight_sync
+        if self.collective_timeout_s <= sync.join_timeout_s + 2 * sync.transfer_timeout_s:
+            raise ValueError(
+                f"collective_timeout_s ({self.collective_timeout_s}) must exceed "
+                f"weight_sync.join_timeout_s + 2 x transfer_timeout_s "
+                f"({sync.join_timeout_s + 2 * sync.transfer_timeout_s}): the other ranks wait "
+                "in the weight gather while rank 0 sends"
+            )
         if self.optim.warmup_steps > self.total_steps:
             raise ValueError(
                 f"optim.warmup_steps ({self.optim.warmup_steps}) exceeds total_steps "

@@ -63,6 +63,7 @@ class Learner:
         reporter: Reporter,
         *,
         resume_from: Path | None = None,
+        artifacts=None,
     ) -> None:
         if config.train_data is None:
             raise ValueError("learner.train_data is required to run the learner")
@@ -72,6 +73,7 @@ class Learner:
         self.commands = commands
         self.reporter = reporter
         self.resume_from = resume_from
+        self.artifacts = artifacts  # learner.artifacts.ArtifactSync when a bucket is set
         self.dispatch_path = Path(config.checkpoint.dir) / DISPATCH_FILE
         self.window_ids: list[str] = []  # taken since the last checkpoint
         self.ledger = Ledger()
@@ -154,10 +156,12 @@ class Learner:
                 await self._train(step, groups, waited_s)
                 if self.version % cfg.checkpoint.interval == 0 and self.version < cfg.total_steps:
                     await self._checkpoint()
+                await self._ack_uploaded()
             await self._maybe_eval(final=True)
             await self.evals.wait(self.config.eval_timeout_s)
             await self._drain()
             await self._checkpoint()
+            await self._ack_uploaded(wait=True)
             return await self._done()
         finally:
             self.intake_task.cancel()
@@ -181,6 +185,8 @@ class Learner:
         _write_atomically(
             self.dispatch_path, json.dumps({"num_released": self.ledger.num_released})
         )
+        if self.artifacts is not None:  # a fresh machine resuming from the bucket needs it
+            await asyncio.to_thread(self.artifacts.dispatcher_written, self.dispatch_path)
         tasks = [self.stream.task(i, version=self.version) for i in range(first, first + count)]
         await client.publish_prompts(self.js, self.names, tasks)
 
@@ -242,6 +248,7 @@ class Learner:
             estimator=cfg.algorithm.advantage_estimator,
             normalize_std=cfg.algorithm.normalize_std,
             eps=cfg.algorithm.std_eps,
+            step_wise=cfg.step_wise,
         )
         staleness = [staleness_of(g, step) for g in groups]
         started = time.monotonic()
@@ -315,12 +322,31 @@ class Learner:
             # neither); what it misses stays unacked and is redelivered to the next run.
             log.warning("checkpoint %s exists; not saving over it", path)
             return
-        state = TrainingState(dataset_cursor=self._cursor(), trained_ids=list(self.window_ids))
+        # With a bucket, ids of checkpoints not yet verified there are still unacked: this
+        # checkpoint covers them too (a resume from it must skip them when redelivered).
+        unacked = self.artifacts.unacked_ids if self.artifacts is not None else []
+        state = TrainingState(dataset_cursor=self._cursor(), trained_ids=unacked + self.window_ids)
         await asyncio.to_thread(self.commands.save, state)
         self.checkpointed_version = self.version
+        if self.artifacts is not None:
+            # Acked only once the checkpoint is in the bucket: a fresh machine resumes from
+            # the bucket, and needs every trajectory its checkpoint does not cover.
+            self.artifacts.hold_acks(self.commands.step, self.window_ids)
+            self.window_ids = []
+            return
         # The checkpoint covers these now. A failed ack keeps its id in the next window,
         # so the next checkpoint covers it again.
         self.window_ids = await self.intake.ack(self.window_ids)
+
+    async def _ack_uploaded(self, *, wait: bool = False) -> None:
+        """Ack what checkpoints verified in the bucket cover (`wait`: for the queued
+        uploads first, bounded by `storage.drain_timeout_s`)."""
+        if self.artifacts is None:
+            return
+        if wait:
+            await asyncio.to_thread(self.artifacts.wait_idle)
+        failed = await self.intake.ack(self.artifacts.take_durable_acks())
+        self.window_ids = failed + self.window_ids  # covered by the next checkpoint again
 
     # ---- end of run --------------------------------------------------------------------------
 

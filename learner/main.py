@@ -7,6 +7,7 @@ import asyncio
 import logging
 import os
 import signal
+from datetime import timedelta
 from pathlib import Path
 
 import torch
@@ -15,47 +16,95 @@ import torch.distributed as dist
 from broker.config import BrokerConfig
 from common.config import load_section
 from common.metrics import serve_health, serve_metrics
+from common.storage_config import StorageConfig
 from learner.checkpoint import latest_checkpoint, read_training_state
 from learner.config import LearnerConfig
 from learner.loop import Learner
-from learner.ranks import RankCommands, follow
+from learner.model_init import default_device, load_model
+from learner.ranks import RankCommands, command_group, follow
 from learner.reporting import Reporter
-from learner.trainer import Trainer, load_model
+from learner.trainer import Trainer
+from weights.dtypes import resolve_learner_dtype
 
 log = logging.getLogger("learner")
 
 
-def _init_distributed() -> None:
+def _init_distributed(config: LearnerConfig) -> torch.device:
+    """This rank's device (set before anything touches CUDA: a context created earlier
+    would sit on GPU 0 for every rank) and, under torchrun, the default group bound to it."""
+    device = default_device()
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
-        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+        dist.init_process_group(
+            "nccl" if device.type == "cuda" else "gloo",
+            device_id=device if device.type == "cuda" else None,
+            timeout=timedelta(seconds=config.collective_timeout_s),
+        )
+    return device
+
+
+def _build_trainer(config: LearnerConfig, device: torch.device) -> Trainer:
+    """The policy and (with a KL term) the reference model, each loaded sharded."""
+    bf16 = resolve_learner_dtype(config.dtype, on_gpu=device.type == "cuda") == "bfloat16"
+    model = load_model(config.model_path, device=device, bf16=bf16)
+    ref_model = None
+    if config.algorithm.kl_coef > 0:
+        ref_path = config.ref_model_path or config.model_path
+        ref_model = load_model(ref_path, device=device, bf16=bf16)
+    return Trainer(model, config, ref_model=ref_model, device=device)
+
+
+def _open_artifacts(storage: StorageConfig, config: LearnerConfig, *, run_name: str):
+    """The bucket's uploader (learner/artifacts.py), None without a bucket."""
+    if not storage.enabled:
+        return None
+    from learner.artifacts import open_artifacts
+
+    return open_artifacts(
+        storage,
+        run_name=run_name,
+        checkpoint_root=Path(config.checkpoint.dir),
+        keep_local=config.checkpoint.keep,
+        resume=config.checkpoint.resume,
+    )
 
 
 def run(config_path: str, overrides: list[str]) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     config = load_section(LearnerConfig, config_path, "learner", overrides)
     broker = load_section(BrokerConfig, config_path, "broker", overrides)
-    _init_distributed()
+    storage = load_section(StorageConfig, config_path, "storage", overrides)
+    device = _init_distributed(config)
+    commands_group = command_group(config.command_timeout_s)
     if config.torch_threads is not None:
         torch.set_num_threads(config.torch_threads)
     torch.manual_seed(config.seed)
-    trainer = Trainer(load_model(config.model_path), config)
+    trainer = _build_trainer(config, device)
     rank = dist.get_rank() if dist.is_initialized() else 0
     if rank != 0:
         if int(os.environ.get("LOCAL_RANK", "0")) == 0:
             # This node's probes (rank 0 reports the metrics): alive, and ready now that
             # its trainer is built.
             serve_health(config.metrics_port, config.metrics_host)
-        follow(trainer, checkpoint_dir=config.checkpoint.dir)
+        follow(trainer, checkpoint_dir=config.checkpoint.dir, group=commands_group)
         dist.destroy_process_group()
         return 0
 
     from weights.sender import WeightSender
 
     run_dir = Path(config.run_dir)
+    # Before looking for a checkpoint: a newer one may be in the bucket.
+    artifacts = _open_artifacts(storage, config, run_name=broker.namespace)
     resume_from = latest_checkpoint(config.checkpoint.dir) if config.checkpoint.resume else None
     # The history files are cut back to what the checkpoint covers before anything is written.
     position = read_training_state(resume_from).dataset_cursor if resume_from else None
-    reporter = Reporter(config, run_dir, position=position)
+    reporter = Reporter(
+        config,
+        run_dir,
+        position=position,
+        on_eval_written=artifacts.evals_written if artifacts else None,
+    )
     learner: Learner | None = None
 
     def ready() -> bool:
@@ -65,7 +114,8 @@ def run(config_path: str, overrides: list[str]) -> int:
 
     port = serve_metrics(config.metrics_port, config.metrics_host, ready=ready)
     log.info("metrics, /healthz, /readyz on http://%s:%d", config.metrics_host, port)
-    sender = WeightSender(config.weight_sync) if config.broadcast_weights else None
+    dtype = "bfloat16" if trainer.bf16 else "float32"  # engines must run in the same
+    sender = WeightSender(config.weight_sync, dtype=dtype) if config.broadcast_weights else None
     commands = RankCommands(
         trainer,
         checkpoint_dir=config.checkpoint.dir,
@@ -73,8 +123,28 @@ def run(config_path: str, overrides: list[str]) -> int:
         snapshot_dir=run_dir / "weights",
         snapshot_interval=config.snapshot_interval,
         sender=sender,
+        group=commands_group,
+        artifacts=artifacts,
     )
-    learner = Learner(config, broker, commands, reporter, resume_from=resume_from)
+    learner = Learner(
+        config, broker, commands, reporter, resume_from=resume_from, artifacts=artifacts
+    )
+
+    try:
+        return _run_loop(learner)
+    finally:
+        commands.stop()
+        if artifacts is not None:
+            artifacts.close()  # the last checkpoint goes up before the process ends
+        reporter.close()
+        if sender is not None:
+            sender.close()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _run_loop(learner: Learner) -> int:
+    """Rank 0's loop until done (0) or stopped by SIGINT/SIGTERM (130)."""
 
     async def main() -> dict:
         task = asyncio.current_task()
@@ -88,12 +158,5 @@ def run(config_path: str, overrides: list[str]) -> int:
         log.info("done: %s", summary)
         return 0
     except asyncio.CancelledError:
-        log.warning("stopped by a signal at version %d", trainer.version)
+        log.warning("stopped by a signal at version %d", learner.commands.version)
         return 130
-    finally:
-        commands.stop()
-        reporter.close()
-        if sender is not None:
-            sender.close()
-        if dist.is_initialized():
-            dist.destroy_process_group()

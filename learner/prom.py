@@ -54,6 +54,10 @@ REWARD_MEAN = prometheus_client.Gauge(
 TOKENS_PER_SECOND = prometheus_client.Gauge(
     "tether_learner_tokens_per_second", "Tokens trained per second in the last training step"
 )
+PREFIX_SHARING_RATIO = prometheus_client.Gauge(
+    "tether_learner_prefix_sharing_ratio",
+    "Tokens of the last step's samples over the tokens trained (shared prefixes once)",
+)
 STALENESS = prometheus_client.Histogram(
     "tether_learner_staleness",
     "Per trained group: policy version minus the group's oldest token version",
@@ -89,6 +93,7 @@ _GAUGES = {
     "train/grad_norm": GRAD_NORM,
     "reward_mean": REWARD_MEAN,
     "tokens_per_s": TOKENS_PER_SECOND,
+    "train/prefix_sharing_ratio": PREFIX_SHARING_RATIO,
 }
 _TIMINGS = {
     "wait_data_s": DATA_WAIT_SECONDS,

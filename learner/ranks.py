@@ -5,27 +5,42 @@ train step, gathering full weights, checkpoint save and load — must run on eve
 the same order. So rank 0 calls `RankCommands`, which broadcasts each command (a small
 pickled tuple, plus the batch for a train step) before running its own part; the other
 ranks sit in `follow()` and mirror it. With one rank nothing is broadcast.
+
+Commands travel over a CPU gloo group of their own (`command_group`), with a long timeout:
+rank 0 may wait on the bus for minutes or hours (first trajectories, evals, the drain)
+while the others wait for the next command, and on NCCL's 10-minute collective timeout
+they would be torn down. NCCL keeps its short timeout for the collectives every rank is
+actively in. A rank 0 that dies closes its gloo connections: the others fail at once.
 """
 
 from __future__ import annotations
 
 import logging
 import shutil
+from datetime import timedelta
 from pathlib import Path
 
 import torch.distributed as dist
 
 from learner.checkpoint import TrainingState, prune_checkpoints
 from learner.trainer import Trainer
-from weights.snapshot import write_snapshot
+from weights.snapshot import SnapshotWriter
 
 log = logging.getLogger(__name__)
 
 
-def _broadcast_command(command: str, payload=None):
+def command_group(timeout_s: float):
+    """The gloo group rank 0's commands travel on (None with one rank). Every rank must
+    call this at the same point, right after init_process_group."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return None
+    return dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
+
+
+def _broadcast_command(command: str, payload=None, group=None):
     if dist.is_initialized() and dist.get_world_size() > 1:
         box = [(command, payload)]
-        dist.broadcast_object_list(box, src=0)
+        dist.broadcast_object_list(box, src=0, group=group)
         return box[0]
     return command, payload
 
@@ -40,6 +55,8 @@ class RankCommands:
         snapshot_dir: Path,
         snapshot_interval: int,
         sender=None,
+        group=None,
+        artifacts=None,
     ) -> None:
         self.trainer = trainer
         self.checkpoint_dir = checkpoint_dir
@@ -47,7 +64,18 @@ class RankCommands:
         self.snapshot_dir = snapshot_dir
         self.snapshot_interval = snapshot_interval
         self.sender = sender
+        self.group = group
+        """The gloo group commands travel on (`command_group`); None with one rank."""
+        self.artifacts = artifacts  # learner.artifacts.ArtifactSync when a bucket is set
         self._snapshot: tuple[Path, int] | None = None
+
+    def _command(self, command: str, payload=None) -> None:
+        _broadcast_command(command, payload, self.group)
+
+    def _weights(self):
+        """Full weights on rank 0, one tensor at a time, in the dtype they go out in (the
+        learner's compute dtype, which the engines share: bf16 halves the bytes)."""
+        return self.trainer.full_weights(dtype=self.trainer.weights_dtype)
 
     @property
     def version(self) -> int:
@@ -69,20 +97,23 @@ class RankCommands:
         return f"{self.sender.config.store_host}:{self.sender.config.store_port}"
 
     def train(self, samples) -> dict[str, float]:
-        _broadcast_command("train", samples)
+        self._command("train", samples)
         return self.trainer.train_step(samples)
 
     def save(self, state: TrainingState) -> Path:
-        _broadcast_command("save", state)
+        self._command("save", state)
         path = self.trainer.save(self.checkpoint_dir, state)
-        prune_checkpoints(self.checkpoint_dir, self.keep)
+        if self.artifacts is not None:  # uploads it, then prunes what the bucket holds
+            self.artifacts.checkpoint_saved(path, state.step)
+        else:
+            prune_checkpoints(self.checkpoint_dir, self.keep)
         return path
 
     def load(self, path: Path) -> TrainingState:
-        _broadcast_command("load", str(path))
+        self._command("load", str(path))
         state = self.trainer.load(path)
         # Actors that start now know only the initial weights: give them these.
-        self.write_snapshot(self.trainer.version, self.trainer.full_weights())
+        self.write_snapshot(self.trainer.version, self._weights())
         return state
 
     def publish_weights(self, version: int) -> dict:
@@ -92,11 +123,13 @@ class RankCommands:
         snapshot = version % self.snapshot_interval == 0
         if self.sender is None and not snapshot:
             return {"num_receivers": 0}  # nothing to gather the full weights for
-        _broadcast_command("weights")
-        named = self.trainer.full_weights()
-        if snapshot:
-            named = list(named)
-            self.write_snapshot(version, named)
+        self._command("weights")
+        named = self._weights()
+        # The snapshot is written from the same stream as the broadcast, shard by shard:
+        # rank 0 never holds the whole model.
+        writer = SnapshotWriter(self.snapshot_dir, version) if snapshot else None
+        if writer is not None:
+            named = writer.tee(named)
         report = {"num_receivers": 0}
         if self.sender is not None:
             result = self.sender.broadcast(version, named)
@@ -108,40 +141,53 @@ class RankCommands:
             }
         for _ in named:  # every rank must exhaust the gather, even with nobody listening
             pass
+        if writer is not None:
+            self._keep_snapshot(writer.finish(), version)
         return report
 
     def write_snapshot(self, version: int, named) -> Path:
-        """Write version `version` for actors that join later; the previous snapshot is
-        removed once the new one is in place."""
-        final = write_snapshot(self.snapshot_dir, version, named)
+        """Write version `version` for actors that join later, as the tensors arrive; the
+        previous snapshot is removed once the new one is in place."""
+        writer = SnapshotWriter(self.snapshot_dir, version)
+        for _ in writer.tee(named):
+            pass
+        final = writer.finish()
+        self._keep_snapshot(final, version)
+        return final
+
+    def _keep_snapshot(self, final: Path, version: int) -> None:
         previous, self._snapshot = self._snapshot, (final, version)
         if previous is not None and previous[0] != final:
             shutil.rmtree(previous[0], ignore_errors=True)
-        return final
+        if self.artifacts is not None:
+            self.artifacts.snapshot_written(final, version)
 
     @property
-    def snapshot(self) -> tuple[Path, int] | None:
-        """(directory, version) of the newest snapshot written, or None."""
+    def snapshot(self) -> tuple[Path | str, int] | None:
+        """(directory or s3:// URL, version) of the snapshot to announce, or None: the
+        newest written, or its verified upload when a bucket is configured."""
+        if self.artifacts is not None:
+            return self.artifacts.announced_snapshot(self._snapshot)
         return self._snapshot
 
     def stop(self) -> None:
-        _broadcast_command("stop")
+        self._command("stop")
 
 
-def follow(trainer: Trainer, *, checkpoint_dir: str) -> None:
+def follow(trainer: Trainer, *, checkpoint_dir: str, group=None) -> None:
     """Ranks > 0: mirror rank 0's commands until it says stop."""
     while True:
-        command, payload = _broadcast_command("?")
+        command, payload = _broadcast_command("?", group=group)
         if command == "train":
             trainer.train_step(payload)
         elif command == "weights":
-            for _ in trainer.full_weights():
+            for _ in trainer.full_weights(dtype=trainer.weights_dtype):
                 pass
         elif command == "save":
             trainer.save(checkpoint_dir, payload)
         elif command == "load":
             trainer.load(payload)
-            for _ in trainer.full_weights():  # rank 0 writes a snapshot after loading
+            for _ in trainer.full_weights(dtype=trainer.weights_dtype):  # rank 0's snapshot
                 pass
         elif command == "stop":
             return

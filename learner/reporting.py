@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 from learner import prom
@@ -71,9 +72,12 @@ class Reporter:
         *,
         position: dict[str, int] | None = None,
         use_wandb: bool = True,
+        on_eval_written: Callable[[Path, int], None] | None = None,
     ) -> None:
         """`position`: the line counts a restored checkpoint recorded (None: a fresh run,
-        whose history starts empty)."""
+        whose history starts empty). `on_eval_written(directory, version)` is called after
+        an eval's files are written (the bucket upload, learner/artifacts.py)."""
+        self.on_eval_written = on_eval_written
         position = position or {}
         self.run_dir = run_dir
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -137,7 +141,9 @@ class Reporter:
         if oldest is not None:
             record["generated_version_min"] = oldest  # eval tasks run on weights >= version
         write_eval_dump(self.run_dir, version, groups, decode=self._decode, task_keys=task_keys)
-        write_aggregated_results(self.run_dir, version, record)
+        written = write_aggregated_results(self.run_dir, version, record)
+        if self.on_eval_written is not None:
+            self.on_eval_written(written.parent, version)
         self._log(record)
         # An eval finishes after later steps: its version must not move the version gauge.
         prom.record_step({k: v for k, v in record.items() if k != "version"})

@@ -1,9 +1,13 @@
 """One RL training step of a HF causal LM under FSDP2 (or plain, on a single process).
 
     samples (whole batch, same on every rank)
-        -> plan_micro_batches (deterministic: every rank computes the same plan)
+        -> plan_pieces (deterministic: every rank computes the same plan; a group's common
+           prefix becomes one shared piece, learner/prefix_plan.py)
+        -> collate_segments: a packed row of segments per micro-batch (learner/segments.py)
         -> [no grad] proximal logprobs (decoupled PPO / TIS), reference logprobs (KL)
-        -> per micro-batch: forward -> token logprobs -> policy_loss -> weighted sum -> backward
+        -> per micro-batch: forward with segment attention (no N x N mask; each suffix
+           attends to its prefix and to itself) -> loss-token logprobs -> policy_loss
+           -> weighted sum -> backward
         -> all-reduce loss and health sums; global grad norm
         -> finite? clip + AdamW step + lr schedule, version += 1 : skip (zero grads)
 
@@ -24,6 +28,7 @@ import contextlib
 import copy
 import functools
 import math
+import sys
 import time
 from pathlib import Path
 
@@ -31,13 +36,19 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
-from learner.batching import MicroBatch, Sample, collate, plan_micro_batches
+from learner.batching import Sample
 from learner.checkpoint import TrainingState, load_checkpoint, save_checkpoint
 from learner.config import LearnerConfig
 from learner.health import health_metrics, health_sums, is_degenerate
-from learner.losses import LossInputs, entropy_from_logits, policy_loss, token_logprobs
+from learner.losses import policy_loss
+from learner.model_init import default_device, is_sharded, shard
+from learner.prefix_plan import plan_pieces
 from learner.reductions import token_weights
 from learner.schedule import lr_multiplier
+from learner.segment_attention import use_segment_attention
+from learner.segment_forward import forward_loss_tokens, loss_inputs
+from learner.segments import SegmentBatch, collate_segments
+from weights.dtypes import resolve_learner_dtype
 from weights.fsdp import full_parameters
 
 
@@ -47,36 +58,6 @@ class TooManySkippedSteps(RuntimeError):
     def __init__(self, message: str, metrics: dict[str, float]):
         super().__init__(message)
         self.metrics = metrics
-
-
-def load_model(path: str, *, device: torch.device | None = None) -> torch.nn.Module:
-    """A HF causal LM from a local directory, fp32 (master weights)."""
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    return model.to(device) if device is not None else model
-
-
-def default_device() -> torch.device:
-    if torch.cuda.is_available():
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
-
-
-def _shard(model: torch.nn.Module, *, bf16: bool, device: torch.device) -> torch.nn.Module:
-    """FSDP2: each decoder layer its own group (all-gathered just in time), then the root."""
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
-    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
-    mp_policy = MixedPrecisionPolicy(
-        param_dtype=torch.bfloat16 if bf16 else None,
-        reduce_dtype=torch.float32 if bf16 else None,
-    )
-    for layer in model.model.layers:
-        fully_shard(layer, mesh=mesh, mp_policy=mp_policy)
-    fully_shard(model, mesh=mesh, mp_policy=mp_policy)
-    return model
 
 
 def _param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
@@ -112,27 +93,37 @@ class Trainer:
         self.distributed = dist.is_initialized()
         self.world_size = dist.get_world_size() if self.distributed else 1
         self.rank = dist.get_rank() if self.distributed else 0
-        self.bf16 = config.dtype == "bf16"
+        dtype = resolve_learner_dtype(config.dtype, on_gpu=self.device.type == "cuda")
+        self.bf16 = dtype == "bfloat16"
+        self.weights_dtype = torch.bfloat16 if self.bf16 else None
+        """The dtype full weights go out in (to the engines and snapshots); None: fp32."""
         self.version = 0
         self.step = 0
         self.consecutive_skips = 0
 
-        model = model.to(self.device, dtype=torch.float32)
-        if self.algorithm.kl_coef > 0:
-            ref_model = copy.deepcopy(model) if ref_model is None else ref_model
-            ref_model = ref_model.to(self.device, dtype=torch.float32).requires_grad_(False)
-            ref_model.eval()
-        else:
+        if self.algorithm.kl_coef > 0 and ref_model is None:
+            if self.distributed:
+                raise ValueError(
+                    "kl_coef > 0 under FSDP needs ref_model, built sharded with "
+                    "learner.model_init.load_model: a deep copy would put a whole model on "
+                    "every rank"
+                )
+            ref_model = copy.deepcopy(model)  # one process: one copy
+        if self.algorithm.kl_coef == 0:
             ref_model = None
+        model = self._place(model)
+        if ref_model is not None:
+            ref_model = self._place(ref_model).requires_grad_(False)
+            ref_model.eval()
+        # A shared prefix must be at least this long; beyond any sample: nothing is shared.
+        self.min_shared_tokens = (
+            config.min_shared_prefix_tokens if config.share_prefix else sys.maxsize
+        )
         if config.gradient_checkpointing:
             model.gradient_checkpointing_enable(
                 gradient_checkpointing_kwargs={"use_reentrant": False}
             )
         model.train()
-        if self.distributed:
-            model = _shard(model, bf16=self.bf16, device=self.device)
-            if ref_model is not None:
-                ref_model = _shard(ref_model, bf16=self.bf16, device=self.device)
         self.model = model
         self.ref_model = ref_model
 
@@ -151,6 +142,15 @@ class Trainer:
             ),
         )
 
+    def _place(self, model: torch.nn.Module) -> torch.nn.Module:
+        """fp32 on this rank's device, sharded under FSDP (unless built sharded already),
+        attending through segments (learner/segment_attention.py)."""
+        model = use_segment_attention(model)
+        if is_sharded(model):
+            return model
+        model = model.to(self.device, dtype=torch.float32)
+        return shard(model, bf16=self.bf16, device=self.device) if self.distributed else model
+
     # ---- forward -------------------------------------------------------------------------
 
     def _autocast(self):
@@ -159,35 +159,35 @@ class Trainer:
         return contextlib.nullcontext()
 
     def _logprobs(
-        self, model: torch.nn.Module, mb: MicroBatch, *, entropy: str = "none"
+        self, model: torch.nn.Module, mb: SegmentBatch, *, entropy: str = "none"
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Logprob of each token given the tokens before it in its sequence, `[N]` (0 on
-        each sequence's first token, which is never a loss token). `entropy`: "none",
-        "detached" or "grad"."""
+        """Logprob (and entropy: "none", "detached" or "grad") of each loss token, `[L]`."""
         with self._autocast():
-            logits = model(
-                input_ids=mb.input_ids.to(self.device),
-                position_ids=mb.position_ids.to(self.device),
-                use_cache=False,
-            ).logits[0]  # [N, V]
-        targets = mb.input_ids[0, 1:].to(self.device)
-        zero = torch.zeros(1, device=self.device)
-        logprobs = torch.cat([zero, token_logprobs(logits[:-1], targets)])  # [N]
-        if entropy == "none":
-            return logprobs, None
-        source = logits[:-1] if entropy == "grad" else logits[:-1].detach()
-        return logprobs, torch.cat([zero, entropy_from_logits(source)])
+            return forward_loss_tokens(model, mb, entropy=entropy, device=self.device)
 
     @torch.no_grad()
     def compute_logprobs(
-        self, micro_batches: list[MicroBatch], *, reference: bool = False
+        self, micro_batches: list[SegmentBatch], *, reference: bool = False
     ) -> list[torch.Tensor]:
-        """Token logprobs `[N]` per micro-batch under the current (or reference) weights,
-        without grad. Collective under FSDP: every rank passes the same number of batches."""
+        """Loss-token logprobs `[L]` per micro-batch under the current (or reference)
+        weights, without grad. Collective under FSDP: every rank passes the same number of
+        batches."""
         model = self.ref_model if reference else self.model
         if model is None:
             raise ValueError("no reference model (kl_coef is 0)")
         return [self._logprobs(model, mb)[0] for mb in micro_batches]
+
+    def micro_batches(self, samples: list[Sample]) -> tuple[list[SegmentBatch], int]:
+        """This rank's micro-batches of `samples`, and the tokens the whole plan trains (a
+        shared prefix counted once, all ranks)."""
+        plan = plan_pieces(
+            samples,
+            num_ranks=self.world_size,
+            token_budget=self.config.micro_batch_tokens,
+            min_shared_tokens=self.min_shared_tokens,
+        )
+        trained = sum(p.num_tokens for rank in plan for mb in rank for p in mb)
+        return [collate_segments(samples, pieces) for pieces in plan[self.rank]], trained
 
     # ---- the step ------------------------------------------------------------------------
 
@@ -196,12 +196,7 @@ class Trainer:
         if not samples:
             raise ValueError("train_step needs at least one sample")
         start = time.perf_counter()
-        plan = plan_micro_batches(
-            [s.num_tokens for s in samples],
-            num_ranks=self.world_size,
-            token_budget=self.config.micro_batch_tokens,
-        )
-        micro_batches = [collate([samples[i] for i in mb]) for mb in plan[self.rank]]
+        micro_batches, num_trained_tokens = self.micro_batches(samples)
         proximal = [None] * len(micro_batches)
         if self.algorithm.needs_proximal:
             proximal = self.compute_logprobs(micro_batches)
@@ -222,6 +217,7 @@ class Trainer:
             finite=finite,
             health=health_metrics(sums.cpu(), extremes.cpu()),
             num_micro_batches=len(micro_batches),
+            num_trained_tokens=num_trained_tokens,
             seconds=time.perf_counter() - start,
             recompute_seconds=recompute_seconds,
         )
@@ -235,38 +231,29 @@ class Trainer:
 
     def _accumulate(
         self,
-        micro_batches: list[MicroBatch],
+        micro_batches: list[SegmentBatch],
         proximal: list[torch.Tensor | None],
         reference: list[torch.Tensor | None],
         samples: list[Sample],
     ) -> tuple[float, torch.Tensor, torch.Tensor]:
         """Forward and backward every micro-batch, gradients summed into `.grad`. Returns
         the batch loss and the health sums and extremes (all-reduced over ranks)."""
-        loss_tokens = [int(s.loss_mask.sum()) for s in samples]
-        total_tokens = sum(loss_tokens)
-        total_seqs = sum(1 for n in loss_tokens if n > 0)
+        total_tokens = sum(int(s.loss_mask.sum()) for s in samples)
+        total_seqs = sum(s.num_loss_seqs for s in samples)  # a step-wise sample: its turns
         entropy_mode = "grad" if self.algorithm.entropy_coef > 0 else "detached"
         dev = self.device
         loss_sum = torch.zeros((), dtype=torch.float64, device=dev)
         sums_total, extremes_total = None, None
         for mb, prox, ref in zip(micro_batches, proximal, reference, strict=True):
             logprobs, entropy = self._logprobs(self.model, mb, entropy=entropy_mode)
-            inputs = LossInputs(
-                logprobs=logprobs,
-                behaviour_logprobs=mb.behaviour_logprobs.to(dev),
-                advantages=mb.advantages.to(dev),
-                loss_mask=mb.loss_mask.to(dev),
-                seq_ids=mb.seq_ids.to(dev),
-                num_seqs=mb.num_seqs,
-                proximal_logprobs=prox,
-                ref_logprobs=ref,
-                entropy=entropy,
+            inputs = loss_inputs(
+                mb, logprobs, entropy=entropy, proximal_logprobs=prox, ref_logprobs=ref, device=dev
             )
             terms = policy_loss(inputs, self.algorithm)
             weights = token_weights(
                 inputs.loss_mask,
                 inputs.seq_ids,
-                mb.num_seqs,
+                inputs.num_seqs,
                 self.algorithm.loss_reduction,
                 total_tokens=total_tokens,
                 total_seqs=total_seqs,
@@ -285,6 +272,7 @@ class Trainer:
                 kl_ref=terms.kl,
                 importance_weight=terms.importance_weight,
                 proximal_logprobs=prox,
+                fresh=mb.versions.to(dev) == self.version,  # sampled by these very weights
             )
             sums_total = sums if sums_total is None else sums_total + sums
             extremes_total = (
@@ -326,6 +314,7 @@ class Trainer:
         finite: bool,
         health: dict[str, float],
         num_micro_batches: int,
+        num_trained_tokens: int,
         seconds: float,
         recompute_seconds: float,
     ) -> dict[str, float]:
@@ -350,6 +339,10 @@ class Trainer:
             "consecutive_skips": float(self.consecutive_skips),
             "num_sequences": float(len(samples)),
             "num_tokens": float(num_tokens),
+            # Shared-prefix training: the tokens forwarded and backwarded (a group's common
+            # prefix once) against the samples' own; their ratio is the saving.
+            "num_trained_tokens": float(num_trained_tokens),
+            "prefix_sharing_ratio": num_tokens / max(num_trained_tokens, 1),
             "num_micro_batches": float(num_micro_batches),
             "step_seconds": seconds,
             "recompute_seconds": recompute_seconds,

@@ -25,3 +25,26 @@ def nats_server(tmp_path_factory):
 @pytest.fixture
 def bus_names() -> BusNames:
     return BusNames(namespace=f"t{uuid.uuid4().hex[:12]}")
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    """One moto S3 server (its own process on loopback) for the whole session."""
+    from tests.s3_server import S3Server
+
+    server = S3Server()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def s3_storage(s3_server, monkeypatch):
+    """Factory: `s3_storage(**storage_fields)` -> a StorageConfig on a fresh bucket, with
+    the credentials in this process's environment."""
+    from tests.s3_server import CREDENTIALS
+
+    for name, value in CREDENTIALS.items():
+        monkeypatch.setenv(name, value)
+    return s3_server.new_bucket

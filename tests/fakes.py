@@ -15,12 +15,11 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from actors.config import SamplingConfig
-from actors.types import Generation
+from actors.types import Generation, Turn
 from envservers.envs.calculator import CalculatorProvider
 from envservers.types import Environment, EnvProvider
 from protos.client import EnvUnavailable, TaskRejected
@@ -34,9 +33,7 @@ class Call:
     """One generate call as the scripted engine saw it."""
 
     prompt_token_ids: list[int]
-    sampling: SamplingConfig
-    max_tokens: int
-    seed: int | None
+    turn: Turn
 
 
 def by_turn(*replies: str) -> Callable[[str], str]:
@@ -86,17 +83,9 @@ class ScriptedEngine:
         self.max_in_flight = 0
         """Most generate calls ever running at once (concurrency of a group)."""
 
-    async def generate(
-        self,
-        prompt_token_ids: list[int],
-        sampling: SamplingConfig,
-        *,
-        max_tokens: int,
-        stop_token_ids: Sequence[int] = (),
-        seed: int | None = None,
-    ) -> Generation:
-        seed = sampling.seed if seed is None else seed
-        self.calls.append(Call(list(prompt_token_ids), sampling, max_tokens, seed))
+    async def generate(self, prompt_token_ids: list[int], turn: Turn) -> Generation:
+        self.calls.append(Call(list(prompt_token_ids), turn))
+        max_tokens, seed = turn.max_tokens, turn.seed
         prompt_text = self.tokenizer.decode(prompt_token_ids, skip_special_tokens=False)
         ids = self.tokenizer.encode(self.script(prompt_text), add_special_tokens=False)
         ids = list(ids) + [self.tokenizer.eos_token_id]

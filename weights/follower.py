@@ -49,6 +49,8 @@ class WeightReceiver(Protocol):
     """Policy version of the weights loaded now."""
     num_weight_slots: int
     """Ranks the engine takes in a round (one per worker)."""
+    dtype: str
+    """The engine's resolved dtype (the learner refuses another)."""
 
     async def update_weights(self, ticket: RoundTicket) -> WeightUpdate:
         """Receive and load round `ticket`; WeightUpdateError if it failed."""
@@ -106,7 +108,11 @@ class BroadcastFollower:
         while True:
             try:
                 self.subscription = await asyncio.to_thread(
-                    WeightSubscription, self.host, self.port, slots=self.engine.num_weight_slots
+                    WeightSubscription,
+                    self.host,
+                    self.port,
+                    slots=self.engine.num_weight_slots,
+                    dtype=getattr(self.engine, "dtype", None),
                 )
                 await follow_weights(self.engine, self.subscription, on_update=self.on_update)
                 return  # left
@@ -125,3 +131,11 @@ class BroadcastFollower:
                 await asyncio.to_thread(subscription.leave)
             except (RuntimeError, OSError) as e:
                 log.info("leaving the weight broadcast at %s: %s", self.address, e)
+        close = getattr(self.engine, "close_weight_channel", None)
+        if close is not None:
+            # The engine workers' communicator, synchronised and torn down (the engine may
+            # have died already: then there is nothing to close).
+            try:
+                await close()
+            except (RuntimeError, WeightUpdateError) as e:
+                log.info("closing the weight channel: %s", e)

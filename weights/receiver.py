@@ -1,38 +1,139 @@
-"""An engine worker's side of a weight round: form the round's group at its seat and yield
-the tensors as they arrive (called inside the vLLM worker, weights/vllm_worker.py)."""
+"""An engine worker's end of the weight broadcast (called inside the vLLM worker,
+weights/vllm_worker.py): one store connection and the long-lived group the worker sits in,
+kept from round to round.
+
+    receive(ticket): the group changed since the last round? close ours
+                     round/v/ready/<id> += 1; wait for round/v/go (the group it is sent on)
+                     form that group if we do not hold it; yield tensors as buckets arrive
+                     round/v/done/<id> += 1
+    any failure: our group is aborted; the next round seats us in a fresh one
+"""
 
 from __future__ import annotations
 
+import json
+import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from weights.collective import receive_buckets, round_group
-from weights.rendezvous import connect_store
+from weights.collective import receive_buckets
+from weights.communicator import WeightGroup
+from weights.membership import Roster
+from weights.rendezvous import INFO_KEY, POLL_S, SKIP, connect_store, key, roster_key, round_key
 from weights.subscription import RoundTicket
 
 if TYPE_CHECKING:
     import torch
 
 
-def receive_round(
-    ticket: RoundTicket, *, worker_rank: int = 0, store=None
-) -> Iterator[tuple[str, torch.Tensor]]:
-    """Worker side of a round: form the group at rank base_rank + worker_rank and yield
-    (name, tensor) as they arrive. Tensors are on CUDA for nccl, CPU for gloo."""
-    if store is None:
-        store = connect_store(
+class RoundMissed(RuntimeError):
+    """This member was not seated in the group the round went out on (it got ready too
+    late and was evicted, or the round was skipped); it takes a later round."""
+
+
+class WeightChannel:
+    """The worker at `worker_rank` of its engine (0 .. slots - 1)."""
+
+    def __init__(self, worker_rank: int = 0) -> None:
+        self.worker_rank = worker_rank
+        self._store = None
+        self._address: tuple[str, int] | None = None
+        self.group: WeightGroup | None = None
+
+    def _connect(self, ticket: RoundTicket):
+        address = (ticket.store_host, ticket.store_port)
+        if self._store is None or self._address != address:
+            self.close()  # a restarted learner serves a new store
+            self._store = connect_store(
+                *address, is_master=False, timeout_s=ticket.transfer_timeout_s
+            )
+            self._address = address
+        return self._store
+
+    def receive(self, ticket: RoundTicket) -> Iterator[tuple[str, torch.Tensor]]:
+        """Take part in round `ticket.version`: yield (name, tensor) as they arrive (on CUDA
+        for nccl, CPU for gloo). RoundMissed when not seated; RuntimeError when the round
+        failed (our group is aborted then)."""
+        store = self._connect(ticket)
+        member = ticket.member_id
+        store.add(round_key(ticket.version, f"ready/{member}"), 1)
+        go = self._wait_go(store, ticket)
+        if go == SKIP:
+            raise RoundMissed(f"round {ticket.version} was skipped")
+        roster = Roster.from_json(json.loads(store.get(roster_key(int(go)))))
+        if member not in roster.slots:
+            raise RoundMissed(f"member {member} was not ready in time for {ticket.version}")
+        try:
+            group = self._group_for(store, ticket, roster)
+            yield from receive_buckets(group)
+        except RuntimeError:
+            self.abort()
+            raise
+        store.add(round_key(ticket.version, f"done/{member}"), 1)
+
+    def _wait_go(self, store, ticket: RoundTicket) -> str:
+        """The group the round goes out on; decided within join_timeout_s of its start."""
+        go_key = round_key(ticket.version, "go")
+        deadline = time.monotonic() + ticket.join_timeout_s + ticket.transfer_timeout_s
+        while not store.check([go_key]):
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"round {ticket.version}: the sender never said go")
+            time.sleep(POLL_S)
+        return store.get(go_key).decode()
+
+    def _group_for(self, store, ticket: RoundTicket, roster: Roster) -> WeightGroup:
+        if self.group is not None and self.group.group_id == roster.group_id:
+            return self.group
+        self.close()
+        if roster.backend == "nccl":
+            _refuse_learner_gpu(json.loads(store.get(key(INFO_KEY)))["gpu_uuid"])
+        self.group = WeightGroup(
+            store,
             ticket.store_host,
-            ticket.store_port,
-            is_master=False,
-            timeout_s=ticket.transfer_timeout_s,
+            roster.group_id,
+            roster.ranks[ticket.member_id] + self.worker_rank,
+            roster.world_size,
+            roster.backend,
+            ticket.transfer_timeout_s,
         )
-    group = round_group(
-        store,
-        ticket.store_host,
-        ticket.version,
-        ticket.base_rank + worker_rank,
-        ticket.world_size,
-        ticket.backend,
-        ticket.transfer_timeout_s,
-    )
-    yield from receive_buckets(group, backend=ticket.backend)
+        return self.group
+
+    def abort(self) -> None:
+        if self.group is not None:
+            self.group.abort()
+        self.group = None
+
+    def close(self) -> None:
+        """Leave the current group cleanly (synchronised, then aborted)."""
+        if self.group is not None:
+            self.group.close()
+        self.group = None
+
+    def shutdown(self) -> None:
+        """Close the group and the store connection: the engine is stopping."""
+        self.close()
+        self._store, self._address = None, None
+
+
+def _refuse_learner_gpu(learner_uuid: str) -> None:
+    import torch
+
+    ours = str(torch.cuda.get_device_properties(torch.cuda.current_device()).uuid)
+    if learner_uuid and ours == learner_uuid:
+        raise ValueError(
+            f"this engine shares GPU {ours} with the learner: NCCL cannot put two ranks of "
+            "one communicator on one GPU. Set learner.weight_sync.backend = 'gloo' (make "
+            "run's placement plan does this when it co-locates, docs/gpu.md)"
+        )
+
+
+def receive_round(
+    ticket: RoundTicket, *, worker_rank: int = 0
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """One round on a channel of its own, closed afterwards (tests and one-shot tools; an
+    engine keeps its `WeightChannel` across rounds)."""
+    channel = WeightChannel(worker_rank)
+    try:
+        yield from channel.receive(ticket)
+    finally:
+        channel.close()

@@ -1,15 +1,19 @@
-"""The meeting point of a weight round: the learner's TCPStore, its key layout, and who takes
-which rank. Each round has its own key prefix, so its process group neither needs nor
-disturbs anyone's default group.
+"""The meeting point of the weight broadcast: the learner's TCPStore and its key layout.
+Groups and rounds have their own key prefixes, so their process groups neither need nor
+disturb anyone's default group.
 
-    tether/weights/timeouts               the learner's join/transfer timeouts (JSON)
+    tether/weights/info                   the learner's timeouts, dtype, backend, GPU (JSON)
     tether/weights/latest                 newest announced version ("closed" at the end)
     tether/weights/members/next_id        member ids are handed out by an atomic add
     tether/weights/members/<id>           alive | evicted | left
-    tether/weights/round/<v>/backend      gloo | nccl
-    tether/weights/round/<v>/join/<id>    slots (engine workers) the member brings
-    tether/weights/round/<v>/roster       {"world_size", "ranks": {id: first rank}}
-    tether/weights/round/<v>/pg/...       the round's process group (torch's own keys)
+    tether/weights/members/<id>/slots     engine workers (ranks) the member brings
+    tether/weights/group/<g>/roster       group g: {"group_id", "backend", "world_size",
+                                          "slots", "ranks": {id: first rank}}
+    tether/weights/group/<g>/pg/...       group g's process group (torch's own keys)
+    tether/weights/round/<v>/group        the group round v is planned on ("none": nobody)
+    tether/weights/round/<v>/ready/<id>   the member's workers that are ready to receive
+    tether/weights/round/<v>/go           the group round v is sent on, or "skip"
+    tether/weights/round/<v>/done/<id>    the member's workers that received all of round v
 
 torch is imported inside functions so that configs importing this package stay fast.
 """
@@ -21,24 +25,22 @@ from datetime import timedelta
 
 PREFIX = "tether/weights"
 CLOSED = "closed"
-TIMEOUTS_KEY = "timeouts"
+INFO_KEY = "info"
+NO_GROUP = "none"
+SKIP = "skip"
 POLL_S = 0.005
 
 
-def assign_ranks(joined: dict[int, int]) -> tuple[dict[str, int], int]:
-    """{member id: slots} -> ({member id: its first rank}, world size). The sender is rank
-    0; members follow in id order, each taking `slots` consecutive ranks."""
-    ranks, next_rank = {}, 1
-    for member_id in sorted(joined):
-        if joined[member_id] < 1:
-            raise ValueError(f"member {member_id} asks for {joined[member_id]} slots")
-        ranks[str(member_id)] = next_rank
-        next_rank += joined[member_id]
-    return ranks, next_rank
+def key(name: str) -> str:
+    return f"{PREFIX}/{name}"
 
 
-def round_key(version: int, key: str) -> str:
-    return f"round/{version}/{key}"
+def round_key(version: int, name: str) -> str:
+    return key(f"round/{version}/{name}")
+
+
+def roster_key(group_id: int) -> str:
+    return key(f"group/{group_id}/roster")
 
 
 def connect_store(host: str, port: int, *, is_master: bool, timeout_s: float):

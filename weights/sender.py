@@ -1,16 +1,20 @@
-"""Learner rank 0's side of the weight broadcast: serve the store, run one round per version.
+"""Learner rank 0's side of the weight broadcast: serve the store, run one round per version
+over a communicator that lives as long as its membership.
 
-    set round/v/backend, latest=v
-    poll round/v/join/* until every alive member joined, or join_timeout_s
-    set round/v/roster (id -> first rank); evict members that did not join
-    form the round's group (rank 0) and send every bucket (weights/collective.py)
+    plan the round's group (weights/membership.py): keep the current one, or publish a new
+      roster when a member registered, left or was evicted, or the last round failed
+    set round/v/group, latest = v
+    wait (join_timeout_s) until every member's workers are ready; those that are not are
+      evicted and the round goes to a new group without them (round/v/go)
+    send every bucket (weights/collective.py), then wait (transfer_timeout_s) until every
+      member says it received all of it
 
-A dead actor costs the sender at most one `join_timeout_s` (then it is evicted and never
-waited on again; a live one that was merely slow rejoins by setting itself alive), and a
-receiver that joins but dies mid-round fails that round within `transfer_timeout_s`; the
-sender reports the failure and the learner carries on. Every round carries full tensors, so
-a receiver that missed rounds is current again after the next one it joins. A member that
-left (its actor stopped) is given no seat, even if its polling thread had just joined.
+A dead or hung receiver costs the sender at most one `join_timeout_s` (not ready: evicted
+before any collective starts) or one `transfer_timeout_s` (died mid-round: the group is
+aborted, the round fails, and the next round forms a fresh group of whoever is alive). The
+sender reports and the learner carries on; every round carries full tensors, so a receiver
+that missed rounds is current again after the next one it joins. A member that left (its
+actor stopped) is given no seat.
 """
 
 from __future__ import annotations
@@ -22,15 +26,20 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from weights.collective import round_group, send_buckets
+from weights.collective import send_buckets
+from weights.communicator import WeightGroup
 from weights.config import WeightSyncConfig
+from weights.membership import Roster, next_roster, without
 from weights.rendezvous import (
     CLOSED,
+    INFO_KEY,
+    NO_GROUP,
     POLL_S,
     PREFIX,
-    TIMEOUTS_KEY,
-    assign_ranks,
+    SKIP,
     connect_store,
+    key,
+    roster_key,
     round_key,
 )
 
@@ -49,17 +58,21 @@ def _drain(iterator: Iterator) -> None:
 class BroadcastReport:
     version: int
     num_receivers: int
-    """Members in the round's roster."""
+    """Members the round was sent to."""
     num_tensors: int
     num_bytes: int
     join_s: float
-    """Time spent waiting for members to join."""
+    """Time spent planning the group and waiting for members to get ready."""
     transfer_s: float
-    """Time to form the group and broadcast every bucket."""
+    """Time to form the group (when new) and broadcast every bucket."""
     missed: tuple[int, ...] = ()
-    """Member ids expected but absent (now evicted)."""
+    """Member ids expected but not ready in time (now evicted)."""
     error: str = ""
     """Why the round failed (empty when it succeeded)."""
+    group_id: int = -1
+    """The group (communicator) the round went over; -1 when none."""
+    new_group: bool = False
+    """Whether that group was formed for this round (membership changed)."""
 
     @property
     def ok(self) -> bool:
@@ -73,12 +86,13 @@ class BroadcastReport:
 class WeightSender:
     """Learner rank 0: serves the store and broadcasts one round per version.
 
-    `sender = WeightSender(config)`; after each optimizer step
-    `sender.broadcast(version, model_named_tensors)` (blocking; run it in a thread from
-    async code). Tensors may live on any device; they are streamed bucket by bucket.
+    `sender = WeightSender(config, dtype="bfloat16")`; after each optimizer step
+    `sender.broadcast(version, named_tensors)` (blocking; run it in a thread from async
+    code); `close()` at the end. `dtype` is the learner's (engines of another are refused
+    when they subscribe); tensors may live on any device and are streamed bucket by bucket.
     """
 
-    def __init__(self, config: WeightSyncConfig) -> None:
+    def __init__(self, config: WeightSyncConfig, *, dtype: str = "float32") -> None:
         import torch
 
         self.backend = config.backend
@@ -92,64 +106,76 @@ class WeightSender:
         )
         # store_port 0 picks a free port; the config then says which one actors must use.
         self.config = config.model_copy(update={"store_port": self._store.port})
-        self._store.set(
-            f"{PREFIX}/{TIMEOUTS_KEY}",
-            json.dumps(
-                {
-                    "join_timeout_s": config.join_timeout_s,
-                    "transfer_timeout_s": config.transfer_timeout_s,
-                }
-            ),
-        )
-        self._store.set(f"{PREFIX}/latest", "-1")
+        info = {
+            "join_timeout_s": config.join_timeout_s,
+            "transfer_timeout_s": config.transfer_timeout_s,
+            "dtype": dtype,
+            "backend": self.backend,
+            "gpu_uuid": _gpu_uuid() if self.backend == "nccl" else "",
+        }
+        self._store.set(key(INFO_KEY), json.dumps(info))
+        self._store.set(key("latest"), "-1")
         self._last_version: int | None = None
+        self._roster: Roster | None = None
+        self._group: WeightGroup | None = None
+        self._broken = False
+        self._next_group_id = 0
 
-    def _key(self, key: str) -> str:
-        return f"{PREFIX}/{key}"
+    # ---- membership ---------------------------------------------------------------------------
 
     def members(self) -> dict[int, str]:
-        """{member id: state} of every registered subscription: `alive` (expected in the
-        next round), `evicted` (missed a round; expected again once it joins one) or `left`."""
-        num_ids = self._store.add(self._key("members/next_id"), 0)
-        ids = list(range(1, num_ids + 1))
-        keys = [self._key(f"members/{i}") for i in ids]
-        present = [i for i, key in zip(ids, keys, strict=True) if self._store.check([key])]
-        if not present:
+        """{member id: state} of every registered subscription: `alive` (seated from the next
+        group on), `evicted` (not ready in a round; seated again once it asks) or `left`."""
+        num_ids = self._store.add(key("members/next_id"), 0)
+        ids = [i for i in range(1, num_ids + 1) if self._store.check([key(f"members/{i}")])]
+        if not ids:
             return {}
-        values = self._store.multi_get([self._key(f"members/{i}") for i in present])
-        return {i: v.decode() for i, v in zip(present, values, strict=True)}
+        values = self._store.multi_get([key(f"members/{i}") for i in ids])
+        return {i: v.decode() for i, v in zip(ids, values, strict=True)}
 
-    def _joined(self, version: int, ids: Iterable[int]) -> dict[int, int]:
-        out = {}
-        for i in ids:
-            key = self._key(round_key(version, f"join/{i}"))
-            if self._store.check([key]):
-                out[i] = int(self._store.get(key))
-        return out
+    def _alive_slots(self) -> dict[int, int]:
+        alive = [i for i, state in self.members().items() if state == "alive"]
+        if not alive:
+            return {}
+        values = self._store.multi_get([key(f"members/{i}/slots") for i in alive])
+        return {i: int(v) for i, v in zip(alive, values, strict=True)}
 
-    def _gather_roster(self, version: int) -> tuple[dict[int, int], tuple[int, ...]]:
-        """Wait until every alive member joined or the join timeout passed; returns
-        {member id: slots} of those that joined and the ids that did not (evicted)."""
-        deadline = time.monotonic() + self.config.join_timeout_s
-        while True:
-            states = self.members()
-            alive = [i for i, s in states.items() if s == "alive"]
-            # A member that left after joining (its actor stopped) gets no seat: nobody
-            # would take it, and the round would fail for everyone after transfer_timeout_s.
-            joined = self._joined(version, [i for i, s in states.items() if s != "left"])
-            if all(i in joined for i in alive) or time.monotonic() >= deadline:
+    def _publish(self, roster: Roster | None) -> Roster | None:
+        if roster is not None and roster is not self._roster:
+            self._next_group_id = roster.group_id + 1
+            self._store.set(roster_key(roster.group_id), json.dumps(roster.as_json()))
+        return roster
+
+    def _wait_for(self, version: int, what: str, roster: Roster, timeout_s: float) -> set[int]:
+        """Poll round/v/<what>/<id> until every member's count reaches its slots; returns
+        the members that did not within `timeout_s`."""
+        deadline = time.monotonic() + timeout_s
+        waiting = dict(roster.slots)
+        absent: set[int] = set()
+        polls = 0
+        while waiting:
+            for member_id, slots in list(waiting.items()):
+                if self._store.add(round_key(version, f"{what}/{member_id}"), 0) >= slots:
+                    del waiting[member_id]
+                elif polls % 20 == 0 and self._state(member_id) == "left":
+                    del waiting[member_id]  # its actor stopped: nobody will take the seat
+                    absent.add(member_id)
+            if not waiting or time.monotonic() >= deadline:
                 break
+            polls += 1
             time.sleep(POLL_S)
-        missed = tuple(i for i in alive if i not in joined)
-        for i in missed:
-            self._store.set(self._key(f"members/{i}"), "evicted")
-        return joined, missed
+        return absent | set(waiting)
+
+    def _state(self, member_id: int) -> str:
+        return self._store.get(key(f"members/{member_id}")).decode()
+
+    # ---- rounds -------------------------------------------------------------------------------
 
     def broadcast(
         self, version: int, named_tensors: Iterable[tuple[str, torch.Tensor]]
     ) -> BroadcastReport:
-        """Run round `version`: gather the members that join, then stream every tensor to
-        them. Never raises for a failed receiver: the report says what happened.
+        """Run round `version`: stream every tensor to the members that are ready. Never
+        raises for a failed receiver: the report says what happened.
 
         `named_tensors` is always run to the end, even with nobody to send to or after a
         failure: under FSDP every rank gathers each tensor in lockstep with rank 0's
@@ -157,73 +183,106 @@ class WeightSender:
         if self._last_version is not None and version <= self._last_version:
             raise ValueError(f"version {version} is not newer than {self._last_version}")
         self._last_version = version
+        named = iter(named_tensors)
         try:
-            return self._round(version, iter(named_tensors))
+            return self._round(version, named)
         finally:
-            self._forget_rounds_before(version)
+            _drain(named)
+            self._forget_before(version)
 
-    def _forget_rounds_before(self, version: int) -> None:
-        """Delete older rounds' keys (join marks, rosters, the groups' own keys), so the
-        store does not grow with every step."""
-        prefix = self._key("round/")
-        for key in self._store.list_keys():
-            if key.startswith(prefix) and int(key[len(prefix) :].split("/", 1)[0]) < version:
-                self._store.delete_key(key)
-
-    def _round(
-        self, version: int, named_tensors: Iterator[tuple[str, torch.Tensor]]
-    ) -> BroadcastReport:
+    def _round(self, version: int, named: Iterator) -> BroadcastReport:
         started = time.monotonic()
-        self._store.set(self._key(round_key(version, "backend")), self.backend)
-        self._store.set(self._key("latest"), str(version))
-        joined, missed = self._gather_roster(version)
-        roster, world_size = assign_ranks(joined)
-        self._store.set(
-            self._key(round_key(version, "roster")),
-            json.dumps({"world_size": world_size, "ranks": roster}),
+        roster = next_roster(
+            self._roster,
+            self._alive_slots(),
+            broken=self._broken,
+            next_id=self._next_group_id,
+            backend=self.backend,
         )
-        join_s = time.monotonic() - started
-        report = dict(
-            version=version,
-            num_receivers=len(roster),
-            num_tensors=0,
-            num_bytes=0,
-            join_s=join_s,
-            transfer_s=0.0,
-            missed=missed,
-        )
-        if not roster:
-            _drain(named_tensors)
-            return BroadcastReport(**report)
+        roster = self._publish(roster)
+        self._store.set(round_key(version, "group"), str(roster.group_id) if roster else NO_GROUP)
+        self._store.set(key("latest"), str(version))
+        report = dict(version=version, num_receivers=0, num_tensors=0, num_bytes=0)
+        missed: set[int] = set()
+        if roster is not None:
+            missed = self._wait_for(version, "ready", roster, self.config.join_timeout_s)
+        if missed:
+            for member_id in missed:  # (a member that left stays left)
+                self._store.compare_set(key(f"members/{member_id}"), "alive", "evicted")
+            roster = self._publish(without(roster, missed, next_id=self._next_group_id))
+        if roster is not None:
+            self._store.set(round_key(version, "go"), str(roster.group_id))
+        elif missed:
+            self._store.set(round_key(version, "go"), SKIP)
+        report.update(join_s=time.monotonic() - started, missed=tuple(sorted(missed)))
+        if roster is None:
+            return BroadcastReport(transfer_s=0.0, **report)
+        report.update(num_receivers=len(roster.slots), group_id=roster.group_id)
+        report["new_group"] = roster is not self._roster
         started = time.monotonic()
         try:
-            group = round_group(
-                self._store,
-                self.config.store_host,
-                version,
-                0,
-                world_size,
-                self.backend,
-                self.config.transfer_timeout_s,
-            )
+            group = self._group_for(roster)
             num_tensors, num_bytes = send_buckets(
-                group,
-                named_tensors,
-                backend=self.backend,
-                bucket_bytes=int(self.config.bucket_mb * 2**20),
+                group, named, bucket_bytes=int(self.config.bucket_mb * 2**20)
             )
-        except RuntimeError as e:
-            # A receiver died or hung (DistError/gloo errors are RuntimeErrors): this round
-            # is lost for everyone in it; the learner goes on, receivers retry next round.
+            late = self._wait_for(version, "done", roster, self.config.transfer_timeout_s)
+            if late:
+                raise TimeoutError(f"members {sorted(late)} did not confirm round {version}")
+        except (RuntimeError, TimeoutError) as e:
+            # A receiver died or hung (TransferTimeout, gloo errors, DistError: all
+            # RuntimeErrors): this round is lost for everyone in it, the group goes, and the
+            # next round forms a fresh one of whoever is alive. The learner goes on.
             log.warning("weight round %d failed: %s", version, e)
-            _drain(named_tensors)
+            self._discard_group()
             report.update(transfer_s=time.monotonic() - started, error=str(e))
             return BroadcastReport(**report)
-        report.update(
-            num_tensors=num_tensors, num_bytes=num_bytes, transfer_s=time.monotonic() - started
+        report.update(num_tensors=num_tensors, num_bytes=num_bytes)
+        return BroadcastReport(transfer_s=time.monotonic() - started, **report)
+
+    def _group_for(self, roster: Roster) -> WeightGroup:
+        """The communicator of `roster`: the current one, or (membership changed) the old
+        one closed and a new one formed."""
+        if self._group is not None and self._roster is roster and not self._group.closed:
+            return self._group
+        self._discard_group()
+        self._group = WeightGroup(
+            self._store,
+            self.config.store_host,
+            roster.group_id,
+            0,
+            roster.world_size,
+            roster.backend,
+            self.config.transfer_timeout_s,
         )
-        return BroadcastReport(**report)
+        self._roster, self._broken = roster, False
+        return self._group
+
+    def _discard_group(self) -> None:
+        if self._group is not None:
+            self._group.close()
+        self._group, self._broken = None, True
+
+    def _forget_before(self, version: int) -> None:
+        """Delete older rounds' keys and older groups' keys, so the store does not grow."""
+        current = self._roster.group_id if self._roster is not None else self._next_group_id
+        for name in self._store.list_keys():
+            parts = name[len(PREFIX) + 1 :].split("/")
+            if len(parts) < 2 or not parts[1].isdigit():
+                continue
+            if (parts[0] == "round" and int(parts[1]) < version) or (
+                parts[0] == "group" and int(parts[1]) < current
+            ):
+                self._store.delete_key(name)
 
     def close(self) -> None:
-        self._store.set(self._key("latest"), CLOSED)
+        """End the broadcast: close the group (synchronised), tell subscriptions."""
+        self._discard_group()
+        self._store.set(key("latest"), CLOSED)
         del self._store
+
+
+def _gpu_uuid() -> str:
+    """This process's GPU (engines must not share it: NCCL refuses two ranks on one GPU)."""
+    import torch
+
+    return str(torch.cuda.get_device_properties(torch.cuda.current_device()).uuid)

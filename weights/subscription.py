@@ -1,9 +1,10 @@
-"""An actor engine's membership in the weight broadcast: register with the learner's store,
-join each round newer than the engine's weights, and get a ticket the engine's workers use
-to receive (weights/receiver.py).
+"""An actor engine's membership in the weight broadcast: register with the learner's store
+(refused when the engine's dtype is not the learner's), and for each round newer than the
+engine's weights, a ticket its workers receive with (weights/receiver.py).
 
-    set members/id=alive, round/v/join/id=slots  ──►  read round/v/roster
-                                                       (absent: missed, take the next round)
+    register: members/id = alive, members/id/slots  ──►  seated in the next group formed
+    wait_round: latest = v > ours; round/v/group = g; seated in g?  ──►  RoundTicket
+                not seated (new, or evicted): ask again (alive), take a later round
 """
 
 from __future__ import annotations
@@ -16,21 +17,28 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from weights.rendezvous import CLOSED, POLL_S, PREFIX, TIMEOUTS_KEY, connect_store, round_key
+from weights.dtypes import dtype_mismatch
+from weights.rendezvous import CLOSED, INFO_KEY, NO_GROUP, connect_store, key, roster_key, round_key
 
 log = logging.getLogger(__name__)
 
 
+class WeightDtypeMismatch(ValueError):
+    """The engine's dtype is not the learner's: refused at start-up, with what to change."""
+
+
 @dataclass(frozen=True)
 class RoundTicket:
-    """A receiver's seat in one round: what its engine workers need to form the group."""
+    """A member's seat in round `version`: what its engine workers need to take part."""
 
     version: int
-    base_rank: int
-    world_size: int
-    backend: str
+    group_id: int
+    """The group the round is planned on (the sender may move it to a smaller one)."""
+    member_id: int
+    slots: int
     store_host: str
     store_port: int
+    join_timeout_s: float
     transfer_timeout_s: float
 
     def as_dict(self) -> dict[str, Any]:
@@ -38,48 +46,57 @@ class RoundTicket:
 
 
 class WeightSubscription:
-    """One actor engine's membership: `wait_round(after_version)` joins the next round and
-    returns its ticket; the engine's workers then receive with `receive_round(ticket, ...)`.
+    """One actor engine's membership: `wait_round(after_version)` returns the ticket of the
+    next round it is seated in; the engine's workers then receive with a `WeightChannel`.
     `slots` is the number of engine workers that each take a rank (tensor x pipeline
-    parallel size)."""
+    parallel size); `dtype` the engine's resolved dtype (None: not checked)."""
 
     def __init__(
-        self, host: str, port: int, *, slots: int = 1, connect_timeout_s: float = 60.0
+        self,
+        host: str,
+        port: int,
+        *,
+        slots: int = 1,
+        dtype: str | None = None,
+        connect_timeout_s: float = 60.0,
     ) -> None:
         if slots < 1:
             raise ValueError(f"slots must be >= 1, got {slots}")
         self.store_host, self.store_port = host, port
         self.slots = slots
+        self.dtype = dtype
         # `leave()` may run in another thread while `wait_round` polls: once it returned,
-        # no new join may happen (a seat nobody takes fails the round for everyone).
+        # this member is marked left and asks for no seat again.
         self._lock = threading.Lock()
         self._left = False
         self._register(connect_timeout_s)
 
     def _register(self, connect_timeout_s: float) -> None:
-        """Connect to the learner's store, read its timeouts, and take a new member id."""
+        """Connect to the learner's store, check dtypes, read its timeouts, take a new id."""
         self._store = connect_store(
             self.store_host, self.store_port, is_master=False, timeout_s=connect_timeout_s
         )
-        # The learner's weight_sync settings are the only ones: it publishes them here.
-        timeouts = json.loads(self._store.get(f"{PREFIX}/{TIMEOUTS_KEY}"))
-        self.join_timeout_s = float(timeouts["join_timeout_s"])
-        self.transfer_timeout_s = float(timeouts["transfer_timeout_s"])
+        info = json.loads(self._store.get(key(INFO_KEY)))
+        mismatch = self.dtype and dtype_mismatch(info["dtype"], self.dtype)
+        if mismatch:
+            raise WeightDtypeMismatch(mismatch)
+        self.join_timeout_s = float(info["join_timeout_s"])
+        self.transfer_timeout_s = float(info["transfer_timeout_s"])
         self._store.set_timeout(timedelta(seconds=self.transfer_timeout_s))
-        self.member_id = self._store.add(f"{PREFIX}/members/next_id", 1)
-        self._store.set(f"{PREFIX}/members/{self.member_id}", "alive")
+        self.member_id = self._store.add(key("members/next_id"), 1)
+        self._store.set(key(f"members/{self.member_id}/slots"), str(self.slots))
+        self._store.set(key(f"members/{self.member_id}"), "alive")
 
     def latest(self) -> int | None:
         """The newest announced round, None before the first or after the sender closed."""
-        value = self._store.get(f"{PREFIX}/latest").decode()
+        value = self._store.get(key("latest")).decode()
         return None if value == CLOSED or int(value) < 0 else int(value)
 
     def wait_round(self, after_version: int, timeout_s: float) -> RoundTicket | None:
-        """Join the first round newer than `after_version` that still admits us; None if
-        none did within `timeout_s` (once joined, it waits for that round's roster, at most
-        `join_timeout_s` more). Survives a learner restart: it reconnects and registers
-        anew. Returns None at once after `leave()`. Blocking: run it in a thread from async
-        code."""
+        """The ticket of the first round newer than `after_version` that seats us; None if
+        none did within `timeout_s`, or after `leave()`. A new member is seated in the first
+        group formed after it registered: it joins at the next version. Survives a learner
+        restart (reconnects and registers anew). Blocking: run it in a thread."""
         import torch.distributed as dist
 
         deadline = time.monotonic() + timeout_s
@@ -89,7 +106,7 @@ class WeightSubscription:
                 if version is None or version <= after_version:
                     time.sleep(0.02)
                     continue
-                ticket = self._join(version)
+                ticket = self._seat(version)
             except dist.DistError as e:
                 # The learner's store is gone (restart, crash): reconnect until the deadline.
                 log.warning("weight store unreachable (%s); reconnecting", e)
@@ -103,39 +120,35 @@ class WeightSubscription:
                 continue
             if ticket is not None:
                 return ticket
-            after_version = version  # missed it (closed before we joined): take the next
+            after_version = version  # not seated in this one: take a later round
         return None
 
-    def _join(self, version: int) -> RoundTicket | None:
+    def _seat(self, version: int) -> RoundTicket | None:
+        """Our ticket for round `version`, or None (and a request to be seated) if its
+        group does not hold us."""
+        group_key = round_key(version, "group")
+        if not self._store.check([group_key]):
+            return None  # a round already forgotten
+        group = self._store.get(group_key).decode()
+        seated = False
+        if group != NO_GROUP and self._store.check([roster_key(int(group))]):
+            roster = json.loads(self._store.get(roster_key(int(group))))
+            seated = str(self.member_id) in roster["slots"]
         with self._lock:
             if self._left:
                 return None
-            self._store.set(f"{PREFIX}/members/{self.member_id}", "alive")
-            self._store.set(
-                f"{PREFIX}/{round_key(version, f'join/{self.member_id}')}", str(self.slots)
-            )
-        # The sender publishes the roster at most join_timeout_s after announcing the round;
-        # having joined, wait for it (leaving early would strand a seat in the round, unless
-        # leave() marked us `left` first). Polled rather than store.wait: the store client
-        # serves one request at a time, and a blocking wait would hold up leave().
-        roster_key = f"{PREFIX}/{round_key(version, 'roster')}"
-        deadline = time.monotonic() + self.join_timeout_s + 5.0
-        while not self._store.check([roster_key]):
-            if self._left or time.monotonic() >= deadline:
-                return None  # left (no seat for us), or the sender is gone
-            time.sleep(POLL_S)
-        roster = json.loads(self._store.get(roster_key))
-        base_rank = roster["ranks"].get(str(self.member_id))
-        if base_rank is None or self._left:
-            return None
-        backend = self._store.get(f"{PREFIX}/{round_key(version, 'backend')}").decode()
+            if not seated:
+                # New (the next group seats us) or evicted (ask again).
+                self._store.set(key(f"members/{self.member_id}"), "alive")
+                return None
         return RoundTicket(
             version=version,
-            base_rank=base_rank,
-            world_size=roster["world_size"],
-            backend=backend,
+            group_id=int(group),
+            member_id=self.member_id,
+            slots=self.slots,
             store_host=self.store_host,
             store_port=self.store_port,
+            join_timeout_s=self.join_timeout_s,
             transfer_timeout_s=self.transfer_timeout_s,
         )
 
@@ -145,8 +158,8 @@ class WeightSubscription:
         return self._left
 
     def leave(self) -> None:
-        """Tell the sender not to wait for us any more. Thread-safe: a `wait_round` running
-        in another thread joins no round after this returns, and returns None."""
+        """Tell the sender not to wait for us any more (our seat goes at its next group).
+        Thread-safe: a `wait_round` running in another thread returns None."""
         with self._lock:
             self._left = True
-            self._store.set(f"{PREFIX}/members/{self.member_id}", "left")
+            self._store.set(key(f"members/{self.member_id}"), "left")

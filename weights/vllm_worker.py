@@ -8,8 +8,15 @@ Arguments cross a process boundary, so they are plain dicts, strings and numbers
 Weights are loaded with `model_runner.reload_weights(weights_iterator=...)`, which undoes
 and redoes the kernel-format processing of the loaded parameters (on CPU vLLM repacks
 weights after loading, and the repacked parameters have no `weight_loader`, so a plain
-`model.load_weights` after start-up fails). Received tensors are staged whole before
-loading by default, so a round that fails half-way leaves the old weights intact.
+`model.load_weights` after start-up fails). It processes layer by layer as their tensors
+arrive (vLLM's layerwise reload), so a streamed round never needs the model twice on the GPU.
+
+Each worker keeps one `WeightChannel` (its long-lived group) from round to round. Staged
+loads copy every tensor to host memory as its bucket arrives (the GPU holds one bucket
+outside vLLM's memory budget, never the model) and load after the last: a round that fails
+half-way leaves the old weights intact. Streamed loads load each bucket as it arrives; a
+round that fails then leaves some layers new and some old, which the result says
+(`weights_mixed`) so that the engine stops generating until a whole load.
 """
 
 from __future__ import annotations
@@ -20,7 +27,7 @@ from typing import Any
 
 import torch
 
-from weights.receiver import receive_round
+from weights.receiver import WeightChannel
 from weights.snapshot import safetensors_weights
 from weights.subscription import RoundTicket
 
@@ -87,54 +94,89 @@ class WeightSyncExtension:
     """Methods added to vLLM's worker (`self` is the worker: `model_runner`, `vllm_config`,
     `rank` come from it). Names must not clash with the worker's own attributes."""
 
-    def _tether_reload(self, weights: Iterable[tuple[str, torch.Tensor]], track: bool) -> int:
+    def _tether_reload(
+        self, weights: Iterable[tuple[str, torch.Tensor]], track: bool, streamed: bool = False
+    ) -> int:
         """Load (name, tensor) pairs in HF checkpoint format, and with `track` remember their
         checksum (the model's own parameters cannot be summed: on CPU the linear weights
-        live repacked in oneDNN handles, the parameters left empty). Returns bytes loaded."""
+        live repacked in oneDNN handles, the parameters left empty). Returns bytes loaded.
+        A streamed load cut short by its source is finalised (layers not reached keep their
+        old weights, no layer is left on the meta device) before the error goes on."""
         from vllm.config import set_current_vllm_config
 
+        model = self.model_runner.get_model()
         if not hasattr(self, "_tether_aliases"):  # ties are intact until the first reload
-            self._tether_aliases = tied_aliases(self.model_runner.get_model())
+            self._tether_aliases = tied_aliases(model)
         fingerprint = Checksum()
         num_bytes = 0
+        self._tether_load_started = False
 
         def recorded():
             nonlocal num_bytes
             for name, tensor in weights:
+                self._tether_load_started = True
                 num_bytes += tensor.numel() * tensor.element_size()
                 if track:
                     fingerprint.add(tensor)
                 yield name, tensor
 
         with set_current_vllm_config(self.vllm_config):
-            self.model_runner.reload_weights(
-                weights_iterator=with_aliases(recorded(), self._tether_aliases)
-            )
+            try:
+                self.model_runner.reload_weights(
+                    weights_iterator=with_aliases(recorded(), self._tether_aliases)
+                )
+            except (RuntimeError, TimeoutError, ValueError):
+                if streamed:
+                    from vllm.model_executor.model_loader.reload import (
+                        finalize_layerwise_reload,
+                    )
+
+                    finalize_layerwise_reload(model, self.vllm_config.model_config)
+                raise
         self._tether_checksum = fingerprint.values if track else None
         return num_bytes
 
+    def _tether_channel(self) -> WeightChannel:
+        if not hasattr(self, "_tether_weight_channel"):
+            self._tether_weight_channel = WeightChannel(worker_rank=self.rank)
+        return self._tether_weight_channel
+
     def receive_weights(
         self, ticket: dict[str, Any], staged: bool = True, track_checksum: bool = False
-    ) -> dict[str, float]:
-        """Join the round of `ticket` (a `RoundTicket.as_dict()`) at rank base_rank + this
-        worker's rank, receive every tensor and load it. `staged=False` loads while
-        receiving (no second copy of the model, but a failed round leaves weights mixed).
-        `track_checksum` records `weights_checksum()` (costs a float64 pass over the
-        weights)."""
+    ) -> dict[str, Any]:
+        """Take part in the round of `ticket` (a `RoundTicket.as_dict()`) on this worker's
+        long-lived group, receive every tensor and load it. Never raises for a failed
+        round: `ok` False, `error`, and `weights_mixed` when a streamed load was cut short
+        (`staged=False`). `track_checksum` records `weights_checksum()`."""
         round_ticket = RoundTicket(**ticket)
         started = time.monotonic()
-        weights = receive_round(round_ticket, worker_rank=self.rank)
-        if staged:
-            weights = [(name, tensor) for name, tensor in weights]
-        received = time.monotonic()
-        num_bytes = self._tether_reload(weights, track_checksum)
+        weights = self._tether_channel().receive(round_ticket)
+        result: dict[str, Any] = {"version": round_ticket.version, "ok": True, "error": ""}
+        try:
+            if staged:
+                # Host copies as buckets arrive: the GPU never holds the model outside vLLM.
+                weights = [(name, tensor.cpu()) for name, tensor in weights]
+            received = time.monotonic()
+            num_bytes = self._tether_reload(weights, track_checksum, streamed=not staged)
+        except (RuntimeError, TimeoutError, ValueError) as e:
+            # The round failed (a peer died, the learner went away, we were not seated):
+            # report it; the engine resumes (staged: old weights) or stays paused (mixed).
+            mixed = not staged and getattr(self, "_tether_load_started", False)
+            result.update(ok=False, error=f"{type(e).__name__}: {e}", weights_mixed=mixed)
+            return result
         loaded = time.monotonic()
-        return {
-            "version": round_ticket.version,
-            "num_bytes": num_bytes,
-            "receive_s": received - started,
-            "load_s": loaded - received,
-        }
+        result.update(
+            num_bytes=num_bytes,
+            receive_s=received - started,
+            load_s=loaded - received,
+            weights_mixed=False,
+        )
+        return result
+
+    def close_weight_channel(self) -> None:
+        """Leave the broadcast's group cleanly (the engine is shutting down)."""
+        if hasattr(self, "_tether_weight_channel"):
+            self._tether_weight_channel.shutdown()
 
     def load_weights_from_path(
         self, path: str, track_checksum: bool = False, staged: bool = True
@@ -142,11 +184,12 @@ class WeightSyncExtension:
         """Load a checkpoint directory (safetensors, HF names) saved by the learner: what a
         late joiner does before it generates, or a receiver after a failed round. `staged`
         reads every file before loading any tensor, so a snapshot that vanished or is cut
-        short (the learner rotates them) leaves the old weights intact."""
+        short (the learner rotates them) leaves the old weights intact; otherwise files are
+        loaded one at a time (host memory for one file, not the model)."""
         weights = safetensors_weights(path)
         if staged:
             weights = list(weights)
-        self._tether_reload(weights, track_checksum)
+        self._tether_reload(weights, track_checksum, streamed=not staged)
 
     def weights_checksum(self) -> dict[str, float] | None:
         """`checksum` of the weights loaded last (None before, or when not tracked)."""

@@ -175,6 +175,13 @@ def learner_panels() -> list[dict]:
             ],
         ),
         timeseries(
+            "Prefix sharing",
+            "Tokens of the learner's last step, counted per sample, over the tokens it "
+            "trained: a GRPO group's common prompt (and any longer common prefix) is "
+            "forwarded and backwarded once. 1 means nothing was shared.",
+            [target("max(tether_learner_prefix_sharing_ratio)", "samples' tokens / trained")],
+        ),
+        timeseries(
             "Learner time per step",
             "Mean seconds per training step (last 2 min) waiting for complete groups, "
             "training, and broadcasting weights. A tall data wait: actors are the bottleneck.",

@@ -11,7 +11,7 @@ import pytest
 
 from actors.chat import ChatTemplate
 from actors.config import EnvConfig, RolloutConfig, SamplingConfig
-from actors.episode import run_episode, run_group, validate_task
+from actors.episode import Rollout, run_episode, run_group, validate_task
 from actors.trajectory import to_trajectory
 from broker.codec import decode, encode, token_arrays
 from broker.wire import PromptTask, Trajectory
@@ -68,13 +68,15 @@ async def _play(tokenizer, chat, script, *, limits=LIMITS, env=None, task=None, 
     engine = ScriptedEngine(tokenizer, script, **engine_kw)
     env = env or InProcessEnv()
     result = await run_episode(
-        engine=engine,
-        env=env,
-        chat=chat,
-        task=task or _task(),
-        limits=limits,
-        sampling=SamplingConfig(temperature=1.0),
-        env_config=NO_RETRY_DELAY,
+        Rollout(
+            engine=engine,
+            env=env,
+            chat=chat,
+            limits=limits,
+            sampling=SamplingConfig(temperature=1.0),
+            env_config=NO_RETRY_DELAY,
+        ),
+        task or _task(),
     )
     return result, engine, env
 
@@ -160,7 +162,7 @@ async def test_final_turn_cut_by_max_generate_length_is_filtered(tokenizer, chat
     result, engine, _ = await _play(tokenizer, chat, by_turn(ANSWER + " because"), limits=limits)
     # Three tokens ("<answer>", "4", "2") hold no closed answer: the env ends the
     # episode with reward 0; the turn had no EOS, so the stop reason is `length`.
-    assert engine.calls[0].max_tokens == 3
+    assert engine.calls[0].turn.max_tokens == 3
     assert result.turn_finish_reasons == ["length"]
     assert (result.stop_reason, result.num_turns, result.reward) == ("length", 1, 0.0)
     assert len(result.token_ids) == result.prompt_len + 3
@@ -228,7 +230,7 @@ async def test_generation_is_capped_to_fit_max_sequence_length(tokenizer, chat):
     prompt_len = len(chat.prompt_ids(_task().prompt, ADD_TOOL))
     limits = RolloutConfig(max_input_length=prompt_len, max_sequence_length=prompt_len + 4)
     result, engine, _ = await _play(tokenizer, chat, by_turn(ANSWER), limits=limits)
-    assert engine.calls[0].max_tokens == 4
+    assert engine.calls[0].turn.max_tokens == 4
     assert result.stop_reason == "overlong"
     assert len(result.token_ids) == prompt_len + 4
     assert sum(result.loss_mask) == 0
@@ -342,17 +344,19 @@ async def test_group_runs_its_samples_concurrently_with_distinct_seeds(tokenizer
     engine = ScriptedEngine(tokenizer, by_turn(TOOL_CALL, ANSWER), delay_s=0.01)
     env = InProcessEnv()
     results = await run_group(
-        engine=engine,
-        env=env,
-        chat=chat,
-        task=_task(group_size=4),
-        limits=LIMITS,
-        sampling=SamplingConfig(seed=100),
-        env_config=NO_RETRY_DELAY,
+        Rollout(
+            engine=engine,
+            env=env,
+            chat=chat,
+            limits=LIMITS,
+            sampling=SamplingConfig(seed=100),
+            env_config=NO_RETRY_DELAY,
+        ),
+        _task(group_size=4),
     )
     assert [r.reward for r in results] == [1.0] * 4
     assert engine.max_in_flight == 4
-    assert sorted({call.seed for call in engine.calls}) == [100, 101, 102, 103]
+    assert sorted({call.turn.seed for call in engine.calls}) == [100, 101, 102, 103]
     assert len(env.sessions) == 4 and env.num_closed == 4
 
 
@@ -360,13 +364,15 @@ async def test_group_with_too_long_prompt_is_rejected_and_cleaned_up(tokenizer, 
     env = InProcessEnv()
     with pytest.raises(TaskRejected, match="max_input_length"):
         await run_group(
-            engine=ScriptedEngine(tokenizer, by_turn(ANSWER)),
-            env=env,
-            chat=chat,
-            task=_task(group_size=3),
-            limits=RolloutConfig(max_input_length=10, max_sequence_length=100),
-            sampling=SamplingConfig(),
-            env_config=NO_RETRY_DELAY,
+            Rollout(
+                engine=ScriptedEngine(tokenizer, by_turn(ANSWER)),
+                env=env,
+                chat=chat,
+                limits=RolloutConfig(max_input_length=10, max_sequence_length=100),
+                sampling=SamplingConfig(),
+                env_config=NO_RETRY_DELAY,
+            ),
+            _task(group_size=3),
         )
     assert env.num_closed == len(env.sessions)
 

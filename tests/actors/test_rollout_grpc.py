@@ -12,7 +12,7 @@ import pytest
 
 from actors.chat import ChatTemplate
 from actors.config import EnvConfig, RolloutConfig, SamplingConfig
-from actors.episode import run_group
+from actors.episode import Rollout, run_group
 from broker.wire import PromptTask
 from common.procs import free_port
 from demo.chat_template import observation_delta
@@ -66,13 +66,15 @@ def _task(group_size=2, env_class="calculator") -> PromptTask:
 async def _group(tokenizer, addresses, script=None, task=None):
     async with EnvClient(addresses, timeout_s=5, max_retries=0) as client:
         return await run_group(
-            engine=ScriptedEngine(tokenizer, script or by_turn(TOOL_CALL, ANSWER)),
-            env=GrpcEnvConnector(client),
-            chat=ChatTemplate(tokenizer),
-            task=task or _task(),
-            limits=LIMITS,
-            sampling=SamplingConfig(),
-            env_config=RETRY,
+            Rollout(
+                engine=ScriptedEngine(tokenizer, script or by_turn(TOOL_CALL, ANSWER)),
+                env=GrpcEnvConnector(client),
+                chat=ChatTemplate(tokenizer),
+                limits=LIMITS,
+                sampling=SamplingConfig(),
+                env_config=RETRY,
+            ),
+            task or _task(),
         )
 
 

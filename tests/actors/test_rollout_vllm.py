@@ -10,7 +10,7 @@ import pytest
 
 from actors.chat import ChatTemplate
 from actors.config import EnvConfig, RolloutConfig, SamplingConfig
-from actors.episode import run_group
+from actors.episode import Rollout, run_group
 from broker.wire import PromptTask
 from demo.chat_template import observation_delta
 from protos.types import Observation, StepResult
@@ -57,15 +57,17 @@ async def test_multi_turn_layout_on_vllm(vllm_engine, tokenizer):
         reward_spec={"ground_truth": "42"},
     )
     results = await run_group(
-        engine=vllm_engine,
-        env=_NeverDoneEnv(),
-        chat=chat,
-        task=task,
-        limits=RolloutConfig(
-            max_turns=3, max_input_length=512, max_generate_length=12, max_sequence_length=1024
+        Rollout(
+            engine=vllm_engine,
+            env=_NeverDoneEnv(),
+            chat=chat,
+            limits=RolloutConfig(
+                max_turns=3, max_input_length=512, max_generate_length=12, max_sequence_length=1024
+            ),
+            sampling=SamplingConfig(temperature=1.0, seed=7),
+            env_config=EnvConfig(),
         ),
-        sampling=SamplingConfig(temperature=1.0, seed=7),
-        env_config=EnvConfig(),
+        task,
     )
     delta = chat.observation_ids(OBSERVATION)
     for result in results:

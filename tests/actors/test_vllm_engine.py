@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from actors.config import SamplingConfig, VllmEngineConfig
+from actors.types import Turn
 from actors.vllm_engine import _expand_spans
 from weights.config import WeightSyncConfig
 from weights.follower import WeightUpdateError, follow_weights
@@ -27,14 +28,9 @@ vllm = pytest.mark.vllm
 USER_MESSAGES = ["What is 17 + 25?", "What is 3 * 4?", "Hello"]
 
 
-def _request(temperature: float, max_tokens: int, seed=None, stop_token_ids=()) -> dict:
-    """generate()/stream() keyword arguments of one request."""
-    return dict(
-        sampling=SamplingConfig(temperature=temperature),
-        max_tokens=max_tokens,
-        seed=seed,
-        stop_token_ids=stop_token_ids,
-    )
+def _request(temperature: float, max_tokens: int, seed=None, stop_token_ids=()) -> Turn:
+    """One request's turn (at `temperature`, unseeded unless `seed`)."""
+    return Turn(SamplingConfig(temperature=temperature), max_tokens, tuple(stop_token_ids), seed)
 
 
 @pytest.fixture(scope="module")
@@ -133,7 +129,7 @@ def _hf_logprobs(model, prompt: list[int], tokens: list[int], temperature: float
 @vllm
 async def test_generate_returns_one_logprob_and_version_per_token(vllm_engine, prompts):
     spec = _request(temperature=1.0, max_tokens=6, seed=7)
-    first = await vllm_engine.generate(prompts[0], **spec)
+    first = await vllm_engine.generate(prompts[0], spec)
     n = len(first.token_ids)
     assert len(first.logprobs) == len(first.versions) == n
     assert first.versions == [vllm_engine.version] * n
@@ -142,11 +138,11 @@ async def test_generate_returns_one_logprob_and_version_per_token(vllm_engine, p
     # Same seed, and the first token made a stop token: it ends there, included.
     again = await vllm_engine.generate(
         prompts[0],
-        **_request(temperature=1.0, max_tokens=6, seed=7, stop_token_ids=(first.token_ids[0],)),
+        _request(temperature=1.0, max_tokens=6, seed=7, stop_token_ids=(first.token_ids[0],)),
     )
     assert again.token_ids == first.token_ids[:1] and again.finish_reason == "stop"
     with pytest.raises(ValueError):
-        await vllm_engine.generate([], **spec)
+        await vllm_engine.generate([], spec)
 
 
 @vllm
@@ -156,13 +152,11 @@ async def test_many_long_seeded_requests_at_once_are_reproducible(vllm_engine):
     prompts = [[5 + (i * 7 + j) % 300 for j in range(700)] for i in range(12)]  # 8,400 tokens
     outs = await asyncio.gather(
         *(
-            vllm_engine.generate(p, **_request(temperature=1.0, max_tokens=8, seed=i))
+            vllm_engine.generate(p, _request(temperature=1.0, max_tokens=8, seed=i))
             for i, p in enumerate(prompts)
         )
     )
-    again = await vllm_engine.generate(
-        prompts[3], **_request(temperature=1.0, max_tokens=8, seed=3)
-    )
+    again = await vllm_engine.generate(prompts[3], _request(temperature=1.0, max_tokens=8, seed=3))
     assert all(len(out.token_ids) >= 1 for out in outs)
     assert again.token_ids == outs[3].token_ids
     # Alone vs in a batch of 12: the same distribution up to float32 rounding.
@@ -183,7 +177,7 @@ async def test_greedy_after_gloo_broadcast_equals_transformers(
     assert got["sum"] == pytest.approx(expected["sum"], rel=1e-12)
     assert got["sum_sq"] == pytest.approx(expected["sum_sq"], rel=1e-12)
     for prompt in prompts:
-        generation = await vllm_engine.generate(prompt, **_request(temperature=0.0, max_tokens=24))
+        generation = await vllm_engine.generate(prompt, _request(temperature=0.0, max_tokens=24))
         assert generation.token_ids == _hf_greedy(model, prompt, 24, tokenizer.eos_token_id)
         assert generation.versions == [version] * len(generation.token_ids)
     print(
@@ -203,7 +197,7 @@ async def test_sampled_logprobs_match_transformers(
     diffs = []
     for i, prompt in enumerate(prompts):
         generation = await vllm_engine.generate(
-            prompt, **_request(temperature=temperature, max_tokens=48, seed=100 + i)
+            prompt, _request(temperature=temperature, max_tokens=48, seed=100 + i)
         )
         reference = _hf_logprobs(model, prompt, generation.token_ids, temperature)
         diffs.append((torch.tensor(generation.logprobs) - reference).abs())
@@ -228,7 +222,7 @@ async def test_update_mid_request_relabels_later_tokens_and_the_request_continue
     for seed in range(5):
         deltas, update = [], None
         async for delta in vllm_engine.stream(
-            prompts[0], **_request(temperature=1.0, max_tokens=160, seed=seed)
+            prompts[0], _request(temperature=1.0, max_tokens=160, seed=seed)
         ):
             deltas.append(delta)
             if update is None and sum(len(d.token_ids) for d in deltas) >= 8:
@@ -286,10 +280,10 @@ async def test_request_after_an_update_reuses_no_prefix_kv_of_older_weights(
     prompt = tokenizer.encode(rendered, add_special_tokens=False)
     assert len(prompt) >= 256  # whole KV blocks (128 tokens on CPU) worth caching
     spec = _request(temperature=0.0, max_tokens=24)
-    await vllm_engine.generate(prompt, **spec)  # caches the prompt's blocks
+    await vllm_engine.generate(prompt, spec)  # caches the prompt's blocks
     model = _perturbed(hf_tiny_model, seed=6)
     await _push(vllm_engine, channel, model, vllm_engine.version + 1)
-    generation = await vllm_engine.generate(prompt, **spec)
+    generation = await vllm_engine.generate(prompt, spec)
     assert generation.token_ids == _hf_greedy(model, prompt, 24, tokenizer.eos_token_id)
 
 
@@ -301,16 +295,17 @@ async def test_failed_round_leaves_weights_version_and_generation_intact(
     before_version = vllm_engine.version
     before_checksum = await vllm_engine.weights_checksum()
     spec = _request(temperature=0.0, max_tokens=12)
-    before = await vllm_engine.generate(prompts[1], **spec)
-    # A seat in a round whose sender never comes: the worker's group times out.
+    before = await vllm_engine.generate(prompts[1], spec)
+    # A seat in a round whose sender never says go: the worker gives up after its timeouts.
     orphan = RoundTicket(
         version=before_version + 100,
-        base_rank=1,
-        world_size=2,
-        backend="gloo",
+        group_id=0,
+        member_id=999,
+        slots=1,
         store_host="127.0.0.1",
         store_port=sender.config.store_port,
-        transfer_timeout_s=2.0,
+        join_timeout_s=1.0,
+        transfer_timeout_s=1.0,
     )
     started = time.monotonic()
     with pytest.raises(WeightUpdateError):
@@ -318,7 +313,7 @@ async def test_failed_round_leaves_weights_version_and_generation_intact(
     assert time.monotonic() - started < 10.0
     assert vllm_engine.version == before_version
     assert await vllm_engine.weights_checksum() == before_checksum
-    after = await vllm_engine.generate(prompts[1], **spec)
+    after = await vllm_engine.generate(prompts[1], spec)
     assert after.token_ids == before.token_ids
     assert after.versions == [before_version] * len(after.token_ids)
 
@@ -334,7 +329,7 @@ async def test_late_joiner_loads_snapshot_then_follows_broadcasts(
     assert vllm_engine.version == version
     spec = _request(temperature=0.0, max_tokens=24)
     for prompt in prompts:
-        generation = await vllm_engine.generate(prompt, **spec)
+        generation = await vllm_engine.generate(prompt, spec)
         assert generation.token_ids == _hf_greedy(snapshot, prompt, 24, tokenizer.eos_token_id)
         assert generation.versions == [version] * len(generation.token_ids)
     # ... and joins the next broadcast through the follow loop.
@@ -356,6 +351,6 @@ async def test_late_joiner_loads_snapshot_then_follows_broadcasts(
     with pytest.raises(WeightUpdateError):
         await vllm_engine.load_snapshot(tmp_path / "gone", version + 5)
     assert vllm_engine.version == version + 1
-    generation = await vllm_engine.generate(prompts[0], **spec)
+    generation = await vllm_engine.generate(prompts[0], spec)
     assert generation.token_ids == _hf_greedy(newer, prompts[0], 24, tokenizer.eos_token_id)
     print(f"\nsnapshot load stall {stall_s * 1e3:.0f} ms")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from actors.chat import ChatTemplate
 from actors.config import EnvConfig, RolloutConfig, SamplingConfig
-from actors.episode import run_group
+from actors.episode import Rollout, run_group
 from actors.hf_engine import HFEngine
 from broker.wire import PromptTask
 from tests.fakes import InProcessEnv
@@ -53,13 +53,15 @@ def measure(model_dir: str | Path, rows: list[dict], *, samples: int = 2, seed: 
             extra_info=row["extra_info"],
         )
         return await run_group(
-            engine=engine,
-            env=env,
-            chat=chat,
-            task=task,
-            limits=DEMO_LIMITS,
-            sampling=SamplingConfig(temperature=1.0, seed=seed + samples * index),
-            env_config=EnvConfig(),
+            Rollout(
+                engine=engine,
+                env=env,
+                chat=chat,
+                limits=DEMO_LIMITS,
+                sampling=SamplingConfig(temperature=1.0, seed=seed + samples * index),
+                env_config=EnvConfig(),
+            ),
+            task,
         )
 
     async def play_all():

@@ -87,3 +87,12 @@ def test_plot_is_written(tmp_path):
     records = [_eval(0, 60.0, 0.41), _train(1, 80.0), _train(2, 90.0), _eval(2, 95.0, 0.9)]
     path = progress.plot(records, tmp_path / "progress.png")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_progress_line_says_what_prefix_sharing_saved():
+    shared = {**_train(3, 30.0), "train/prefix_sharing_ratio": 2.08}
+    assert "2,000 tok/s (shared prefixes x2.1) |" in progress.progress_line(
+        shared, total_steps=30, last_eval=None
+    )
+    nothing_shared = {**_train(3, 30.0), "train/prefix_sharing_ratio": 1.0}
+    assert "2,000 tok/s |" in progress.progress_line(nothing_shared, total_steps=30, last_eval=None)

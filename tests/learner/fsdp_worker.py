@@ -38,7 +38,7 @@ def main() -> None:
     rank = dist.get_rank()
     results = {}
 
-    trainer = Trainer(tiny_qwen2(seed=0), config)
+    trainer = Trainer(tiny_qwen2(seed=0), config, ref_model=tiny_qwen2(seed=0))
     results["metrics_1"] = trainer.train_step(random_samples(**BATCH_1))
     weights_1, results["num_tensors"] = gather(trainer)
     trainer.save(out / "checkpoints", TrainingState(trained_ids=["t0", "t1"]))

@@ -1,13 +1,7 @@
-import random
-
-import numpy as np
 import pytest
-import torch
 
 from learner.batching import (
     GroupAssembler,
-    collate,
-    plan_micro_batches,
     samples_from_groups,
 )
 from tests.learner.builders import trajectory
@@ -68,64 +62,3 @@ def test_samples_carry_group_advantages_and_decoded_tokens():
     assert samples[0].token_ids.tolist() == [7, 8, 9]
     # the first token can never be predicted, so it never carries loss
     assert samples[0].loss_mask.tolist() == [0, 1, 1]
-
-
-def test_plan_by_hand():
-    """Longest first onto the least-loaded rank: 62 -> r0, 62 -> r1, 62 -> r0, 12 -> r1.
-    r0 packs [0], [2] (124 > 74); r1 packs [1, 3] (74) and gets an empty micro-batch."""
-    plan = plan_micro_batches([62, 62, 62, 12], num_ranks=2, token_budget=74)
-    assert plan == [[[0], [2]], [[1, 3], []]]
-    assert plan_micro_batches([62, 62, 62, 12], num_ranks=1, token_budget=74) == [
-        [[0, 3], [1], [2]]
-    ]
-
-
-def test_plan_invariants_on_random_lengths():
-    rng = random.Random(0)
-    for _ in range(50):
-        lengths = [rng.randint(1, 300) for _ in range(rng.randint(1, 40))]
-        num_ranks, budget = rng.randint(1, 4), rng.randint(50, 400)
-        plan = plan_micro_batches(lengths, num_ranks=num_ranks, token_budget=budget)
-        assert len({len(bins) for bins in plan}) == 1  # same count on every rank
-        placed = sorted(i for bins in plan for mb in bins for i in mb)
-        assert placed == list(range(len(lengths)))
-        for bins in plan:
-            for mb in bins:
-                assert len(mb) == 1 or sum(lengths[i] for i in mb) <= budget
-        assert plan == plan_micro_batches(lengths, num_ranks=num_ranks, token_budget=budget)
-
-
-def test_collate_by_hand():
-    assembler = GroupAssembler()
-    assembler.add(
-        trajectory(
-            trajectory_id="a",
-            token_ids=[5, 6, 7],
-            loss_mask=[0, 1, 1],
-            logprobs=[0.0, -0.5, -0.25],
-            versions=[-1, 3, 4],
-            reward=1.0,
-        )
-    )
-    group = assembler.add(
-        trajectory(
-            trajectory_id="b", sample_index=1, token_ids=[8, 9], loss_mask=[0, 1], reward=0.0
-        )
-    )
-    mb = collate(samples_from_groups([group], estimator="dr_grpo"))
-    assert mb.input_ids.tolist() == [[5, 6, 7, 8, 9]]
-    assert mb.position_ids.tolist() == [[0, 1, 2, 0, 1]]
-    assert mb.cu_seqlens.tolist() == [0, 3, 5]
-    assert mb.seq_ids.tolist() == [0, 0, 0, 1, 1]
-    assert mb.loss_mask.tolist() == [False, True, True, False, True]
-    assert mb.advantages.tolist() == [0.5, 0.5, 0.5, -0.5, -0.5]
-    assert mb.behaviour_logprobs.tolist() == [0.0, -0.5, -0.25, 0.0, -1.0]
-    assert mb.versions.tolist() == [-1, 3, 4, -1, 0]
-    assert mb.num_seqs == 2 and mb.num_tokens == 5
-
-
-def test_empty_micro_batch_is_one_token_without_loss():
-    mb = collate([])
-    assert mb.num_tokens == 1 and not mb.loss_mask.any() and mb.num_seqs == 1
-    assert mb.input_ids.dtype == torch.int64 and isinstance(mb.versions, torch.Tensor)
-    assert np.array_equal(mb.cu_seqlens.numpy(), [0, 1])

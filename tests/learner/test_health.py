@@ -84,3 +84,28 @@ def test_degenerate_only_when_the_policy_changed():
     assert not is_degenerate(ratio_std=0.006, num_tokens=100, oldest_version=3, current_version=4)
     assert not is_degenerate(ratio_std=0.0, num_tokens=1, oldest_version=3, current_version=4)
     assert not is_degenerate(ratio_std=0.0, num_tokens=100, oldest_version=-1, current_version=4)
+
+
+def test_logprob_gap_over_fresh_tokens_by_hand():
+    """Loss tokens 0-2; tokens 0 and 2 were sampled by the weights being trained (fresh):
+    gaps |-1.0 - -1.1| = 0.1 and |-2.0 - -1.7| = 0.3 -> mean 0.2. Token 1 is stale, token 3
+    fresh but masked: neither counts."""
+    sums, extremes = health_sums(
+        logprobs=torch.tensor([-1.0, -3.0, -2.0, -5.0]),
+        behaviour_logprobs=torch.tensor([-1.1, -1.0, -1.7, -1.0]),
+        loss_mask=torch.tensor([True, True, True, False]),
+        clipped=torch.zeros(4, dtype=torch.bool),
+        fresh=torch.tensor([True, False, True, True]),
+    )
+    m = health_metrics(sums, extremes)
+    assert m["num_fresh_tokens"] == 2
+    assert m["logprob_gap_fresh"] == pytest.approx(0.2)
+    none_fresh = health_metrics(
+        *health_sums(
+            logprobs=torch.zeros(2),
+            behaviour_logprobs=torch.zeros(2),
+            loss_mask=torch.ones(2, dtype=torch.bool),
+            clipped=torch.zeros(2, dtype=torch.bool),
+        )
+    )
+    assert none_fresh["num_fresh_tokens"] == 0 and "logprob_gap_fresh" not in none_fresh

@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 import torch
 
-from learner.batching import collate
 from learner.checkpoint import TrainingState, latest_checkpoint, prune_checkpoints
 from learner.losses import token_logprobs
 from learner.trainer import TooManySkippedSteps, Trainer
@@ -31,21 +30,35 @@ def _max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
 
 
 def _separate_logprobs(model, sample) -> torch.Tensor:
+    """The obvious reference: one plain (sdpa) forward of the sample alone."""
     ids = torch.from_numpy(sample.token_ids.astype(np.int64))
     logits = model(input_ids=ids[None], use_cache=False).logits[0]
     return token_logprobs(logits[:-1], ids[1:])  # logprobs of tokens 1..T-1
 
 
-def test_packed_logprobs_equal_one_forward_per_sequence():
-    trainer = Trainer(tiny_qwen2(), learner_config())
+def _own_logprobs(trainer: Trainer, sample) -> np.ndarray:
+    """The trainer's logprob of each of `sample`'s tokens `[T]` (0 off the loss mask), as
+    behaviour logprobs that make every ratio exactly 1."""
+    (batch,), _ = trainer.micro_batches([sample])
+    (logprobs,) = trainer.compute_logprobs([batch])
+    own = np.zeros(sample.num_tokens, dtype=np.float32)
+    own[batch.token_index.numpy()] = logprobs.numpy()
+    return own
+
+
+def test_trainer_logprobs_equal_one_forward_per_sequence():
+    trainer = Trainer(tiny_qwen2(), learner_config(micro_batch_tokens=10_000))
     samples = random_samples(num_samples=4, seed=1)
-    (packed,) = trainer.compute_logprobs([collate(samples)])
-    offset = 0
-    for sample in samples:
-        expected = _separate_logprobs(trainer.model, sample).detach()
-        got = packed[offset + 1 : offset + sample.num_tokens]
-        torch.testing.assert_close(got, expected, atol=2e-6, rtol=0)
-        offset += sample.num_tokens
+    batches, _ = trainer.micro_batches(samples)
+    (packed,) = trainer.compute_logprobs(batches)
+    reference = tiny_qwen2()  # the same initial weights, on transformers' own attention
+    (batch,) = batches
+    for k, index in enumerate(batch.sample_indices):
+        sample = samples[index]
+        rows = (batch.seq_ids == k).nonzero().squeeze(1)
+        positions = batch.token_index[rows].numpy()
+        expected = _separate_logprobs(reference, sample).detach()[positions - 1]
+        torch.testing.assert_close(packed[rows], expected, atol=2e-6, rtol=0)
 
 
 def test_ratio_one_step_equals_reinforce_with_adamw_by_hand():
@@ -54,10 +67,8 @@ def test_ratio_one_step_equals_reinforce_with_adamw_by_hand():
     config = learner_config(micro_batch_tokens=50, optim=LINEAR_ADAM)
     trainer = Trainer(tiny_qwen2(), config)
     samples = random_samples(num_samples=6, seed=3)
-    own = trainer.compute_logprobs([collate([s]) for s in samples])
     samples = [
-        dataclasses.replace(s, behaviour_logprobs=lp.numpy().astype(np.float32))
-        for s, lp in zip(samples, own, strict=True)
+        dataclasses.replace(s, behaviour_logprobs=_own_logprobs(trainer, s)) for s in samples
     ]
     metrics = trainer.train_step(samples)
 
@@ -92,10 +103,8 @@ def test_unchanged_ratios_after_an_update_are_flagged_degenerate():
     trainer = Trainer(tiny_qwen2(), learner_config())
     samples = random_samples(num_samples=4, seed=3)
     trainer.train_step(samples)
-    own = trainer.compute_logprobs([collate([s]) for s in samples])
     recomputed = [
-        dataclasses.replace(s, behaviour_logprobs=lp.numpy())
-        for s, lp in zip(samples, own, strict=True)
+        dataclasses.replace(s, behaviour_logprobs=_own_logprobs(trainer, s)) for s in samples
     ]
     assert trainer.train_step(recomputed)["degenerate_ratio"] == 1.0
     assert trainer.train_step(samples)["degenerate_ratio"] == 0.0

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from learner.batching import plan_micro_batches
+from learner.prefix_plan import plan_pieces
 from learner.trainer import Trainer
 from tests.learner.builders import learner_config, random_samples, tiny_qwen2
 from tests.learner.fsdp_worker import BATCH_1, BATCH_2
@@ -72,7 +72,7 @@ def two_ranks(tmp_path_factory):
     logs = []
     try:
         for proc in procs:
-            logs.append(proc.communicate(timeout=240)[0])
+            logs.append(proc.communicate(timeout=600)[0])
     finally:
         for proc in procs:
             if proc.poll() is None:
@@ -99,7 +99,7 @@ def _max_diff(a, b) -> float:
 
 
 def test_batch_one_leaves_rank_one_an_empty_micro_batch():
-    plan = plan_micro_batches(BATCH_1["lengths"], num_ranks=2, token_budget=74)
+    plan = plan_pieces(random_samples(**BATCH_1), num_ranks=2, token_budget=74)
     assert plan[1][-1] == []
 
 

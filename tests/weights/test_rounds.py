@@ -1,6 +1,8 @@
-"""Weight broadcast rounds: bucket packing by hand, and real gloo groups between processes
-(receivers are separate Python processes, the sender this one), including receivers that
-never show up."""
+"""Weight broadcast rounds: bucket packing by hand, group membership worked out by hand,
+and real gloo groups between processes (receivers are separate Python processes following
+every round like an engine, the sender this one): a group that lives across rounds, a
+receiver that joins at the next version, receivers that die or hang mid-round and are
+dropped while the learner carries on, and receivers that never show up."""
 
 from __future__ import annotations
 
@@ -17,28 +19,14 @@ import torch
 
 from weights.buckets import bucketize, pack_bucket, unpack_bucket
 from weights.config import WeightSyncConfig
+from weights.membership import Roster, next_roster, without
 from weights.receiver import receive_round
-from weights.rendezvous import assign_ranks
 from weights.sender import WeightSender
-from weights.subscription import RoundTicket, WeightSubscription
+from weights.subscription import RoundTicket, WeightDtypeMismatch, WeightSubscription
 from weights.vllm_worker import checksum, tied_aliases, with_aliases
 
 REPO = Path(__file__).resolve().parents[2]
-
-# A receiver process: registers, prints "ready", joins the first round, prints a checksum.
-RECEIVER = """
-import json, sys
-from weights.receiver import receive_round
-from weights.subscription import WeightSubscription
-from weights.vllm_worker import checksum
-host, port = sys.argv[1].rsplit(":", 1)
-sub = WeightSubscription(host, int(port))
-print("ready", flush=True)
-ticket = sub.wait_round(-1, 60)
-weights = [(name, tensor.clone()) for name, tensor in receive_round(ticket)]
-print(json.dumps({"rank": ticket.base_rank, "world": ticket.world_size,
-                  "names": [n for n, _ in weights], "checksum": checksum(weights)}), flush=True)
-"""
+RECEIVER = Path(__file__).with_name("receiver_process.py")
 
 
 def _config(**overrides) -> WeightSyncConfig:
@@ -47,8 +35,8 @@ def _config(**overrides) -> WeightSyncConfig:
     )
 
 
-def _subscribe(config: WeightSyncConfig) -> WeightSubscription:
-    return WeightSubscription(config.store_host, config.store_port)
+def _subscribe(config: WeightSyncConfig, **kwargs) -> WeightSubscription:
+    return WeightSubscription(config.store_host, config.store_port, **kwargs)
 
 
 @pytest.fixture
@@ -58,17 +46,23 @@ def sender():
     sender.close()
 
 
-def _start_receiver(config: WeightSyncConfig) -> subprocess.Popen:
+def _start_receiver(config: WeightSyncConfig, rounds: int = 1, *fault: str) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen(
-        [sys.executable, "-c", RECEIVER, f"{config.store_host}:{config.store_port}"],
+        [sys.executable, str(RECEIVER), f"{config.store_host}:{config.store_port}", str(rounds),
+         *fault],
         stdout=subprocess.PIPE,
         text=True,
         env=env,
         cwd=REPO,
-    )
+    )  # fmt: skip
     assert proc.stdout.readline().strip() == "ready"
     return proc
+
+
+def _lines(proc: subprocess.Popen, timeout: float = 60) -> list[dict]:
+    out, _ = proc.communicate(timeout=timeout)
+    return [json.loads(line) for line in out.splitlines() if line.strip()]
 
 
 def _in_thread(fn, *args):
@@ -76,6 +70,10 @@ def _in_thread(fn, *args):
     thread = threading.Thread(target=lambda: result.setdefault("value", fn(*args)))
     thread.start()
     return thread, result
+
+
+def _weights(count: int, *, value: float = 1.0, numel: int = 256) -> list[tuple[str, torch.Tensor]]:
+    return [(f"w{i}", torch.full((numel,), value + i)) for i in range(count)]
 
 
 # ---- buckets ------------------------------------------------------------------------------------
@@ -107,10 +105,32 @@ def test_pack_places_tensors_at_64_byte_offsets_and_unpack_restores_them():
 
 def test_ranks_follow_member_ids_with_each_members_slots():
     # Sender is rank 0; member 2 (1 worker) -> 1; member 5 (TP=2) -> 2, 3; member 9 -> 4.
-    assert assign_ranks({9: 1, 2: 1, 5: 2}) == ({"2": 1, "5": 2, "9": 4}, 5)
-    assert assign_ranks({}) == ({}, 1)
+    roster = Roster(group_id=0, slots={9: 1, 2: 1, 5: 2}, backend="gloo")
+    assert roster.ranks == {2: 1, 5: 2, 9: 4} and roster.world_size == 5
+    assert Roster.from_json(json.loads(json.dumps(roster.as_json()))) == roster
+
+
+def test_a_group_lives_while_its_membership_does():
+    current = Roster(group_id=3, slots={1: 1, 2: 2}, backend="nccl")
+    kept = next_roster(current, {1: 1, 2: 2}, broken=False, next_id=4, backend="nccl")
+    assert kept is current  # same members, last round fine: the same communicator
+    joined = next_roster(current, {1: 1, 2: 2, 7: 1}, broken=False, next_id=4, backend="nccl")
+    assert joined.group_id == 4 and joined.ranks == {1: 1, 2: 2, 7: 4}  # a member came
+    gone = next_roster(current, {2: 2}, broken=False, next_id=4, backend="nccl")
+    assert gone.group_id == 4 and gone.ranks == {2: 1}  # a member left or was evicted
+    after_failure = next_roster(current, {1: 1, 2: 2}, broken=True, next_id=4, backend="nccl")
+    assert after_failure.group_id == 4 and after_failure.slots == current.slots
+    assert next_roster(current, {}, broken=False, next_id=4, backend="nccl") is None
+    assert next_roster(None, {5: 1}, broken=False, next_id=0, backend="gloo").ranks == {5: 1}
     with pytest.raises(ValueError):
-        assign_ranks({1: 0})
+        next_roster(None, {1: 0}, broken=False, next_id=0, backend="gloo")
+
+
+def test_absent_members_are_dropped_into_a_new_group():
+    roster = Roster(group_id=3, slots={1: 1, 2: 2, 4: 1}, backend="gloo")
+    smaller = without(roster, {2}, next_id=5)
+    assert smaller.group_id == 5 and smaller.ranks == {1: 1, 4: 2} and smaller.world_size == 3
+    assert without(roster, {1, 2, 4}, next_id=5) is None
 
 
 def test_config_rejects_bad_values():
@@ -157,7 +177,7 @@ def test_broadcast_reaches_two_receiver_processes_bit_exact():
     receivers = [_start_receiver(sender.config) for _ in range(2)]
     try:
         report = sender.broadcast(1, weights.items())
-        outputs = [json.loads(proc.communicate(timeout=60)[0]) for proc in receivers]
+        outputs = [_lines(proc)[-1] for proc in receivers]
     finally:
         for proc in receivers:
             proc.kill()
@@ -175,7 +195,67 @@ def test_broadcast_reaches_two_receiver_processes_bit_exact():
     )
 
 
-def test_registered_member_that_never_joins_costs_one_join_timeout(sender):
+def _until_members(sender: WeightSender, count: int) -> None:
+    for _ in range(400):
+        if sum(state == "alive" for state in sender.members().values()) >= count:
+            return
+        time.sleep(0.025)
+    raise AssertionError(f"fewer than {count} members registered")
+
+
+def test_the_group_lives_across_rounds_and_a_newcomer_joins_at_the_next_version(sender):
+    first = _start_receiver(sender.config, 3)
+    try:
+        _until_members(sender, 1)
+        one = sender.broadcast(1, _weights(3, value=1.0))
+        two = sender.broadcast(2, _weights(3, value=2.0))
+        second = _start_receiver(sender.config, 1)
+        _until_members(sender, 2)
+        three = sender.broadcast(3, _weights(3, value=3.0))
+        first_lines, second_lines = _lines(first), _lines(second)
+    finally:
+        first.kill()
+    assert one.ok and one.new_group and one.num_receivers == 1
+    assert two.ok and not two.new_group and two.group_id == one.group_id  # same communicator
+    assert three.ok and three.new_group and three.num_receivers == 2  # the newcomer joined v3
+    assert [line["version"] for line in first_lines] == [1, 2, 3]
+    assert [line["group"] for line in first_lines] == [one.group_id] * 2 + [three.group_id]
+    assert second_lines == [second_lines[0]] and second_lines[0]["version"] == 3
+    assert second_lines[0]["checksum"] == checksum(_weights(3, value=3.0))
+
+
+@pytest.mark.parametrize("fault", ["die", "hang"])
+def test_a_receiver_lost_mid_round_fails_that_round_and_is_dropped(sender, fault):
+    """One of two receivers dies (or hangs) after the first tensor of round 2 arrived. That
+    round fails within the transfer timeout; the learner carries on; round 3 drops the lost
+    receiver after one join timeout and reaches the other, on a fresh group."""
+    lost = _start_receiver(sender.config, 3, fault, "2")
+    survivor = _start_receiver(sender.config, 3)
+    try:
+        _until_members(sender, 2)
+        one = sender.broadcast(1, _weights(4, value=1.0))
+        started = time.monotonic()
+        two = sender.broadcast(2, _weights(4, value=2.0))  # 1 KiB tensors: a bucket each
+        two_s = time.monotonic() - started
+        three = sender.broadcast(3, _weights(4, value=3.0))
+        survivor_lines = _lines(survivor)
+    finally:
+        lost.kill()
+        survivor.kill()
+    assert one.ok and one.num_receivers == 2
+    assert not two.ok and two_s < 2.0 + 3.0 + 3.0 + 2.0  # join + a bucket + the acks, slack
+    lost_id = three.missed[0]
+    assert three.ok and three.missed == (lost_id,) and three.num_receivers == 1
+    assert sender.members()[lost_id] == "evicted"
+    versions = [line["version"] for line in survivor_lines if "error" not in line]
+    # Round 2 may have reached the survivor whole before the lost one broke it: either way
+    # the survivor ends on version 3.
+    assert versions in ([1, 3], [1, 2, 3])
+    assert survivor_lines[-1]["checksum"] == checksum(_weights(4, value=3.0))
+    print(f"\n{fault}: round 2 failed after {two_s:.1f}s; round 3 dropped member {lost_id}")
+
+
+def test_registered_member_that_never_gets_ready_costs_one_join_timeout(sender):
     dead = _subscribe(sender.config)  # registers, then never calls wait_round
     started = time.monotonic()
     report = sender.broadcast(1, [("w", torch.ones(4))])
@@ -187,37 +267,26 @@ def test_registered_member_that_never_joins_costs_one_join_timeout(sender):
     assert report.missed == () and time.monotonic() - started < 0.5  # evicted: not awaited
 
 
-def test_member_that_joins_but_never_connects_fails_the_round_within_timeout(sender):
-    silent = _subscribe(sender.config)
-    thread, ticket = _in_thread(silent.wait_round, -1, 10.0)  # joins, never receives
-    num_pulled = 0
-
-    def weights():
-        nonlocal num_pulled
-        for i in range(5):
-            num_pulled += 1
-            yield f"w{i}", torch.ones(4)
-
-    started = time.monotonic()
-    report = sender.broadcast(1, weights())
-    elapsed = time.monotonic() - started
-    thread.join()
-    assert ticket["value"].version == 1
-    assert not report.ok and report.num_receivers == 1
-    assert elapsed < 2.0 + 3.0 + 1.0  # join + transfer timeouts, with slack
-    assert num_pulled == 5  # drained: FSDP ranks gathering in lockstep are not left hanging
-
-
 def test_receiver_that_missed_a_round_takes_the_next(sender):
     assert sender.broadcast(1, [("w", torch.zeros(3))]).num_receivers == 0  # nobody there
     late = _subscribe(sender.config)
-    thread, ticket = _in_thread(late.wait_round, -1, 10.0)  # sees round 1: closed, skips it
+    thread, ticket = _in_thread(late.wait_round, -1, 10.0)  # round 1 has no seat for it
     time.sleep(0.3)
     report_thread, report = _in_thread(sender.broadcast, 2, [("w", torch.full((3,), 2.0))])
     got = dict(receive_round(_wait(thread, ticket)))
     report_thread.join()
     assert report["value"].ok and ticket["value"].version == 2
     assert torch.equal(got["w"], torch.full((3,), 2.0))
+
+
+def test_an_engine_of_another_dtype_is_refused_when_it_subscribes():
+    sender = WeightSender(_config(), dtype="bfloat16")
+    try:
+        with pytest.raises(WeightDtypeMismatch, match='actor.engine.dtype = "bfloat16"'):
+            _subscribe(sender.config, dtype="float32")
+        assert _subscribe(sender.config, dtype="bfloat16").member_id >= 1
+    finally:
+        sender.close()
 
 
 def test_wait_round_gives_up_when_no_round_comes(sender):
@@ -242,21 +311,20 @@ def test_leave_ends_a_waiting_subscription_at_once(sender):
     assert report.join_s < 0.5
 
 
-def test_member_that_leaves_after_joining_gets_no_seat(sender):
-    """A stopping actor's poll thread joined round 1 and left before the roster: seating it
-    would fail the round for everyone after transfer_timeout_s."""
+def test_member_that_leaves_after_being_seated_is_not_waited_for(sender):
+    """A stopping actor's poll thread got a seat in round 1 and left before its workers got
+    ready: the sender drops it as soon as it sees `left`, well before the join timeout."""
     leaving = _subscribe(sender.config)
-    slow = _subscribe(sender.config)  # never joins: the sender waits join_timeout_s
     waiting, ticket = _in_thread(leaving.wait_round, -1, 30.0)
     broadcasting, report = _in_thread(sender.broadcast, 1, [("w", torch.ones(2))])
-    time.sleep(0.5)  # `leaving` joined round 1 and polls for its roster
+    waiting.join(timeout=5.0)
+    assert ticket["value"] is not None and ticket["value"].version == 1
     leaving.leave()
-    waiting.join(timeout=1.0)
-    assert not waiting.is_alive() and ticket["value"] is None
     broadcasting.join(timeout=10.0)
     report = report["value"]
-    assert report.ok and report.num_receivers == 0 and report.missed == (slow.member_id,)
-    assert report.transfer_s == 0.0  # no group was formed
+    assert report.ok and report.num_receivers == 0 and report.missed == (leaving.member_id,)
+    assert report.join_s < 1.5 and report.transfer_s == 0.0  # no group was formed
+    assert sender.members()[leaving.member_id] == "left"  # not turned into "evicted"
 
 
 def test_sender_rejects_versions_that_do_not_increase(sender):

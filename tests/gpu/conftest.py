@@ -1,0 +1,51 @@
+"""GPU tests (`make gpu-check`, docs/gpu.md): every test here is marked `gpu` and skips
+without CUDA, or without as many GPUs as it needs; `make test` on a CPU machine collects and
+skips them. Under `make gpu-check` (TETHER_GPU_REQUIRED=1) a skip is a failure instead: a
+GPU machine must run them all (the 2-GPU tests excepted on a 1-GPU machine).
+
+Figures each test measures are added to `runs/gpu-check/results.json` (a flat object), which
+docs/gpu.md quotes."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+RESULTS = REPO / "runs" / "gpu-check" / "results.json"
+
+
+def num_gpus() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def need_gpus(count: int) -> None:
+    """Skip (or, under make gpu-check, fail when not even one GPU is there) unless the
+    machine has `count` GPUs."""
+    have = num_gpus()
+    if have >= count:
+        return
+    if os.environ.get("TETHER_GPU_REQUIRED") == "1" and have == 0:
+        pytest.fail("make gpu-check: no CUDA GPU visible")
+    pytest.skip(f"needs {count} CUDA GPU(s), found {have}")
+
+
+def record(**figures: float | str) -> None:
+    """Add figures to runs/gpu-check/results.json (read by docs/gpu.md)."""
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    results = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+    results.update(figures)
+    RESULTS.write_text(json.dumps(results, indent=2, sort_keys=True) + "\n")
+    print("\n" + "  ".join(f"{k}={v}" for k, v in figures.items()))
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir() -> Path:
+    from demo.tinymodel import build_random_tiny_model
+
+    return build_random_tiny_model()

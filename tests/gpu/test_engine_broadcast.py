@@ -1,0 +1,171 @@
+"""A real broadcast into a CUDA vLLM engine (model runner as vLLM picks it on GPU), then
+greedy output against transformers on the same weights, sampled-token logprobs against
+transformers' recomputation (the logprob gap), and the in-flight update's stall.
+
+    nccl: the sender (the learner's side) on GPU 1, the engine on GPU 0   (2+ GPUs)
+    gloo: both on GPU 0, weights through host memory (the co-located mode, 1 GPU)
+
+Both dtypes sides are `auto`: bf16 on GPU. bf16 greedy decoding may legitimately differ from
+an fp32 reference where the reference itself has a near-tie, so a differing token is
+accepted only where transformers' own logits put it within `NEAR_TIE` of its argmax; the
+exact agreement is recorded."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+import torch
+
+from tests.gpu.conftest import need_gpus, record
+from weights.config import WeightSyncConfig
+from weights.sender import WeightSender
+from weights.subscription import WeightSubscription
+
+pytestmark = [pytest.mark.gpu, pytest.mark.vllm, pytest.mark.slow]
+
+NEAR_TIE = 0.1
+"""Logit gap (bf16 compute) under which transformers' own top two count as tied."""
+PROMPTS = ["What is 17 + 25?", "What is 3 * 4?", "Hello"]
+
+
+@pytest.fixture(scope="module")
+async def cuda_engine(tiny_model_dir):
+    need_gpus(1)
+    from actors.config import VllmEngineConfig
+    from actors.vllm_engine import VllmEngine
+
+    engine = await VllmEngine.start(
+        VllmEngineConfig(
+            model=str(tiny_model_dir),
+            max_model_len=1024,
+            max_num_seqs=8,
+            gpu_memory_utilization=0.3,
+            track_weights_checksum=True,
+        )
+    )
+    assert engine.dtype == "bfloat16"  # auto on GPU
+    yield engine
+    engine.shutdown()
+
+
+@pytest.fixture(scope="module")
+def prompts(tiny_model_dir) -> list[list[int]]:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    return [
+        tokenizer.encode(
+            tokenizer.apply_chat_template(
+                [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False
+            ),
+            add_special_tokens=False,
+        )
+        for text in PROMPTS
+    ]
+
+
+def _perturbed(tiny_model_dir, seed: int) -> torch.nn.Module:
+    """The tiny model with noise added, its weights rounded to bf16 (what the engine gets),
+    computing in fp32 on CPU: the reference."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.add_(torch.randn(param.shape, generator=generator) * 0.05)
+            param.copy_(param.to(torch.bfloat16).to(torch.float32))
+    return model.eval()
+
+
+@torch.no_grad()
+def _agreement(model, prompt: list[int], tokens: list[int]) -> tuple[int, int]:
+    """(tokens equal to transformers' argmax, tokens that differ only at a near-tie); raises
+    on a token transformers does not come close to choosing."""
+    logits = model(torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1 : -1]  # [T, V]
+    exact = near = 0
+    for position, token in enumerate(tokens):
+        best = int(logits[position].argmax())
+        if best == token:
+            exact += 1
+            continue
+        gap = float(logits[position, best] - logits[position, token])
+        assert gap < NEAR_TIE, (
+            f"token {position}: vLLM chose {token}, transformers {best} by {gap:.3f}"
+        )
+        near += 1
+        break  # after a tie the continuations legitimately differ
+    return exact, near
+
+
+async def _push(engine, model, backend: str, version: int):
+    """Broadcast `model` as round `version` over `backend` and apply it in flight."""
+    device = "cuda" if backend == "nccl" else "cpu"
+    sender = WeightSender(
+        WeightSyncConfig(store_port=0, backend=backend, join_timeout_s=30, transfer_timeout_s=60),
+        dtype=engine.dtype,
+    )
+    subscription = WeightSubscription(
+        "127.0.0.1", sender.config.store_port, slots=engine.num_weight_slots, dtype=engine.dtype
+    )
+    weights = [(n, p.detach().to(device, torch.bfloat16)) for n, p in model.named_parameters()]
+    result = {}
+    thread = threading.Thread(
+        target=lambda: result.setdefault("r", sender.broadcast(version, weights))
+    )
+    thread.start()
+    try:
+        ticket = await asyncio.to_thread(subscription.wait_round, engine.version, 60.0)
+        update = await engine.update_weights(ticket)
+        await asyncio.to_thread(thread.join)
+    finally:
+        subscription.leave()
+        await engine.close_weight_channel()
+        sender.close()
+    return result["r"], update
+
+
+@pytest.mark.parametrize("backend", ["nccl", "gloo"])
+async def test_broadcast_into_cuda_engine_matches_transformers(
+    cuda_engine, tiny_model_dir, prompts, backend
+):
+    if backend == "nccl":
+        need_gpus(2)
+        torch.cuda.set_device(1)  # the sender's GPU; the engine's worker holds GPU 0
+    from actors.config import SamplingConfig
+
+    model = _perturbed(tiny_model_dir, seed=11 if backend == "nccl" else 12)
+    version = cuda_engine.version + 1
+    report, update = await _push(cuda_engine, model, backend, version)
+    assert report.ok and report.num_receivers == 1 and update.version == version
+    exact = near = total = 0
+    greedy = SamplingConfig(temperature=0.0)
+    for prompt in prompts:
+        out = await cuda_engine.generate(prompt, greedy, max_tokens=24)
+        assert out.versions == [version] * len(out.token_ids)
+        e, n = _agreement(model, prompt, out.token_ids)
+        exact, near, total = exact + e, near + n, total + len(out.token_ids)
+    assert exact >= 0.5 * total  # wrong weights would agree on almost nothing
+    gaps = []
+    for i, prompt in enumerate(prompts):
+        out = await cuda_engine.generate(
+            prompt, SamplingConfig(temperature=1.0), max_tokens=48, seed=100 + i
+        )
+        with torch.no_grad():
+            ids = torch.tensor([prompt + out.token_ids])
+            logits = model(ids).logits[0, len(prompt) - 1 : -1]
+            reference = torch.log_softmax(logits, -1).gather(-1, ids[0, len(prompt) :, None])[:, 0]
+        gaps.append((torch.tensor(out.logprobs) - reference).abs())
+    gap = torch.cat(gaps)
+    record(**{
+        f"{backend}_broadcast_mb_per_s": round(report.mb_per_s, 1),
+        f"{backend}_update_stall_ms": round(update.stall_s * 1e3, 1),
+        f"{backend}_receive_ms": round(update.receive_s * 1e3, 1),
+        f"{backend}_load_ms": round(update.load_s * 1e3, 1),
+        f"{backend}_greedy_exact_fraction": round(exact / max(total, 1), 3),
+        f"{backend}_logprob_gap_mean": float(gap.mean()),
+        f"{backend}_logprob_gap_max": float(gap.max()),
+    })  # fmt: skip
+    assert float(gap.mean()) < 0.05  # bf16 against an fp32 reference: rounding, not a bug

@@ -1,0 +1,90 @@
+"""The architecture as the imports say it is (docs/architecture.md): the roles never import
+each other, and the shared packages import no role. Every import counts, at the top of a
+module or inside a function; the import graph is read from the source, not from what a test
+happened to import. Also the size rules of STYLE.md: no module over 400 lines, no function
+over 80 (generated code aside)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+ROLES = ("actors", "learner", "envservers")
+SHARED = ("broker", "weights", "protos", "common", "demo")
+PACKAGES = ROLES + SHARED + ("deploy", "bench")
+# Generated code and dashboards (declarative panel lists) are exempt, as the issue says.
+GENERATED = {
+    "protos/env_pb2.py",
+    "protos/env_pb2_grpc.py",
+    "protos/env_pb2.pyi",
+    "deploy/grafana/dashboard.py",
+}
+MAX_MODULE_LINES = 400
+MAX_FUNCTION_LINES = 80
+
+
+def _modules(package: str) -> list[Path]:
+    return sorted(p for p in (REPO / package).rglob("*.py") if "__pycache__" not in p.parts)
+
+
+def _imported_packages(path: Path) -> set[str]:
+    """Top-level package names `path` imports, anywhere in it."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.add(node.module.split(".")[0])
+    return found
+
+
+def _violations(package: str, forbidden: tuple[str, ...]) -> list[str]:
+    return [
+        f"{path.relative_to(REPO)} imports {name}"
+        for path in _modules(package)
+        for name in sorted(_imported_packages(path) & set(forbidden))
+    ]
+
+
+@pytest.mark.parametrize("role", ROLES)
+def test_roles_never_import_each_other(role):
+    others = tuple(r for r in ROLES if r != role)
+    assert _violations(role, others) == []
+
+
+@pytest.mark.parametrize("package", SHARED)
+def test_shared_packages_import_no_role(package):
+    assert _violations(package, ROLES) == []
+
+
+def test_nothing_imports_the_launchers_or_benchmarks():
+    for package in ROLES + SHARED:
+        assert _violations(package, ("deploy", "bench", "tests")) == []
+
+
+def test_no_module_over_400_lines():
+    long = [
+        f"{p.relative_to(REPO)}: {n}"
+        for package in PACKAGES
+        for p in _modules(package)
+        if str(p.relative_to(REPO)) not in GENERATED
+        and (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES
+    ]
+    assert long == []
+
+
+def test_no_function_over_80_lines():
+    long = []
+    for package in PACKAGES:
+        for path in _modules(package):
+            if str(path.relative_to(REPO)) in GENERATED:
+                continue
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                    n = node.end_lineno - node.lineno + 1
+                    if n > MAX_FUNCTION_LINES:
+                        long.append(f"{path.relative_to(REPO)}:{node.lineno} {node.name}: {n}")
+    assert long == []

@@ -1,0 +1,162 @@
+"""One long-lived communicator of the weight broadcast: a stateless process group (gloo on
+CPU, NCCL on GPU) of the learner's rank 0 and every engine worker of one membership, kept
+across rounds until the membership changes or a round fails.
+
+Every wait is bounded and explicit, on NCCL as on gloo:
+
+- `broadcast` returns the collective's work; `wait(work, timeout_s)` polls
+  `work.is_completed()` until it is, or aborts the communicator and raises
+  `TransferTimeout` when the deadline passes. On NCCL a plain `work.wait()` only orders the
+  current CUDA stream after the collective and returns at once: a dead or hung peer would
+  surface nowhere but in the watchdog, which by default (TORCH_NCCL_ASYNC_ERROR_HANDLING=3)
+  takes the whole process down. Our own deadline comes first; the group is also built with
+  error handling 2 (CleanUpOnly: the watchdog aborts this communicator, never the process)
+  and a watchdog timeout above ours, so a learner or engine outlives any peer.
+- `close()` first waits (bounded) for every collective it started, then aborts: after that
+  synchronisation nothing is in flight, so an abort cannot cut a broadcast short, and it
+  never blocks on a peer that is gone (NCCL's graceful finalize would).
+
+The group's store keys live under `group/<id>/pg` of the learner's store, so it neither
+needs nor disturbs anyone's default group. torch is imported inside functions so that
+configs importing this package stay fast.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from datetime import timedelta
+from typing import TYPE_CHECKING
+
+from weights.rendezvous import PREFIX, is_loopback
+
+if TYPE_CHECKING:
+    import torch
+
+WATCHDOG_GRACE_S = 60.0
+"""NCCL's own timeout is ours plus this: our deadline aborts first."""
+
+
+class TransferTimeout(RuntimeError):
+    """A collective of the weight broadcast made no progress in time; the communicator was
+    aborted (a peer died or hung)."""
+
+
+@contextlib.contextmanager
+def _environ(**values: str):
+    """Set environment variables for the duration (ProcessGroupNCCL reads its error
+    handling mode from the environment in its constructor, per group)."""
+    old = {key: os.environ.get(key) for key in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, value in old.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def _new_backend(store, host: str, group_id: int, rank: int, world_size: int, backend: str,
+                 timeout_s: float):  # fmt: skip
+    import torch.distributed as dist
+
+    prefixed = dist.PrefixStore(f"{PREFIX}/group/{group_id}/pg", store)
+    if backend == "gloo":
+        options = dist.ProcessGroupGloo._Options()
+        options._timeout = timedelta(seconds=timeout_s)
+        # Bind gloo to loopback when the store is local, so nothing leaves 127.0.0.1.
+        device = (
+            dist.ProcessGroupGloo.create_device(hostname="127.0.0.1")
+            if is_loopback(host)
+            else dist.ProcessGroupGloo.create_default_device()
+        )
+        options._devices = [device]
+        return dist.ProcessGroupGloo(prefixed, rank, world_size, options)
+    if backend == "nccl":
+        options = dist.ProcessGroupNCCL.Options()
+        options._timeout = timedelta(seconds=timeout_s + WATCHDOG_GRACE_S)
+        options.group_name = f"tether-weights-{group_id}"
+        # Non-blocking communicator init: forming the group polls instead of blocking a
+        # thread inside NCCL; TORCH_NCCL_NONBLOCKING_TIMEOUT bounds it (read once per
+        # process, so set it only if nobody did).
+        options.config.blocking = 0
+        os.environ.setdefault("TORCH_NCCL_NONBLOCKING_TIMEOUT", str(int(timeout_s)))
+        with _environ(TORCH_NCCL_ASYNC_ERROR_HANDLING="2"):
+            return dist.ProcessGroupNCCL(prefixed, rank, world_size, options)
+    raise ValueError(f"unknown backend {backend!r}")
+
+
+def buffer_device(backend: str) -> torch.device:
+    """Where the broadcast's buffers live: this process's current GPU for NCCL, CPU for
+    gloo (a GPU learner or engine on gloo copies through host memory)."""
+    import torch
+
+    if backend == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+class WeightGroup:
+    """The communicator of group `group_id` at `rank` (0: the learner). Forming it blocks
+    (gloo: until every rank connected, at most `timeout_s`; NCCL: lazily, at the first
+    collective)."""
+
+    def __init__(self, store, host: str, group_id: int, rank: int, world_size: int,
+                 backend: str, timeout_s: float) -> None:  # fmt: skip
+        self.group_id, self.rank, self.world_size = group_id, rank, world_size
+        self.backend = backend
+        self.timeout_s = timeout_s
+        self.device = buffer_device(backend)
+        self._pending: list = []
+        self._backend = _new_backend(store, host, group_id, rank, world_size, backend, timeout_s)
+        self.closed = False
+
+    def broadcast(self, tensor: torch.Tensor):
+        """Start broadcasting `tensor` from rank 0 (asynchronous); returns its work."""
+        assert not self.closed, "broadcast on a closed weight group"
+        work = self._backend.broadcast(tensor, 0)
+        self._pending.append((work, tensor))  # keep the tensor alive while in flight
+        return work
+
+    def wait(self, work, what: str, timeout_s: float | None = None) -> None:
+        """Until `work` completes; on the deadline, abort the group and raise
+        TransferTimeout. A failed work raises its error (RuntimeError)."""
+        timeout_s = self.timeout_s if timeout_s is None else timeout_s
+        deadline = time.monotonic() + timeout_s
+        pause = 1e-4
+        while not work.is_completed():
+            if time.monotonic() >= deadline:
+                self.abort()
+                raise TransferTimeout(
+                    f"weight group {self.group_id}: {what} made no progress in "
+                    f"{timeout_s:.0f}s (a peer died or hung); communicator aborted"
+                )
+            time.sleep(pause)
+            pause = min(pause * 2, 0.005)
+        self._pending = [(w, t) for w, t in self._pending if w is not work]
+        work.wait()  # raises a failed work's error; on NCCL orders this stream after it
+
+    def synchronize(self, timeout_s: float | None = None) -> None:
+        """Wait (bounded) for every collective this group started."""
+        for work, _ in list(self._pending):
+            self.wait(work, "an unfinished collective", timeout_s)
+
+    def abort(self) -> None:
+        """Tear the communicator down now (a peer is gone or the round is over); idempotent."""
+        if not self.closed:
+            self.closed = True
+            self._pending = []
+            # Kept referenced: on gloo, destroying a group waits for a collective a peer never
+            # joined (up to its timeout); abort() itself returns at once.
+            self._backend.abort()
+
+    def close(self) -> None:
+        """Synchronise, then abort: the clean end of a membership (see the module doc)."""
+        if self.closed:
+            return
+        with contextlib.suppress(RuntimeError):  # already failed: the abort below ends it
+            self.synchronize()
+        self.abort()
