@@ -140,6 +140,9 @@ class Learner:
             ),
         )
         self.version = self.commands.version
+        self.group_rules = dict(
+            max_staleness=cfg.max_staleness, vocab_size=self.commands.vocab_size
+        )
         await self._announce()
         self.intake = Intake(
             client.TrajectoryConsumer(self.js, self.names),
@@ -225,12 +228,7 @@ class Learner:
         taken: list[Group] = []
         while len(taken) < num_groups:
             group = await self._next_group()
-            decision = decide_group(
-                group,
-                version=self.version,
-                max_staleness=self.config.max_staleness,
-                vocab_size=self.commands.vocab_size,
-            )
+            decision = decide_group(group, version=self.version, **self.group_rules)
             self._take(group, decision.drop_reason)
             if decision.drop_reason is not None:
                 log.info("dropped group %s: %s", group.group_id, decision.drop_reason)
