@@ -5,6 +5,9 @@ client without a certificate of the right CA, and no secret is sent to a server 
 not start TLS. Certificates are made at test time (tests/certs.py)."""
 
 import asyncio
+import os
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -16,6 +19,7 @@ from broker.server import NatsServer
 from broker.wire import PolicyVersion
 from tests.certs import make_certs
 
+REPO = Path(__file__).resolve().parents[2]
 PASSWORD = 'p4ss w"rd\\ü'  # a space, a quote, a backslash, non-ASCII: all survive
 
 
@@ -124,3 +128,33 @@ async def test_no_secret_goes_to_a_server_that_does_not_start_tls(tmp_path, cert
         _env(monkeypatch)
         with pytest.raises(InsecureBroker):
             await asyncio.wait_for(_round_trip(open_server.url, tls=tls), 30)
+
+
+async def test_the_cli_server_takes_tls_from_the_config_and_auth_from_the_environment(
+    tmp_path, certs, monkeypatch
+):
+    config = tmp_path / "c.toml"
+    config.write_text(
+        "[broker.tls]\n"
+        f'ca_file = "{certs.ca}"\n'
+        f'server_cert_file = "{certs.server_cert}"\n'
+        f'server_key_file = "{certs.server_key}"\n'
+    )
+    _env(monkeypatch, NATS_TOKEN="cli-token")
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "broker", "serve", "--port", "0",
+        "--store-dir", str(tmp_path / "store"), "--config", str(config),
+        stdout=asyncio.subprocess.PIPE, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+    )  # fmt: skip
+    try:
+        line = (await asyncio.wait_for(process.stdout.readline(), 60)).decode()
+        assert line.startswith("nats-server ready at nats://127.0.0.1:"), line
+        url = line.split()[3]
+        await _round_trip(url, tls=BrokerTlsConfig(ca_file=str(certs.ca)))
+        _env(monkeypatch, NATS_TOKEN="wrong")
+        with pytest.raises(BrokerRefused):
+            await asyncio.wait_for(_round_trip(url, tls=BrokerTlsConfig(ca_file=str(certs.ca))), 30)
+    finally:
+        process.terminate()
+        assert await asyncio.wait_for(process.wait(), 30) == 0
+    assert "cli-token" not in (tmp_path / "store" / "nats-server.conf").read_text()
