@@ -73,12 +73,6 @@ class NatsAuth:
             return None
         return cls(user=user, password=password, token=token)
 
-    def client_environment(self) -> dict[str, str]:
-        """What a child process needs in its environment to connect with these."""
-        if self.token:
-            return {"NATS_TOKEN": self.token}
-        return {"NATS_USER": self.user, "NATS_PASSWORD": self.password}
-
     def server_block(self) -> str:
         """The `authorization` block of nats-server's config: variable names, no secret."""
         if self.token:

@@ -118,6 +118,17 @@ def _prepare_run_dir(
     return metrics_ports
 
 
+def bus_credentials(environ=os.environ) -> tuple[NatsAuth, dict[str, str]]:
+    """The credentials the run's bus requires, and what the children that use the bus need
+    added to their environment: the environment's own (inherited as they are), else a token
+    made for this run alone (never written anywhere)."""
+    auth = NatsAuth.from_environment(environ)
+    if auth is not None:
+        return auth, {}
+    child_env = {"NATS_TOKEN": secrets.token_urlsafe(24)}
+    return NatsAuth.from_environment(child_env), child_env
+
+
 def launch(config_path: Path, overrides: list[str]) -> int:
     try:
         local = load_section(LocalRunConfig, config_path, "local", overrides)
@@ -134,9 +145,7 @@ def launch(config_path: Path, overrides: list[str]) -> int:
             raise ValueError(f"{config_path}: a run needs [learner], [actor] and [envserver]")
         gpus = gpu_wiring(run, local, visible_gpus())  # which GPU each process gets
         args += gpus.overrides
-        # The bus needs credentials: the environment's, else a token made for this run
-        # alone (handed to the children in their environment; never written anywhere).
-        auth = NatsAuth.from_environment() or NatsAuth(token=secrets.token_urlsafe(24))
+        auth, bus_env = bus_credentials()
     except ValueError as e:
         print(f"python -m deploy.local: {e}", file=sys.stderr)
         return 2
@@ -160,15 +169,14 @@ def launch(config_path: Path, overrides: list[str]) -> int:
         cfg = ["--config", str(config_path)]
         # The same entry points as the `envserver`, `learner` and `actor` console scripts.
         python = [sys.executable, "-m"]
-        env = auth.client_environment()  # the env server never talks to the bus
         children.start("envserver", [*python, "envservers.cli", *cfg, *args])
         children.start(
-            "learner", [*python, "learner.cli", *cfg, *args], env={**gpus.learner_env, **env}
+            "learner", [*python, "learner.cli", *cfg, *args], env={**gpus.learner_env, **bus_env}
         )
         children.start(
             "actor",
             [*python, "actors.cli", *cfg, "--replicas", str(local.actor_replicas), *args],
-            env=env,
+            env=bus_env,
         )
         print(
             f"started nats-server ({nats.url}), envserver, learner, {local.actor_replicas} actor "
