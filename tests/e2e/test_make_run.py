@@ -79,14 +79,24 @@ def _command_lines() -> dict[int, str]:
     return lines
 
 
+def _cwd(pid: int) -> str | None:
+    try:
+        return os.readlink(f"/proc/{pid}/cwd")
+    except OSError:
+        return None  # exited meanwhile
+
+
 def _leftovers(run_dir: Path, before: set[int]) -> list[str]:
     """Processes of the run still alive: any that mention its directory, and any vLLM engine
-    process started since `before` (they rename themselves `VLLM::...`, so they mention
-    nothing; this pytest process starts no engine of its own)."""
+    process started since `before` in this checkout (they rename themselves `VLLM::...`, so
+    they mention nothing, but they inherit the launcher's working directory; this pytest
+    process starts no engine of its own, and other checkouts' runs on a shared machine are
+    not ours)."""
     return [
         f"{pid}: {line[:200]}"
         for pid, line in _command_lines().items()
-        if str(run_dir) in line or (pid not in before and line.startswith("VLLM"))
+        if str(run_dir) in line
+        or (pid not in before and line.startswith("VLLM") and _cwd(pid) == str(REPO))
     ]
 
 
