@@ -96,7 +96,7 @@ class Actor:
                                                      each finished episode ─► publish (Msg-Id)
                                                    ack | term (rejected) | nak(delay)
         """
-        nc = await bus.connect(self.broker.url, name=f"actor {self.actor_id}")
+        nc = await bus.connect(self.broker.url, name=f"actor {self.actor_id}", tls=self.broker.tls)
         try:
             js = nc.jetstream()
             names = self.broker.names

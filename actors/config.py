@@ -30,6 +30,30 @@ class SamplingConfig(StrictModel):
     "CPU Generator does not use offset"."""
 
 
+class EnvTlsConfig(StrictModel):
+    """`[actor.env.tls]`: TLS to the env servers. Off while `ca_file` is empty; file paths
+    only (keys never sit in a config file)."""
+
+    ca_file: str = ""
+    """PEM bundle of the CA that signed the env servers' certificates; setting it turns TLS
+    on (the server's chain and name are verified)."""
+    cert_file: str = ""
+    """Client certificate (PEM) for env servers that require one (mutual TLS)."""
+    key_file: str = ""
+    """The client certificate's private key (PEM file)."""
+    server_name: str = ""
+    """Name to check the servers' certificates against when it differs from the address's
+    host (e.g. addresses by IP, certificates by DNS name)."""
+
+    @pydantic.model_validator(mode="after")
+    def _pairs(self) -> EnvTlsConfig:
+        if bool(self.cert_file) != bool(self.key_file):
+            raise ValueError("cert_file and key_file: give both (mutual TLS) or neither")
+        if self.cert_file and not self.ca_file:
+            raise ValueError("cert_file: mutual TLS needs ca_file (TLS is off without it)")
+        return self
+
+
 class EnvConfig(StrictModel):
     """The env servers this actor plays episodes against (gRPC)."""
 
@@ -45,6 +69,11 @@ class EnvConfig(StrictModel):
     """Wait before the second try; doubles each try."""
     max_backoff_s: float = pydantic.Field(default=8.0, ge=0)
     """Longest wait between tries."""
+    max_message_bytes: int = pydantic.Field(default=8 * 1024 * 1024, ge=64 * 1024)
+    """gRPC max send/receive message size; must equal the servers' envserver.max_message_bytes
+    (a launcher checks it when one file holds both)."""
+    tls: EnvTlsConfig = EnvTlsConfig()
+    """TLS to the env servers (off by default)."""
 
     @pydantic.field_validator("addresses")
     @classmethod
@@ -263,5 +292,15 @@ class ActorConfig(StrictModel):
             raise ValueError(
                 f"rollout.max_sequence_length ({self.rollout.max_sequence_length}) exceeds "
                 f"engine.max_model_len ({self.engine.max_model_len}); raise the latter"
+            )
+        return self
+
+    @pydantic.model_validator(mode="after")
+    def _sequences_fit_the_engine(self) -> ActorConfig:
+        if self.rollout.max_sequence_length > self.engine.max_model_len:
+            raise ValueError(
+                f"rollout.max_sequence_length ({self.rollout.max_sequence_length}) exceeds "
+                f"engine.max_model_len ({self.engine.max_model_len}): the engine could not "
+                "hold an episode that long"
             )
         return self

@@ -18,6 +18,7 @@ from nats.js.kv import KeyValue
 
 from broker.codec import WireDecodeError, decode, encode
 from broker.names import BusNames
+from broker.trajectories import CORRUPT_MESSAGES
 from broker.wire import PolicyVersion
 
 log = logging.getLogger(__name__)
@@ -28,6 +29,7 @@ class PolicyStore:
         self.js = js
         self.names = names
         self._kv: KeyValue | None = None
+        self.num_corrupt = 0
 
     async def _bucket(self) -> KeyValue:
         if self._kv is None:
@@ -73,8 +75,11 @@ class PolicyStore:
                 yield version
 
     def _decode(self, data: bytes) -> PolicyVersion | None:
+        what = f"KV {self.names.policy_bucket}"
         try:
-            return decode(data, PolicyVersion, what=f"(KV {self.names.policy_bucket})")
+            return decode(data, PolicyVersion, what=f"({what})")
         except WireDecodeError as e:
+            self.num_corrupt += 1
+            CORRUPT_MESSAGES.labels(what).inc()
             log.error("ignoring undecodable policy version: %s", e)
             return None

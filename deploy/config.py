@@ -88,6 +88,55 @@ class RunConfig(StrictModel):
                 raise ValueError(problem)
         return self
 
+    @pydantic.model_validator(mode="after")
+    def _sections_agree(self) -> RunConfig:
+        """Settings of two sections that only work together (each role alone cannot see
+        the other's section); every message names both keys."""
+        problems = []
+        if self.actor is not None:
+            problems += _actor_and_broker(self.actor, self.broker)
+        if self.actor is not None and self.envserver is not None:
+            problems += _actor_and_envserver(self.actor, self.envserver)
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+
+def _actor_and_broker(actor: ActorConfig, broker: BrokerConfig) -> list[str]:
+    if actor.heartbeat_s * 2 > broker.prompt_ack_wait_s:
+        return [
+            f"actor.heartbeat_s ({actor.heartbeat_s}) must be at most half of "
+            f"broker.prompt_ack_wait_s ({broker.prompt_ack_wait_s}), else a task still "
+            "running is redelivered to another replica"
+        ]
+    return []
+
+
+def _actor_and_envserver(actor: ActorConfig, server: EnvServerConfig) -> list[str]:
+    problems = []
+    if actor.env.max_message_bytes != server.max_message_bytes:
+        problems.append(
+            f"actor.env.max_message_bytes ({actor.env.max_message_bytes}) must equal "
+            f"envserver.max_message_bytes ({server.max_message_bytes}): the two ends of "
+            "the gRPC channel refuse messages over their own limit"
+        )
+    if server.tls.cert_file and not actor.env.tls.ca_file:
+        problems.append(
+            "actor.env.tls.ca_file is empty but envserver.tls.cert_file is set: the actors "
+            "cannot verify (or even reach) a TLS env server"
+        )
+    if not server.tls.cert_file and actor.env.tls.ca_file:
+        problems.append(
+            "actor.env.tls.ca_file is set but envserver.tls.cert_file is empty: the env "
+            "server speaks plain gRPC"
+        )
+    if server.tls.client_ca_file and not actor.env.tls.cert_file:
+        problems.append(
+            "actor.env.tls.cert_file is empty but envserver.tls.client_ca_file is set: the "
+            "env server refuses clients without a certificate"
+        )
+    return problems
+
 
 assert tuple(RunConfig.model_fields) == SECTIONS, "common.config.SECTIONS must list RunConfig's"
 

@@ -16,11 +16,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import secrets
 import socket
 import sys
 import time
 from pathlib import Path
 
+from broker.security import NatsAuth
 from broker.server import NatsServer
 from common.config import load_section
 from common.placement import visible_gpus
@@ -116,6 +118,17 @@ def _prepare_run_dir(
     return metrics_ports
 
 
+def bus_credentials(environ=os.environ) -> tuple[NatsAuth, dict[str, str]]:
+    """The credentials the run's bus requires, and what the children that use the bus need
+    added to their environment: the environment's own (inherited as they are), else a token
+    made for this run alone (never written anywhere)."""
+    auth = NatsAuth.from_environment(environ)
+    if auth is not None:
+        return auth, {}
+    child_env = {"NATS_TOKEN": secrets.token_urlsafe(24)}
+    return NatsAuth.from_environment(child_env), child_env
+
+
 def launch(config_path: Path, overrides: list[str]) -> int:
     try:
         local = load_section(LocalRunConfig, config_path, "local", overrides)
@@ -132,6 +145,7 @@ def launch(config_path: Path, overrides: list[str]) -> int:
             raise ValueError(f"{config_path}: a run needs [learner], [actor] and [envserver]")
         gpus = gpu_wiring(run, local, visible_gpus())  # which GPU each process gets
         args += gpus.overrides
+        auth, bus_env = bus_credentials()
     except ValueError as e:
         print(f"python -m deploy.local: {e}", file=sys.stderr)
         return 2
@@ -140,7 +154,11 @@ def launch(config_path: Path, overrides: list[str]) -> int:
     print(gpus.summary, flush=True)
     children = ProcessGroup(run_dir / "logs")
     nats = NatsServer(
-        run_dir / "nats", port=ports["nats"], log_file=run_dir / "logs" / "nats-server.log"
+        run_dir / "nats",
+        port=ports["nats"],
+        log_file=run_dir / "logs" / "nats-server.log",
+        auth=auth,
+        tls=run.broker.tls,
     )
 
     stopping = stop_on_signals()
@@ -152,10 +170,13 @@ def launch(config_path: Path, overrides: list[str]) -> int:
         # The same entry points as the `envserver`, `learner` and `actor` console scripts.
         python = [sys.executable, "-m"]
         children.start("envserver", [*python, "envservers.cli", *cfg, *args])
-        children.start("learner", [*python, "learner.cli", *cfg, *args], env=gpus.learner_env)
+        children.start(
+            "learner", [*python, "learner.cli", *cfg, *args], env={**gpus.learner_env, **bus_env}
+        )
         children.start(
             "actor",
             [*python, "actors.cli", *cfg, "--replicas", str(local.actor_replicas), *args],
+            env=bus_env,
         )
         print(
             f"started nats-server ({nats.url}), envserver, learner, {local.actor_replicas} actor "

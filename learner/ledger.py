@@ -27,7 +27,9 @@ class Ledger:
     num_trained: int = 0
     """Trajectories trained on."""
     dropped: Counter[str] = field(default_factory=Counter)
-    """Trajectories dropped, by reason (stale, future, errors, nonfinite, unused)."""
+    """Trajectories dropped, by reason (stale, future, errors, nonfinite, unused, and the
+    sample problems of learner/steps.py: nonfinite_reward, nonfinite_logprobs, bad_tokens,
+    bad_loss_mask)."""
     max_staleness_seen: int = 0
     """Largest staleness of a trained group (versions between its oldest token and the step)."""
     eval_results: dict[int, dict[str, Any]] = field(default_factory=dict)

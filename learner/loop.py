@@ -83,7 +83,7 @@ class Learner:
     # ---- set-up ----------------------------------------------------------------------------
 
     async def _connect(self) -> None:
-        self.nc = await client.connect(self.broker.url, name="learner")
+        self.nc = await client.connect(self.broker.url, name="learner", tls=self.broker.tls)
         self.js = self.nc.jetstream()
         limits = self.broker.stream_limits()
         await client.ensure_streams(self.js, self.names, limits)
@@ -140,6 +140,9 @@ class Learner:
             ),
         )
         self.version = self.commands.version
+        self.group_rules = dict(
+            max_staleness=cfg.max_staleness, vocab_size=self.commands.vocab_size
+        )
         await self._announce()
         self.intake = Intake(
             client.TrajectoryConsumer(self.js, self.names),
@@ -225,15 +228,14 @@ class Learner:
         taken: list[Group] = []
         while len(taken) < num_groups:
             group = await self._next_group()
-            decision = decide_group(
-                group, version=self.version, max_staleness=self.config.max_staleness
-            )
+            decision = decide_group(group, version=self.version, **self.group_rules)
             self._take(group, decision.drop_reason)
             if decision.drop_reason is not None:
                 log.info("dropped group %s: %s", group.group_id, decision.drop_reason)
                 await self._release()  # its replacement
                 continue
-            self._count_drop(group.group_id, "errors", list(decision.error_ids))
+            for reason, ids in decision.removed.items():
+                self._count_drop(group.group_id, reason, list(ids))
             taken.append(decision.group)
         return taken, time.monotonic() - started
 

@@ -86,6 +86,11 @@ class RankCommands:
         return self.trainer.step
 
     @property
+    def vocab_size(self) -> int:
+        """Rows of the input embedding: a token id must be below it."""
+        return self.trainer.model.get_input_embeddings().num_embeddings
+
+    @property
     def broadcast_addr(self) -> str:
         if self.sender is None:
             return ""

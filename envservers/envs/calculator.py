@@ -3,8 +3,8 @@
 `extra_info.tools` may narrow the tools offered. Kept cheap: the tools
 run inline on the event loop, no threads, no processes.
 
-Contract (briefs/contracts.md): results print as numbers, integers without ".0"; any
-failed call is an observation {"role": "tool", "content": "error: ..."}.
+Contract (the tool environments of docs/envservers.md): results print as numbers, integers
+without ".0"; any failed call is an observation {"role": "tool", "content": "error: ..."}.
 """
 
 from __future__ import annotations
