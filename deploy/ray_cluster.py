@@ -163,7 +163,12 @@ def _prepare_inputs(run: RunConfig, run_dir: Path, resumed: bool) -> Path:
     from deploy.prepare import prepare_data, prepare_model
 
     prepare = run.prepare.model_copy(
-        update={"model_dir": str(run_dir / "model"), "data_dir": str(run_dir / "data")}
+        update={
+            "model_dir": str(run_dir / "model"),
+            "data_dir": str(run_dir / "data"),
+            # A random-weight build where every node sees it (not this node's cache).
+            "cache_dir": run.prepare.cache_dir or str(run_dir / "cache"),
+        }
     )
     if not resumed or not (run_dir / "model").exists():
         if not prepare.warm_start:
@@ -347,10 +352,22 @@ def follow(ray, supervisor, run_dir: Path, total_steps: int) -> int:
     last_eval, first_train = None, None
     status = {"state": "running"}
     next_status = 0.0
+    printed: set[tuple] = set()
+    metrics_file = None
     while True:
+        # A restarted learner cuts metrics.jsonl back to its checkpoint (a new file, put in
+        # place atomically) and writes the steps since again: read it again from the top.
+        now_file = _file_identity(metrics_path)
+        if now_file[0] != (metrics_file or now_file)[0] or now_file[1] < offset:
+            offset, records, first_train = 0, [], None  # its clock (wall_s) starts again
+        metrics_file = now_file
         new, offset = progress.read_records(metrics_path, offset)
         for record in new:
             records.append(record)
+            key = (record["kind"], record.get("version"))
+            if key in printed:
+                continue
+            printed.add(key)
             if record["kind"] == "eval":
                 last_eval = record
                 _say(progress.eval_line(record))
@@ -386,6 +403,15 @@ def follow(ray, supervisor, run_dir: Path, total_steps: int) -> int:
             _err("\nstopped following; the run goes on (`make cluster-down TARGET=ray` stops it)")
             return 130
         time.sleep(0.5)
+
+
+def _file_identity(path: Path) -> tuple[int | None, int]:
+    """(inode, size) of `path`; (None, 0) while it does not exist."""
+    try:
+        stat = path.stat()
+    except FileNotFoundError:
+        return None, 0
+    return stat.st_ino, stat.st_size
 
 
 def _finish(run_dir: Path, records: list[dict]) -> None:

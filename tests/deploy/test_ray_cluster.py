@@ -1,15 +1,17 @@
 """`make cluster-up TARGET=ray` on a real Ray cluster of two simulated nodes on this machine
-(loopback only), to a finished short run, with an actor replica killed on the way; then
-`make cluster-down TARGET=ray`, and nothing is left: no process (by PID), no actor and no
-placement group in the cluster's own state, every resource free again.
+(loopback only), to a finished short run, with an actor replica and the learner killed on the
+way; then `make cluster-down TARGET=ray`, and nothing is left: no process (by PID), no actor
+and no placement group in the cluster's own state, every resource free again.
 
     ray.cluster_utils.Cluster
       head (127.0.0.1, 2 CPUs, {"cpu_node": 1})     nats-server, env server, the supervisor
       node (127.0.0.1, 2 CPUs, {"gpu_node": 2})     learner rank 0, actor replica 0
                                                     ("gpu_node" stands in for GPUs)
     python -m deploy.cluster up --target=ray -- <short run>    (what the Makefile runs)
-      └─ after the first training step: SIGKILL the actor replica's process
-         -> Ray restarts its actor, which starts `actor --replicas 1` again; the run finishes
+      ├─ after the first training step: SIGKILL the actor replica's process
+      │  -> Ray restarts its actor, which starts `actor --replicas 1` again
+      └─ after the second: SIGKILL the learner -> the supervisor restarts it, it resumes from
+         its checkpoint; the run finishes with every step once
     python -m deploy.cluster down --target=ray
     then a second run, detached, is brought down while its engine starts.
 
@@ -52,10 +54,12 @@ SHORT_RUN = [
     "learner.group_size=4",
     f"learner.eval_interval={STEPS}",
     "learner.eval_samples_per_prompt=2",
+    "learner.drain_timeout_s=10",  # after the last step, a short wait for groups in flight
     "actor.rollout.max_generate_length=16",
     # A restarted replica starts from the newest snapshot (then joins the broadcasts): with
     # one replica and staleness 1, an older snapshot could never generate for the learner.
     "learner.snapshot_interval=1",
+    "learner.checkpoint.interval=1",  # the learner, killed after step 2, resumes at v2
     # a killed replica's prompts come back to the restarted one soon
     "broker.prompt_ack_wait_s=15",
     "actor.heartbeat_s=3",
@@ -186,13 +190,14 @@ def _train_records(run_dir: Path) -> list[dict]:
 
 
 def _role_process(run_id: str, role: str) -> int | None:
-    """PID of the role's command (the `actor --replicas 1` process), not its children."""
+    """PID of the role's command (`actor --replicas 1`, `learner`), not its children."""
+    module = {"actor": b"actors.cli", "learner": b"learner.cli"}[role.split("-")[0]]
     for pid in marked_pids(f"{run_id}/{role}"):
         try:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
         except OSError:
             continue
-        if b"actors.cli" in cmdline:
+        if module in cmdline:
             return pid
     return None
 
@@ -268,7 +273,8 @@ def _assert_nothing_left_in_ray(run_id: str) -> None:
 
 @pytest.fixture(scope="module")
 def finished_run(cluster, tmp_path_factory):
-    """A whole short run with one SIGKILL of the actor replica; then `down`."""
+    """A whole short run with a SIGKILL of the actor replica after step 1 and of the learner
+    after step 2; then `down`."""
     runs_dir = tmp_path_factory.mktemp("runs")
     before = set(_command_lines())
     started = time.monotonic()
@@ -276,7 +282,7 @@ def finished_run(cluster, tmp_path_factory):
     up = _cluster("up", runs_dir=runs_dir, log=log)
     run_dir = run_id = None
     killed_at = restarted_at = ready_again_at = None
-    killed_pid = None
+    killed_pid = learner_killed_at = None
     engines_seen: set[int] = set()
     deadline = time.monotonic() + RUN_DEADLINE_S
     while up.poll() is None and time.monotonic() < deadline:
@@ -300,6 +306,12 @@ def finished_run(cluster, tmp_path_factory):
             pid = _role_process(run_id, "actor-0")
             if pid is not None and pid != killed_pid and _replica_ready(run_dir):
                 ready_again_at = time.monotonic()
+        if killed_at is not None and learner_killed_at is None:
+            if len(_train_records(run_dir)) >= 2:  # a checkpoint at v2, one step to go
+                pid = _role_process(run_id, "learner-0")
+                if pid is not None:
+                    os.kill(pid, signal.SIGKILL)
+                    learner_killed_at = time.monotonic()
         time.sleep(0.5)
     output = log.read_text()
     if up.poll() is None:
@@ -308,10 +320,12 @@ def finished_run(cluster, tmp_path_factory):
     finished_at = time.monotonic()
     assert up.returncode == 0, output[-5000:]
     assert killed_at is not None, "the actor replica was never killed:\n" + output[-3000:]
+    assert learner_killed_at is not None, "the learner was never killed:\n" + output[-3000:]
     timings = {
         "run_s": finished_at - started,
         "restart_s": (restarted_at or float("nan")) - killed_at,
         "ready_again_s": (ready_again_at or float("nan")) - killed_at,
+        "learner_kill_to_end_s": finished_at - learner_killed_at,
     }
     down_started = time.monotonic()
     down_output = _down(runs_dir)
@@ -372,6 +386,20 @@ def test_the_killed_actor_replica_was_restarted_by_ray(finished_run):
     assert len(starts) == 2 and starts[1]["restarted"] and starts[0]["pid"] != starts[1]["pid"]
     assert "actor-0 restarted by Ray" in output
     assert timings["restart_s"] < 60
+
+
+def test_the_killed_learner_was_restarted_whole_and_resumed(finished_run):
+    run_dir, _, output, _, _, _ = finished_run
+    events = _events(run_dir)
+    learner = [e for e in events if e["role"] == "learner-0"]
+    assert ("exited", -signal.SIGKILL) in [(e["event"], e.get("code")) for e in learner]
+    assert [e["pid"] for e in learner if e["event"] == "started"][0] != learner[-1]["pid"]
+    assert any(e["event"] == "learner restart" for e in events if e["role"] == "supervisor")
+    assert "supervisor: learner restart 1" in output
+    log = (run_dir / "logs" / "learner-0.log").read_text()
+    assert log.count("==== ") == 2  # two starts, one log
+    # metrics.jsonl was cut back to the checkpoint and continued: every step once
+    assert [r["version"] for r in _train_records(run_dir)] == list(range(1, STEPS + 1))
 
 
 def test_down_leaves_no_process_and_nothing_in_ray(finished_run):
