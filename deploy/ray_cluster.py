@@ -11,7 +11,7 @@ ranks and actor replicas on GPU nodes), makes the run directory (`<ray.runs_dir>
 filesystem every node mounts at the same path) with the demo inputs ([prepare]), wires the
 addresses through config overrides as `make run` does (deploy/wiring.py) and validates the
 whole wired file, then hands the run to its supervisor, a named, detached Ray actor on the
-head node (deploy/ray_roles.py) that creates the placement groups and one Ray actor per
+head node (deploy/ray_supervisor.py) that creates the placement groups and one Ray actor per
 process. Then it follows the run: one progress line per training step, Ray's restarts as
 they happen, and at the end the summary (`summary.json`, `progress.png`), as `make run`
 does. Ctrl-C (or `--detach`) leaves the run going on the cluster; `down` stops it.
@@ -26,34 +26,30 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
-from deploy import progress
 from deploy.config import RayRunConfig, RunConfig, load_run_config
-from deploy.ray_plan import (
-    Demand,
-    Node,
-    Plan,
-    PlanError,
-    PortBases,
+from deploy.ray_commands import (
     base_wiring,
     commands,
     envserver_addresses,
     fixed_ports,
-    make_plan,
     metrics_targets,
+    port_bases,
     ports_from_pools,
     ports_per_host,
 )
+from deploy.ray_down import _down_run, down, run_actors, status
+from deploy.ray_follow import EVENTS_FILE, follow
+from deploy.ray_plan import Node, Plan, plan_run
 from deploy.wiring import wiring
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CONFIG = REPO_ROOT / "configs" / "demo.toml"
 STATE_FILE = "ray_run.json"
-EVENTS_FILE = "events.jsonl"
 PASSED_ENV_PREFIXES = ("WANDB_", "TETHER_", "NCCL_", "GLOO_", "HF_", "VLLM_", "NATS_")
 """Settings of the driver's environment that every process of the run gets too."""
 PLACEHOLDER_PORTS = {
@@ -111,30 +107,6 @@ def alive_nodes(ray) -> list[Node]:
     return [Node.from_ray(n) for n in ray.nodes() if n["Alive"]]
 
 
-def run_actors(ray, namespace: str, run_id: str | None = None) -> dict[str, list[str]]:
-    """Run id -> names of its named actors in the cluster (every run of the namespace, or one)."""
-    runs: dict[str, list[str]] = {}
-    for entry in ray.util.list_named_actors(all_namespaces=True):
-        if entry["namespace"] != namespace or "/" not in entry["name"]:
-            continue
-        rid = entry["name"].split("/", 1)[0]
-        if run_id is None or rid == run_id:
-            runs.setdefault(rid, []).append(entry["name"])
-    return runs
-
-
-def run_placement_groups(ray, namespace: str, run_id: str) -> dict[str, str]:
-    """Placement group id -> name, for the run's groups not yet removed."""
-    from ray.util.placement_group import placement_group_table
-
-    prefix = f"{namespace}/{run_id}/"
-    return {
-        pg_id: info["name"]
-        for pg_id, info in placement_group_table().items()
-        if info.get("name", "").startswith(prefix) and info.get("state") != "REMOVED"
-    }
-
-
 # ---- up ------------------------------------------------------------------------------------------
 
 
@@ -181,10 +153,10 @@ def _prepare_inputs(run: RunConfig, run_dir: Path, resumed: bool) -> Path:
 
 def _ports(ray, plan: Plan, run: RunConfig) -> dict[str, dict[str, int]]:
     if not run.ray.free_ports:
-        return fixed_ports(plan, PortBases.from_config(run))
+        return fixed_ports(plan, port_bases(run))
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    from deploy.ray_roles import free_ports_on_node
+    from deploy.ray_process import free_ports_on_node
 
     by_ip = {slot.ip: slot.node_id for slot in plan.slots}
     pools = {}
@@ -204,39 +176,36 @@ def _point_latest(run_dir: Path) -> None:
     os.replace(tmp, latest)
 
 
-def up(config_path: Path, overrides: list[str], *, detach: bool) -> int:
-    try:
-        run = load_run_config(config_path, _placeholder_wiring() + overrides)
-        if run.learner is None or run.actor is None or run.envserver is None:
-            raise ValueError(f"{config_path}: a run needs [learner], [actor] and [envserver]")
-    except ValueError as e:
-        _err(f"ray_cluster up: {e}")
-        return 2
-    namespace = run.ray.namespace
-    ray = connect(namespace)
-    existing = run_actors(ray, namespace)
+@dataclass
+class Prepared:
+    """A run ready to hand to its supervisor: validated, planned, its directory made."""
+
+    run: RunConfig
+    plan: Plan
+    nodes: list[Node]
+    run_dir: Path
+    ports: dict[str, dict[str, int]]
+    argv: dict[str, list[str]]
+
+
+def prepare(ray, config_path: Path, overrides: list[str]) -> Prepared:
+    """Validate, plan, wire, validate the wired file, then make the run directory (its
+    inputs, ray_run.json, metrics_ports.json). ValueError (PlanError) says what is wrong."""
+    run = load_run_config(config_path, _placeholder_wiring() + overrides)
+    if run.learner is None or run.actor is None or run.envserver is None:
+        raise ValueError(f"{config_path}: a run needs [learner], [actor] and [envserver]")
+    existing = run_actors(ray, run.ray.namespace)
     if existing:
-        _err(
-            f"ray_cluster up: run(s) {', '.join(sorted(existing))} already on this cluster "
-            f"(namespace {namespace}); `make cluster-down TARGET=ray` first"
+        raise ValueError(
+            f"run(s) {', '.join(sorted(existing))} already on this cluster (namespace "
+            f"{run.ray.namespace}); `make cluster-down TARGET=ray` first"
         )
-        return 2
     nodes = alive_nodes(ray)
-    try:
-        plan = make_plan(nodes, Demand.from_config(run))
-        run_dir, resumed = _run_dir(run.ray)
-    except (PlanError, ValueError) as e:
-        _err(f"ray_cluster up: {e}")
-        return 2
-    run_id = run_dir.name
+    plan = plan_run(run, nodes)
+    run_dir, resumed = _run_dir(run.ray)
     ports = _ports(ray, plan, run)
-    model_dir = run_dir / "model"
-    args = base_wiring(plan, ports, run_dir, model_dir) + list(overrides)
-    try:
-        run = load_run_config(config_path, args)  # the whole file, wired, before anything starts
-    except ValueError as e:
-        _err(f"ray_cluster up: {e}")
-        return 2
+    args = base_wiring(plan, ports, run_dir, run_dir / "model") + list(overrides)
+    run = load_run_config(config_path, args)  # the whole file, wired, before anything starts
     argv = commands(
         plan,
         ports,
@@ -245,13 +214,19 @@ def up(config_path: Path, overrides: list[str], *, detach: bool) -> int:
         args=args,
         bind_host=run.ray.bind_host,
     )
-
     run_dir.mkdir(parents=True, exist_ok=True)
     _point_latest(run_dir)
     _prepare_inputs(run, run_dir, resumed)
-    log_dir = run_dir / "logs"
-    log_dir.mkdir(exist_ok=True)
-    events = run_dir / EVENTS_FILE
+    (run_dir / "logs").mkdir(exist_ok=True)
+    prepared = Prepared(run, plan, nodes, run_dir, ports, argv)
+    _write_state(prepared)
+    return prepared
+
+
+def _write_state(prepared: Prepared) -> None:
+    """ray_run.json (what belongs to the run, for people and `down`) and metrics_ports.json
+    (every /metrics as host:port, for `make observe`)."""
+    run_id, namespace, plan = prepared.run_dir.name, prepared.run.ray.namespace, prepared.plan
     state = {
         "run_id": run_id,
         "namespace": namespace,
@@ -260,236 +235,98 @@ def up(config_path: Path, overrides: list[str], *, detach: bool) -> int:
         "actors": [f"{run_id}/{slot.name}" for slot in plan.slots],
         "placement_groups": [f"{namespace}/{run_id}/{what}" for what in _pg_names(plan)],
         "plan": plan.to_json(),
-        "ports": ports,
-        "envserver_addresses": envserver_addresses(plan, ports),
-        "commands": argv,
+        "ports": prepared.ports,
+        "envserver_addresses": envserver_addresses(plan, prepared.ports),
+        "commands": prepared.argv,
     }
-    (run_dir / STATE_FILE).write_text(json.dumps(state, indent=2) + "\n")
-    targets = metrics_targets(plan, ports)
-    (run_dir / "metrics_ports.json").write_text(
-        json.dumps({"targets": targets, "actor_replicas": len(plan.actors)}, indent=2) + "\n"
-    )
-    _say(f"run directory: {run_dir}  ({run_dir.parent / 'latest'})")
-    _say(f"plan ({len(nodes)} nodes):\n{plan.describe(nodes)}")
+    (prepared.run_dir / STATE_FILE).write_text(json.dumps(state, indent=2) + "\n")
+    targets = {"targets": metrics_targets(plan, prepared.ports), "actor_replicas": len(plan.actors)}
+    (prepared.run_dir / "metrics_ports.json").write_text(json.dumps(targets, indent=2) + "\n")
 
-    env = {k: v for k, v in os.environ.items() if k.startswith(PASSED_ENV_PREFIXES)}
-    launch = {
-        "run_id": run_id,
-        "namespace": namespace,
-        "plan": plan.to_json(),
-        "ports": ports,
-        "argv": argv,
-        "env": env,
+
+def _launch_spec(prepared: Prepared) -> dict:
+    """Everything the supervisor needs (it crosses to the head node as plain data)."""
+    run, run_dir = prepared.run, prepared.run_dir
+    return {
+        "run_id": run_dir.name,
+        "namespace": run.ray.namespace,
+        "plan": prepared.plan.to_json(),
+        "ports": prepared.ports,
+        "argv": prepared.argv,
+        "env": {k: v for k, v in os.environ.items() if k.startswith(PASSED_ENV_PREFIXES)},
         "cwd": str(REPO_ROOT),
-        "log_dir": str(log_dir),
-        "events": str(events),
+        "log_dir": str(run_dir / "logs"),
+        "events": str(run_dir / EVENTS_FILE),
         "gpu_resource": run.ray.gpu_resource,
         "max_restarts": run.ray.max_restarts,
         "learner_max_restarts": run.ray.learner_max_restarts,
         "placement_timeout_s": run.ray.placement_timeout_s,
-        "nats_port": ports["nats"]["nats"],
+        "nats_port": prepared.ports["nats"]["nats"],
     }
+
+
+def start_supervisor(ray, prepared: Prepared):
+    """The run's supervisor, a named, detached actor on the head node, started: every
+    process of the run placed. RayError when it could not."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    from deploy.ray_roles import RunSupervisor
+    from deploy.ray_supervisor import RunSupervisor
 
+    run_id, run = prepared.run_dir.name, prepared.run
     supervisor = (
         ray.remote(RunSupervisor)
         .options(
             name=f"{run_id}/supervisor",
-            namespace=namespace,
+            namespace=run.ray.namespace,
             lifetime="detached",
             max_restarts=0,
             max_concurrency=8,
             num_cpus=0,
-            scheduling_strategy=NodeAffinitySchedulingStrategy(plan.nats.node_id, soft=False),
+            scheduling_strategy=NodeAffinitySchedulingStrategy(
+                prepared.plan.nats.node_id, soft=False
+            ),
         )
-        .remote(launch)
+        .remote(_launch_spec(prepared))
     )
+    ray.get(supervisor.start.remote(), timeout=run.ray.placement_timeout_s + 600)
+    supervisor.supervise.remote()
+    return supervisor
+
+
+def up(config_path: Path, overrides: list[str], *, detach: bool) -> int:
+    from ray.exceptions import RayError
+
+    try:
+        namespace = load_run_config(config_path, _placeholder_wiring() + overrides).ray.namespace
+        ray = connect(namespace)
+        prepared = prepare(ray, config_path, overrides)
+    except ValueError as e:  # a bad config, or a cluster that cannot hold the run
+        _err(f"ray_cluster up: {e}")
+        return 2
+    plan, ports, run_dir = prepared.plan, prepared.ports, prepared.run_dir
+    _say(f"run directory: {run_dir}  ({run_dir.parent / 'latest'})")
+    _say(f"plan ({len(prepared.nodes)} nodes):\n{plan.describe(prepared.nodes)}")
     _say("placing the run (placement groups, then nats-server, env servers, learner, actors) ...")
     try:
-        ray.get(supervisor.start.remote(), timeout=run.ray.placement_timeout_s + 600)
-    except Exception as e:
+        supervisor = start_supervisor(ray, prepared)
+    except RayError as e:  # placement or a process failed: take down what started
         _err(f"ray_cluster up: the run could not start: {e}")
-        _down_run(ray, namespace, run_id)
+        _down_run(ray, namespace, run_dir.name)
         return 1
-    supervisor.supervise.remote()
     _say(
         f"started nats-server ({plan.nats.ip}:{ports['nats']['nats']}), "
         f"{len(plan.envservers)} env servers, {len(plan.learner)} learner ranks, "
-        f"{len(plan.actors)} actor replicas; logs in {log_dir}; metrics at {targets}"
+        f"{len(plan.actors)} actor replicas; logs in {run_dir / 'logs'}; "
+        f"metrics at {metrics_targets(plan, ports)}"
     )
     if detach:
         _say("detached: the run goes on on the cluster; `make cluster-down TARGET=ray` stops it")
         return 0
-    return follow(ray, supervisor, run_dir, run.learner.total_steps)
+    return follow(ray, supervisor, run_dir, prepared.run.learner.total_steps)
 
 
 def _pg_names(plan: Plan) -> list[str]:
     return ["envservers", *(f"learner-{g}" for g in range(len(plan.learner_groups()))), "actors"]
-
-
-def _event_line(event: dict) -> str | None:
-    role, kind = event.get("role"), event.get("event")
-    if kind == "started" and event.get("restarted"):
-        return f"  {role} restarted by Ray on {event.get('node')} (pid {event.get('pid')})"
-    if kind == "exited" and not event.get("stopping") and event.get("code") != 0:
-        return f"  {role} exited with code {event.get('code')}"
-    if role == "supervisor" and kind in ("learner restart", "failed"):
-        return f"  supervisor: {kind} {event.get('attempt') or event.get('detail') or ''}".rstrip()
-    return None
-
-
-def follow(ray, supervisor, run_dir: Path, total_steps: int) -> int:
-    """Progress lines until the run ends; Ctrl-C leaves the run going."""
-    interrupted = []
-    signal.signal(signal.SIGINT, lambda *_: interrupted.append(True))
-    signal.signal(signal.SIGTERM, lambda *_: interrupted.append(True))
-    metrics_path = run_dir / "metrics.jsonl"
-    events_path = run_dir / EVENTS_FILE
-    offset, events_offset = 0, 0
-    records: list[dict] = []
-    last_eval, first_train = None, None
-    status = {"state": "running"}
-    next_status = 0.0
-    printed: set[tuple] = set()
-    metrics_file = None
-    while True:
-        # A restarted learner cuts metrics.jsonl back to its checkpoint (a new file, put in
-        # place atomically) and writes the steps since again: read it again from the top.
-        now_file = _file_identity(metrics_path)
-        if now_file[0] != (metrics_file or now_file)[0] or now_file[1] < offset:
-            offset, records, first_train = 0, [], None  # its clock (wall_s) starts again
-        metrics_file = now_file
-        new, offset = progress.read_records(metrics_path, offset)
-        for record in new:
-            records.append(record)
-            key = (record["kind"], record.get("version"))
-            if key in printed:
-                continue
-            printed.add(key)
-            if record["kind"] == "eval":
-                last_eval = record
-                _say(progress.eval_line(record))
-            elif record["kind"] == "train":
-                first_train = first_train or record
-                _say(
-                    progress.progress_line(
-                        record, total_steps=total_steps, last_eval=last_eval, first=first_train
-                    )
-                )
-        events, events_offset = progress.read_records(events_path, events_offset)
-        for event in events:
-            line = _event_line(event)
-            if line:
-                _say(line)
-        if time.monotonic() >= next_status:
-            try:
-                status = ray.get(supervisor.status.remote(), timeout=30)
-            except Exception as e:
-                _err(f"\nthe run's supervisor is gone ({type(e).__name__}); see {run_dir}/logs")
-                return 1
-            next_status = time.monotonic() + 2.0
-        if status["state"] == "finished":
-            new, offset = progress.read_records(metrics_path, offset)
-            records.extend(new)
-            _finish(run_dir, records)
-            _say("every process of the run has stopped; `make cluster-down TARGET=ray` clears it")
-            return 0
-        if status["state"] == "failed":
-            _err(f"\nthe run failed: {status['detail']}; logs in {run_dir / 'logs'}")
-            return 1
-        if interrupted:
-            _err("\nstopped following; the run goes on (`make cluster-down TARGET=ray` stops it)")
-            return 130
-        time.sleep(0.5)
-
-
-def _file_identity(path: Path) -> tuple[int | None, int]:
-    """(inode, size) of `path`; (None, 0) while it does not exist."""
-    try:
-        stat = path.stat()
-    except FileNotFoundError:
-        return None, 0
-    return stat.st_ino, stat.st_size
-
-
-def _finish(run_dir: Path, records: list[dict]) -> None:
-    summary = progress.summarize(records)
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    plot_path = progress.plot(records, run_dir / "progress.png")
-    _say("\n" + progress.summary_table(summary))
-    _say(f"\nsummary: {run_dir / 'summary.json'}\nplot:    {plot_path}")
-
-
-# ---- down ----------------------------------------------------------------------------------------
-
-
-def _down_run(ray, namespace: str, run_id: str) -> bool:
-    """Stop one run: every process, actor and placement group. True when none is left."""
-    from ray.util.placement_group import PlacementGroup
-
-    names = run_actors(ray, namespace, run_id).get(run_id, [])
-    supervisor_name = f"{run_id}/supervisor"
-    if supervisor_name in names:
-        try:
-            handle = ray.get_actor(supervisor_name, namespace=namespace)
-            ray.get(handle.stop.remote(), timeout=300)
-        except Exception as e:
-            _say(f"  supervisor of {run_id} did not stop the run ({type(e).__name__}): by name")
-    # What the supervisor did not (it was gone, or a call timed out): every actor by name,
-    # its process tree stopped by its own actor on its own node, then the actor killed.
-    for name in run_actors(ray, namespace, run_id).get(run_id, []):
-        try:
-            handle = ray.get_actor(name, namespace=namespace)
-        except ValueError:
-            continue
-        if name != supervisor_name:
-            try:
-                ray.get(handle.stop.remote(15.0), timeout=60)
-            except Exception:
-                pass  # dead already
-        ray.kill(handle, no_restart=True)
-    for pg_id in run_placement_groups(ray, namespace, run_id):
-        ray.util.remove_placement_group(PlacementGroup(ray.PlacementGroupID(bytes.fromhex(pg_id))))
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        left = run_actors(ray, namespace, run_id).get(run_id, [])
-        groups = run_placement_groups(ray, namespace, run_id)
-        if not left and not groups:
-            return True
-        time.sleep(0.5)
-    _err(f"  left in the cluster: actors {left}, placement groups {list(groups.values())}")
-    return False
-
-
-def down(run_id: str | None, namespace: str) -> int:
-    ray = connect(namespace)
-    runs = run_actors(ray, namespace, run_id)
-    if not runs:
-        _say(f"no Tether run on this Ray cluster (namespace {namespace})")
-        return 0
-    ok = True
-    for rid in sorted(runs):
-        _say(f"stopping run {rid} ({len(runs[rid])} actors) ...")
-        ok &= _down_run(ray, namespace, rid)
-        _say(f"run {rid}: {'stopped; nothing left' if ok else 'NOT fully stopped'}")
-    return 0 if ok else 1
-
-
-def status(namespace: str) -> int:
-    ray = connect(namespace)
-    runs = run_actors(ray, namespace)
-    if not runs:
-        _say(f"no Tether run on this Ray cluster (namespace {namespace})")
-    for rid in sorted(runs):
-        try:
-            handle = ray.get_actor(f"{rid}/supervisor", namespace=namespace)
-            info = ray.get(handle.status.remote(), timeout=30)
-            _say(json.dumps(info, indent=2))
-        except Exception as e:
-            _say(f"{rid}: no supervisor ({type(e).__name__}); actors {runs[rid]}")
-    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -514,9 +351,10 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as e:
             _err(f"ray_cluster {args.action}: {e}")
             return 2
+        ray = connect(namespace)
         if args.action == "down":
-            return down(args.run, namespace)
-        return status(namespace)
+            return down(ray, args.run, namespace)
+        return status(ray, namespace)
     except NoCluster as e:
         _err(f"ray_cluster {args.action}: {e}")
         return 2

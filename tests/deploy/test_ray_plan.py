@@ -8,23 +8,19 @@ from pathlib import Path
 
 import pytest
 
-from deploy.config import load_run_config
-from deploy.ray_plan import (
-    HEAD_RESOURCE,
-    Demand,
-    Node,
-    PlanError,
-    PortBases,
+from deploy.config import RayRunConfig, load_run_config
+from deploy.ray_commands import (
     base_wiring,
     commands,
     fixed_ports,
     learner_env,
-    make_plan,
     metrics_targets,
+    port_bases,
     port_needs,
     ports_from_pools,
     ports_per_host,
 )
+from deploy.ray_plan import HEAD_RESOURCE, Node, PlanError, gpus_per_actor, make_plan, plan_run
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -42,13 +38,17 @@ def cpu_node(i: int, cpus=32) -> Node:
     return Node(f"cpu{i:04d}cccc", f"10.0.2.{i}", {"CPU": cpus})
 
 
-DEMAND = Demand(
+def _plan(nodes, *, learner_ranks=1, actor_gpus=1.0, **ray):
+    """make_plan with a `[ray]` section of these settings."""
+    return make_plan(nodes, RayRunConfig(**ray), learner_ranks=learner_ranks, actor_gpus=actor_gpus)
+
+
+DEMAND = dict(
     learner_ranks=8,
     learner_nodes=1,
     actor_replicas=12,
     envservers=2,
     gpus_per_learner_rank=1,
-    gpus_per_actor=1,
     cpus_per_learner_rank=4,
     cpus_per_actor=4,
     cpus_per_envserver=2,
@@ -58,7 +58,7 @@ DEMAND = Demand(
 
 def test_nats_on_the_head_learner_packed_on_one_gpu_node_actors_on_gpus_envservers_on_cpus():
     nodes = [head(), gpu_node(1), gpu_node(2), gpu_node(3), cpu_node(1), cpu_node(2)]
-    plan = make_plan(nodes, DEMAND)
+    plan = _plan(nodes, **DEMAND)
     assert plan.nats.node_id == "head0000aaaa"
     learner_nodes = {s.node_id for s in plan.learner}
     assert len(learner_nodes) == 1  # STRICT_PACK: every rank on one node
@@ -81,7 +81,7 @@ def test_nats_on_the_head_learner_packed_on_one_gpu_node_actors_on_gpus_envserve
 
 def test_too_few_gpus_is_a_clear_error():
     with pytest.raises(PlanError) as error:
-        make_plan([head(), gpu_node(1, gpus=8)], DEMAND)
+        _plan([head(), gpu_node(1, gpus=8)], **DEMAND)
     message = str(error.value)
     assert "too few GPUs" in message
     assert "needs 20 GPU" in message and "has 8" in message
@@ -90,31 +90,31 @@ def test_too_few_gpus_is_a_clear_error():
 
 def test_no_gpu_node_at_all_is_a_clear_error():
     with pytest.raises(PlanError, match="too few GPUs.*has 0.*GPU nodes: none"):
-        make_plan([head(), cpu_node(1)], DEMAND)
+        _plan([head(), cpu_node(1)], **DEMAND)
 
 
 def test_learner_ranks_must_fit_one_node_even_when_the_total_is_enough():
     # 16 GPUs in all, but no node holds the 8 packed ranks
     nodes = [head()] + [gpu_node(i, gpus=4) for i in range(1, 5)]
     with pytest.raises(PlanError, match="learner node 0.*STRICT_PACK.*need 8 GPU"):
-        make_plan(nodes, Demand(learner_ranks=8, actor_replicas=4, envservers=1))
+        _plan(nodes, learner_ranks=8, actor_replicas=4, envservers=1)
 
 
 def test_learner_over_two_nodes_and_uneven_split():
     nodes = [head()] + [gpu_node(i) for i in range(1, 4)]
-    plan = make_plan(nodes, Demand(learner_ranks=16, learner_nodes=2, actor_replicas=8))
+    plan = _plan(nodes, learner_ranks=16, learner_nodes=2, actor_replicas=8)
     groups = plan.learner_groups()
     assert [len(g) for g in groups] == [8, 8]
     assert len({g[0].node_id for g in groups}) == 2
     assert [s.local_rank for s in groups[1]] == list(range(8))
     assert [s.index for s in groups[1]] == list(range(8, 16))
     with pytest.raises(PlanError, match="cannot be split evenly"):
-        make_plan(nodes, Demand(learner_ranks=6, learner_nodes=4))
+        _plan(nodes, learner_ranks=6, learner_nodes=4)
 
 
 def test_envservers_fall_back_to_gpu_nodes_without_cpu_nodes_and_say_so():
     nodes = [head(cpus=1), gpu_node(1)]  # the head's one CPU goes to nats-server
-    plan = make_plan(nodes, Demand(learner_ranks=1, actor_replicas=1, envservers=2, cpus_nats=1))
+    plan = _plan(nodes, learner_ranks=1, actor_replicas=1, envservers=2, cpus_nats=1)
     assert {s.node_id for s in plan.envservers} == {"gpu0001bbbb"}
     assert plan.notes and "spare CPUs of GPU nodes" in plan.notes[0]
 
@@ -122,10 +122,7 @@ def test_envservers_fall_back_to_gpu_nodes_without_cpu_nodes_and_say_so():
 def test_cpu_shortage_names_the_role():
     nodes = [head(cpus=2), gpu_node(1, gpus=8, cpus=8)]
     with pytest.raises(PlanError, match="actor replica 1"):
-        make_plan(
-            nodes,
-            Demand(learner_ranks=1, actor_replicas=2, cpus_per_learner_rank=4, cpus_per_actor=4),
-        )
+        _plan(nodes, actor_replicas=2, cpus_per_learner_rank=4, cpus_per_actor=4)
 
 
 def test_a_custom_resource_stands_in_for_gpus():
@@ -134,19 +131,20 @@ def test_a_custom_resource_stands_in_for_gpus():
         Node("h", "127.0.0.1", {"CPU": 2, HEAD_RESOURCE: 1}, is_head=True),
         Node("g", "127.0.0.1", {"CPU": 2, "gpu_node": 2}),
     ]
-    demand = Demand(
+    plan = _plan(
+        nodes,
         gpu_resource="gpu_node",
+        actor_replicas=1,
         cpus_per_learner_rank=1,
         cpus_per_actor=1,
         cpus_per_envserver=1,
         cpus_nats=0,
     )
-    plan = make_plan(nodes, demand)
     assert (plan.nats.node_id, plan.envservers[0].node_id) == ("h", "h")
     assert plan.learner[0].node_id == plan.actors[0].node_id == "g"
     assert plan.actors[0].bundle == {"CPU": 1, "gpu_node": 1}
     with pytest.raises(PlanError, match="needs 3 gpu_node"):
-        make_plan(nodes, Demand(gpu_resource="gpu_node", actor_replicas=2))
+        _plan(nodes, gpu_resource="gpu_node", actor_replicas=2)
 
 
 def test_from_ray_reads_a_ray_nodes_entry():
@@ -165,6 +163,18 @@ def test_from_ray_reads_a_ray_nodes_entry():
     )
 
 
+BASES = {
+    "nats": 4222,
+    "envserver": 50051,
+    "envserver_metrics": 9400,
+    "actor_metrics": 9500,
+    "learner_metrics": 9300,
+    "weight_store": 29650,
+    "master": 29500,
+}
+"""The roles' default ports (what port_bases gives for the shipped configs)."""
+
+
 # ---- ports, commands, environment ----------------------------------------------------------------
 
 
@@ -173,13 +183,20 @@ def _same_host_plan():
         Node("h", "127.0.0.1", {"CPU": 8, HEAD_RESOURCE: 1}, is_head=True),
         Node("g", "127.0.0.1", {"CPU": 8, "GPU": 4}),
     ]
-    demand = Demand(learner_ranks=2, actor_replicas=2, envservers=2, cpus_per_envserver=1)
-    return make_plan(nodes, demand)
+    return _plan(
+        nodes,
+        learner_ranks=2,
+        actor_replicas=2,
+        envservers=2,
+        cpus_per_learner_rank=1,
+        cpus_per_actor=1,
+        cpus_per_envserver=1,
+    )
 
 
 def test_ports_count_up_per_host_from_the_roles_bases():
     plan = _same_host_plan()
-    ports = fixed_ports(plan, PortBases())
+    ports = fixed_ports(plan, BASES)
     assert ports["nats"] == {"nats": 4222}
     assert ports["envserver-0"] == {"envserver": 50051, "envserver_metrics": 9400}
     assert ports["envserver-1"] == {"envserver": 50052, "envserver_metrics": 9401}
@@ -196,8 +213,8 @@ def test_ports_count_up_per_host_from_the_roles_bases():
 
 
 def test_ports_on_different_hosts_start_from_the_base_each():
-    plan = make_plan([head(), gpu_node(1), gpu_node(2), gpu_node(3), cpu_node(1)], DEMAND)
-    ports = fixed_ports(plan, PortBases())
+    plan = _plan([head(), gpu_node(1), gpu_node(2), gpu_node(3), cpu_node(1)], **DEMAND)
+    ports = fixed_ports(plan, BASES)
     on_first = [s for s in plan.actors if s.node_id == plan.actors[0].node_id]
     assert ports[on_first[0].name]["actor_metrics"] == 9500
     assert ports[on_first[1].name]["actor_metrics"] == 9501
@@ -205,7 +222,7 @@ def test_ports_on_different_hosts_start_from_the_base_each():
 
 def test_commands_are_the_console_scripts_with_the_wiring_and_own_ports(tmp_path):
     plan = _same_host_plan()
-    ports = fixed_ports(plan, PortBases())
+    ports = fixed_ports(plan, BASES)
     run_dir, model = tmp_path / "run", tmp_path / "model"
     args = base_wiring(plan, ports, run_dir, model) + ["learner.total_steps=3"]
     config = REPO / "configs" / "demo.toml"
@@ -239,7 +256,7 @@ def test_commands_are_the_console_scripts_with_the_wiring_and_own_ports(tmp_path
 
 def test_learner_env_is_torchruns_with_a_nodes_gpus_visible_to_each_rank():
     plan = _same_host_plan()
-    ports = fixed_ports(plan, PortBases())
+    ports = fixed_ports(plan, BASES)
     env = learner_env(plan, ports, {"learner-0": ["3"], "learner-1": ["1"]})
     assert env["learner-0"]["CUDA_VISIBLE_DEVICES"] == "1,3"
     assert env["learner-0"]["LOCAL_RANK"] == "1"  # its GPU, 3, is the second visible one
@@ -253,14 +270,14 @@ def test_learner_env_is_torchruns_with_a_nodes_gpus_visible_to_each_rank():
 
 
 def test_metrics_targets_name_each_host():
-    plan = make_plan([head(), gpu_node(1), gpu_node(2), gpu_node(3), cpu_node(1)], DEMAND)
-    targets = metrics_targets(plan, fixed_ports(plan, PortBases()))
+    plan = _plan([head(), gpu_node(1), gpu_node(2), gpu_node(3), cpu_node(1)], **DEMAND)
+    targets = metrics_targets(plan, fixed_ports(plan, BASES))
     assert len(targets["actor"]) == 12 and len(targets["envserver"]) == 2
     assert targets["learner"][0].endswith(":9300")
     assert all(t.startswith("10.0.") for job in targets.values() for t in job)
 
 
-def test_demand_from_the_run_config():
+def test_the_plan_of_a_run_config():
     run = load_run_config(
         REPO / "configs" / "demo.toml",
         [
@@ -272,5 +289,10 @@ def test_demand_from_the_run_config():
             "actor.engine.tensor_parallel_size=2",
         ],
     )
-    demand = Demand.from_config(run)
-    assert (demand.learner_ranks, demand.actor_replicas, demand.gpus_per_actor) == (4, 3, 2.0)
+    assert gpus_per_actor(run) == 2.0
+    assert port_bases(run) == BASES
+    nodes = [head()] + [gpu_node(i) for i in range(1, 3)]
+    plan = plan_run(run, nodes)
+    assert (len(plan.learner), len(plan.actors)) == (4, 3)
+    assert plan.actors[0].bundle == {"CPU": 4.0, "GPU": 2.0}
+    assert gpus_per_actor(load_run_config(None, ["ray.gpus_per_actor=0.5"])) == 0.5
