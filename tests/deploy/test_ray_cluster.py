@@ -32,9 +32,15 @@ from pathlib import Path
 import pytest
 
 ray = pytest.importorskip("ray")
-from ray.cluster_utils import Cluster  # noqa: E402
-
-from deploy.ray_process import MARKER, marked_pids  # noqa: E402
+from deploy.ray_process import marked_pids  # noqa: E402
+from tests.deploy.ray_local import (  # noqa: E402
+    engines,
+    events,
+    role_process,
+    start_cluster,
+    train_records,
+    wait_for_no_leftovers,
+)
 from tests.e2e.test_make_run import _command_lines  # noqa: E402
 
 # A loaded 2-core machine starts a vLLM engine in minutes, not seconds: room for two.
@@ -75,29 +81,6 @@ SHORT_RUN = [
     f"ray.namespace={NAMESPACE}",
     "ray.placement_timeout_s=60",
 ]
-NODE = {
-    "num_cpus": 2,
-    "object_store_memory": 200 * 1024 * 1024,
-    "node_ip_address": "127.0.0.1",
-}
-
-
-def _start_cluster(attempts: int = 3) -> Cluster:
-    """The two nodes; again when a raylet misses Ray's fixed 30 s start-up window (a busy
-    machine)."""
-    for attempt in range(1, attempts + 1):
-        c = Cluster()
-        try:
-            c.add_node(**NODE, include_dashboard=False, resources={"cpu_node": 1})  # the head
-            c.add_node(**NODE, resources={"gpu_node": 2})
-            c.wait_for_nodes()
-            return c
-        except Exception as e:
-            c.shutdown()
-            if attempt == attempts:
-                raise
-            print(f"Ray cluster start-up failed ({e}); again")
-    raise AssertionError("unreachable")
 
 
 @pytest.fixture(scope="module")
@@ -109,7 +92,7 @@ def cluster():
     constants = ray._private.ray_constants  # this process read the variable at import
     enabled, constants.ENABLE_RAY_CLUSTER = constants.ENABLE_RAY_CLUSTER, False
     started = time.monotonic()
-    c = _start_cluster()
+    c = start_cluster()
     os.environ["RAY_ADDRESS"] = c.address
     print(f"Ray cluster of 2 nodes up in {time.monotonic() - started:.1f}s at {c.address}")
     try:
@@ -174,71 +157,6 @@ def _down(runs_dir: Path) -> str:
     return output
 
 
-def _events(run_dir: Path) -> list[dict]:
-    path = run_dir / "events.jsonl"
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def _train_records(run_dir: Path) -> list[dict]:
-    path = run_dir / "metrics.jsonl"
-    if not path.exists():
-        return []
-    lines = path.read_text().splitlines()
-    return [r for r in (json.loads(x) for x in lines if x.strip()) if r["kind"] == "train"]
-
-
-def _role_process(run_id: str, role: str) -> int | None:
-    """PID of the role's command (`actor --replicas 1`, `learner`), not its children."""
-    module = {"actor": b"actors.cli", "learner": b"learner.cli"}[role.split("-")[0]]
-    for pid in marked_pids(f"{run_id}/{role}"):
-        try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
-        except OSError:
-            continue
-        if module in cmdline:
-            return pid
-    return None
-
-
-def _environ(pid: int) -> bytes:
-    try:
-        return Path(f"/proc/{pid}/environ").read_bytes()
-    except OSError:
-        return b""
-
-
-def _engines(run_id: str, before: set[int]) -> list[int]:
-    """vLLM engine processes (they rename themselves `VLLM::...`, so their command line
-    names nothing) started since `before` that belong to the run: they carry its marker.
-    Other vLLM engines on this machine (other jobs' runs) are not the run's."""
-    needle = f"{MARKER}={run_id}/".encode()
-    return [
-        pid
-        for pid, line in _command_lines().items()
-        if pid not in before and line.startswith("VLLM") and needle in _environ(pid)
-    ]
-
-
-def _leftovers(run_dir: Path, run_id: str, before: set[int]) -> list[str]:
-    """The run's processes still alive: any carrying its marker (vLLM's engines included),
-    or mentioning its directory."""
-    needle = f"{MARKER}={run_id}/".encode()
-    return [
-        f"{pid}: {line[:200]}"
-        for pid, line in _command_lines().items()
-        if needle in _environ(pid) or str(run_dir) in line
-    ]
-
-
-def _wait_for_no_leftovers(run_dir: Path, run_id: str, before: set[int], timeout_s=30):
-    deadline = time.monotonic() + timeout_s
-    while (left := _leftovers(run_dir, run_id, before)) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    return left
-
-
 def _ray_state(run_id: str) -> tuple[list[str], list[str], dict, dict]:
     """The cluster's own view: the run's named actors, its placement groups not removed,
     and the cluster's total and available resources."""
@@ -290,25 +208,25 @@ def finished_run(cluster, tmp_path_factory):
             run_dir = (runs_dir / "latest").resolve()
             run_id = run_dir.name
         if run_dir is not None:
-            engines_seen |= set(_engines(run_id, before))
-        if run_dir is not None and killed_at is None and _train_records(run_dir):
-            killed_pid = _role_process(run_id, "actor-0")
+            engines_seen |= set(engines(run_id, before))
+        if run_dir is not None and killed_at is None and train_records(run_dir):
+            killed_pid = role_process(run_id, "actor-0")
             if killed_pid is not None:  # mid-run: one step trained, more to go
                 os.kill(killed_pid, signal.SIGKILL)
                 killed_at = time.monotonic()
         if killed_at is not None and restarted_at is None:
             if any(
                 e["role"] == "actor-0" and e["event"] == "started" and e.get("restarted")
-                for e in _events(run_dir)
+                for e in events(run_dir)
             ):
                 restarted_at = time.monotonic()
         if restarted_at is not None and ready_again_at is None:
-            pid = _role_process(run_id, "actor-0")
+            pid = role_process(run_id, "actor-0")
             if pid is not None and pid != killed_pid and _replica_ready(run_dir):
                 ready_again_at = time.monotonic()
         if killed_at is not None and learner_killed_at is None:
-            if len(_train_records(run_dir)) >= 2:  # a checkpoint at v2, one step to go
-                pid = _role_process(run_id, "learner-0")
+            if len(train_records(run_dir)) >= 2:  # a checkpoint at v2, one step to go
+                pid = role_process(run_id, "learner-0")
                 if pid is not None:
                     os.kill(pid, signal.SIGKILL)
                     learner_killed_at = time.monotonic()
@@ -357,7 +275,7 @@ def test_the_run_finishes_with_every_step(finished_run):
     run_dir, _, output, _, _, _ = finished_run
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["steps"] == STEPS
-    assert [r["version"] for r in _train_records(run_dir)] == list(range(1, STEPS + 1))
+    assert [r["version"] for r in train_records(run_dir)] == list(range(1, STEPS + 1))
     assert f"step   {STEPS}/{STEPS}" in output  # the progress view
     assert "eval pass@1 at end" in output  # the summary table
     assert (run_dir / "progress.png").stat().st_size > 10_000
@@ -373,13 +291,13 @@ def test_the_plan_put_each_role_on_its_kind_of_node(finished_run):
     assert plan["envservers"][0]["node_id"] == head  # the CPU node
     assert plan["learner"][0]["node_id"] == plan["actors"][0]["node_id"] != head
     assert plan["actors"][0]["bundle"] == {"CPU": 1.0, "gpu_node": 1.0}
-    started = {e["role"]: e["node"] for e in _events(run_dir) if e["event"] == "started"}
+    started = {e["role"]: e["node"] for e in events(run_dir) if e["event"] == "started"}
     assert set(started) == {"nats", "envserver-0", "learner-0", "actor-0"}
 
 
 def test_the_killed_actor_replica_was_restarted_by_ray(finished_run):
     run_dir, _, output, _, _, timings = finished_run
-    actor = [e for e in _events(run_dir) if e["role"] == "actor-0"]
+    actor = [e for e in events(run_dir) if e["role"] == "actor-0"]
     kinds = [(e["event"], e.get("code"), e.get("restarted")) for e in actor]
     assert ("exited", -signal.SIGKILL, None) in kinds
     starts = [e for e in actor if e["event"] == "started"]
@@ -389,22 +307,22 @@ def test_the_killed_actor_replica_was_restarted_by_ray(finished_run):
 
 def test_the_killed_learner_was_restarted_whole_and_resumed(finished_run):
     run_dir, _, output, _, _, _ = finished_run
-    events = _events(run_dir)
-    learner = [e for e in events if e["role"] == "learner-0"]
+    run_events = events(run_dir)
+    learner = [e for e in run_events if e["role"] == "learner-0"]
     assert ("exited", -signal.SIGKILL) in [(e["event"], e.get("code")) for e in learner]
     assert [e["pid"] for e in learner if e["event"] == "started"][0] != learner[-1]["pid"]
-    assert any(e["event"] == "learner restart" for e in events if e["role"] == "supervisor")
+    assert any(e["event"] == "learner restart" for e in run_events if e["role"] == "supervisor")
     assert "supervisor: learner restart 1" in output
     log = (run_dir / "logs" / "learner-0.log").read_text()
     assert log.count("==== ") == 2  # two starts, one log
     # metrics.jsonl was cut back to the checkpoint and continued: every step once
-    assert [r["version"] for r in _train_records(run_dir)] == list(range(1, STEPS + 1))
+    assert [r["version"] for r in train_records(run_dir)] == list(range(1, STEPS + 1))
 
 
 def test_down_leaves_no_process_and_nothing_in_ray(finished_run):
     run_dir, run_id, _, down_output, before, _ = finished_run
     assert f"run {run_id}: stopped; nothing left" in down_output
-    assert _wait_for_no_leftovers(run_dir, run_id, before) == []
+    assert wait_for_no_leftovers(run_dir, run_id, before) == []
     _assert_nothing_left_in_ray(run_id)
 
 
@@ -419,12 +337,12 @@ def test_down_stops_a_live_detached_run(finished_run, tmp_path):
     run_dir = (tmp_path / "latest").resolve()
     run_id = run_dir.name
     deadline = time.monotonic() + 60
-    while _role_process(run_id, "actor-0") is None and time.monotonic() < deadline:
+    while role_process(run_id, "actor-0") is None and time.monotonic() < deadline:
         time.sleep(0.5)
-    assert _role_process(run_id, "actor-0") is not None
+    assert role_process(run_id, "actor-0") is not None
     assert marked_pids(f"{run_id}/learner-0")
     time.sleep(3)
     down_output = _down(tmp_path)
     assert f"run {run_id}: stopped; nothing left" in down_output
-    assert _wait_for_no_leftovers(run_dir, run_id, before) == []
+    assert wait_for_no_leftovers(run_dir, run_id, before) == []
     _assert_nothing_left_in_ray(run_id)
