@@ -35,15 +35,16 @@ $(STAMP): pyproject.toml deploy/install.sh
 	PYTHON=$(PYTHON) deploy/install.sh $(VENV) $(VLLM_EXTRA)
 	@rm -f $(VENV)/.installed-* && touch $@
 
-# The learner-process tests, the end-to-end `make run` test and the manifest smoke run run in
-# pytest processes of their own: the actor tests' session vLLM engine lives until its session
-# ends, and those tests start and kill process trees that must not share a process (or the
-# cores) with it.
+# The learner-process tests, the end-to-end `make run` test, the manifest smoke run and the
+# Ray cluster run run in pytest processes of their own: the actor tests' session vLLM engine
+# lives until its session ends, and those tests start and kill process trees that must not
+# share a process (or the cores) with it.
 # Every suite runs even when an earlier one fails; the target fails at the end if any did.
 # pytest's exit code 5 (nothing collected) is not a failure.
 SMOKE := tests/deploy/test_k8s_smoke.py
-SUITES := "tests --ignore=tests/learner_loop --ignore=tests/e2e --ignore=$(SMOKE)" \
-	"tests/learner_loop" "tests/e2e" "$(SMOKE)"
+RAY := tests/deploy/test_ray_cluster.py
+SUITES := "tests --ignore=tests/learner_loop --ignore=tests/e2e --ignore=$(SMOKE) --ignore=$(RAY)" \
+	"tests/learner_loop" "tests/e2e" "$(SMOKE)" "$(RAY)"
 test: install-test
 	@failed=""; for suite in $(SUITES); do \
 	  $(PY) -m pytest $$suite; code=$$?; \

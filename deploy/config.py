@@ -50,6 +50,61 @@ class LocalRunConfig(StrictModel):
     engines on it split the rest (their gpu_memory_utilization)."""
 
 
+class RayRunConfig(StrictModel):
+    """The `[ray]` section: how the Ray driver (`make cluster-up TARGET=ray`,
+    deploy/ray_cluster.py) lays a run out on a Ray cluster. Ports not named here come from the
+    roles' own sections (envserver.port, envserver.metrics_port, actor.metrics_port,
+    learner.metrics_port, learner.weight_sync.store_port): the k-th process of a role on one
+    host gets that port + k."""
+
+    runs_dir: str = "runs"
+    """Parent of run directories (relative: to the repository). Every node must see it at
+    the same path (a shared filesystem): logs, checkpoints, weight snapshots and the learner's
+    metrics.jsonl are written there by processes on several nodes."""
+    resume: str = ""
+    """Id of an earlier run (a directory under runs_dir) to continue in place: the learner
+    resumes from that run's newest checkpoint. Empty: a new run."""
+    namespace: str = "tether"
+    """Ray namespace of the run's named actors and placement groups."""
+    actor_replicas: int = pydantic.Field(2, ge=1)
+    """Actor replicas, each its own `actor --replicas 1` process with one vLLM engine."""
+    envservers: int = pydantic.Field(1, ge=1)
+    """Env server processes (placed on CPU nodes when there is room there)."""
+    learner_nodes: int = pydantic.Field(1, ge=1)
+    """Nodes the learner's `learner.nproc` ranks are split over (evenly); each node's ranks
+    are one STRICT_PACK placement group."""
+    gpu_resource: str = "GPU"
+    """The Ray resource that counts GPUs (a custom resource on a test cluster without any)."""
+    gpus_per_learner_rank: float = pydantic.Field(1.0, ge=0)
+    """GPUs reserved for each learner rank."""
+    gpus_per_actor: float | None = pydantic.Field(None, ge=0)
+    """GPUs reserved for each actor replica; None: `actor.engine.tensor_parallel_size`."""
+    cpus_per_learner_rank: float = pydantic.Field(4.0, ge=0)
+    """CPUs reserved for each learner rank."""
+    cpus_per_actor: float = pydantic.Field(4.0, ge=0)
+    """CPUs reserved for each actor replica."""
+    cpus_per_envserver: float = pydantic.Field(2.0, ge=0)
+    """CPUs reserved for each env server."""
+    cpus_nats: float = pydantic.Field(1.0, ge=0)
+    """CPUs reserved for nats-server on the head node."""
+    nats_port: int = pydantic.Field(4222, ge=1, le=65535)
+    """nats-server's client port on the head node."""
+    master_port: int = pydantic.Field(29500, ge=1, le=65535)
+    """torch.distributed rendezvous port (MASTER_PORT) on learner rank 0's node."""
+    free_ports: bool = False
+    """Ask each node for free ports instead of the fixed ones (tests; several runs on one
+    host). Fixed ports are what firewalls and Prometheus configs expect."""
+    bind_host: str = ""
+    """Address servers listen on; empty: each node's own IP as Ray knows it (what other nodes
+    and Prometheus reach). "0.0.0.0": every interface."""
+    max_restarts: int = pydantic.Field(-1, ge=-1)
+    """Ray's `max_restarts` of nats-server, env servers and actor replicas (-1: no limit)."""
+    learner_max_restarts: int = pydantic.Field(3, ge=0)
+    """Restarts of the learner, all ranks together, before the run is failed."""
+    placement_timeout_s: float = pydantic.Field(300.0, gt=0)
+    """How long to wait for the placement groups to be placed before giving up."""
+
+
 class RunConfig(StrictModel):
     """Every section of a run's config file; the roles' sections are optional (a file may
     configure only some roles)."""
@@ -68,6 +123,8 @@ class RunConfig(StrictModel):
     """The single-machine launcher behind `make run`."""
     prepare: PrepareConfig = PrepareConfig()
     """Inputs a demo run on a cluster makes for itself (deploy/prepare.py)."""
+    ray: RayRunConfig = RayRunConfig()
+    """The Ray driver behind `make cluster-up TARGET=ray`."""
 
     @pydantic.model_validator(mode="after")
     def _dtypes_agree(self) -> RunConfig:

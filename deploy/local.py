@@ -31,6 +31,7 @@ from deploy import progress
 from deploy.config import LocalRunConfig, load_run_config
 from deploy.gpus import gpu_wiring
 from deploy.processes import ProcessGroup
+from deploy.wiring import wiring as _wiring
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CONFIG = REPO_ROOT / "configs" / "demo.toml"
@@ -69,26 +70,6 @@ def _model_dir(local: LocalRunConfig) -> Path:
         return shipped_model_dir()  # the warm start shipped in the repository
     print("building a random-weight tiny model (seconds; cached) ...", flush=True)
     return build_random_tiny_model()
-
-
-def _wiring(run_dir: Path, model_dir: Path, ports: dict[str, int]) -> list[str]:
-    """Overrides that point every role at this run's processes, files and ports."""
-    data = run_dir / "data"
-    return [
-        f"broker.url=nats://127.0.0.1:{ports['nats']}",
-        f"learner.model_path={model_dir}",
-        f"learner.train_data={data / 'train.jsonl'}",
-        f"learner.eval_data={data / 'eval.jsonl'}",
-        f"learner.run_dir={run_dir}",
-        f"learner.checkpoint.dir={run_dir / 'checkpoints'}",
-        f"learner.metrics_port={ports['learner']}",
-        f"learner.weight_sync.store_port={ports['weight_store']}",
-        f"actor.engine.model={model_dir}",
-        f'actor.env.addresses=["127.0.0.1:{ports["envserver_grpc"]}"]',
-        f"actor.metrics_port={ports['actor']}",
-        f"envserver.port={ports['envserver_grpc']}",
-        f"envserver.metrics_port={ports['envserver']}",
-    ]
 
 
 def _prepare_run_dir(
