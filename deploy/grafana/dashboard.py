@@ -339,6 +339,21 @@ def envserver_panels() -> list[dict]:
             "Sessions (episodes) open on the env servers now.",
             [target("sum by (env) (tether_env_active_sessions)", "{{env}}")],
         ),
+        timeseries(
+            "Env output repaired",
+            "Observations cut to max_observation_chars, and rewards that were NaN or "
+            "infinite (passed on; the actor ends that episode as an error), per env. Empty in a healthy run.",
+            [
+                target(
+                    "sum by (env) (rate(tether_env_truncated_observations_total[5m]))",
+                    "cut {{env}}",
+                ),
+                target(
+                    "sum by (env) (rate(tether_env_nonfinite_rewards_total[5m]))",
+                    "non-finite {{env}}",
+                ),
+            ],
+        ),
     ]
 
 
