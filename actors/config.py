@@ -14,6 +14,7 @@ from typing import Literal
 import pydantic
 
 from common.config import StrictModel
+from common.restarts import RestartPolicy
 
 
 class SamplingConfig(StrictModel):
@@ -197,6 +198,9 @@ class ActorConfig(StrictModel):
     scrapers and probes come from outside the pod."""
     log_level: str = "INFO"
     """Python logging level of the replicas."""
+    restarts: RestartPolicy = RestartPolicy(initial_backoff_s=2.0)
+    """How `actor --replicas N` restarts a replica that dies (backoff, restart budget); a
+    replica that spends its budget stops the actor process (its own supervisor decides)."""
 
     @pydantic.model_validator(mode="after")
     def _check(self) -> ActorConfig:

@@ -16,6 +16,7 @@ import pydantic
 from actors.config import ActorConfig
 from broker.config import BrokerConfig
 from common.config import SECTIONS, StrictModel, error_lines, read_sections
+from common.restarts import RestartPolicy
 from deploy.prepare import PrepareConfig
 from envservers.config import EnvServerConfig
 from learner.config import LearnerConfig
@@ -38,6 +39,9 @@ class LocalRunConfig(StrictModel):
     """Start RL from the supervised warm start (False: random weights, for quick checks)."""
     timeout_s: float = 3600.0
     """Stop everything if the run has not finished after this long."""
+    restarts: RestartPolicy = RestartPolicy()
+    """How a role process that dies is restarted (backoff, restart budget); the run fails
+    once a process has spent its budget."""
 
 
 class RunConfig(StrictModel):
