@@ -12,6 +12,10 @@ Delivery rules (the bus is at-least-once; trajectory ids make it exactly-once in
 - Weights: before generating, a new replica loads the newest snapshot the learner
   announced; then it joins every broadcast round (`weights.follower.BroadcastFollower`). A
   task runs only once the engine's version is at least the task's `min_version`.
+- Rollback: a learner that restarts announces a new lineage at its checkpoint's version.
+  An engine holding newer weights (from the history the crash undid) reloads the announced
+  snapshot: generating on it would tag tokens with versions the learner has not reached,
+  and every group would be dropped as `future` until it had (a stall).
 
 The engine and the env connector are parameters (`Actor(engine=..., env=...)`), so the
 whole loop runs in tests on fakes (tests/fakes.py); `actors.replica.replica_main` builds
@@ -72,6 +76,8 @@ class Actor:
         self._failure: BaseException | None = None
         self._stop = asyncio.Event()
         self._weights_started = False
+        self._lineage: str | None = None
+        self.num_rollbacks = 0
 
     @property
     def ready(self) -> bool:
@@ -242,6 +248,12 @@ class Actor:
             await self._on_policy(announced)
 
     async def _on_policy(self, announced: PolicyVersion) -> None:
+        if announced.lineage != self._lineage:
+            rolled_back = self._lineage is not None and self.engine.version > announced.version
+            self._lineage = announced.lineage
+            self.newest_version = announced.version  # a resumed learner may be behind us
+            if rolled_back:
+                await self._roll_back(announced)
         self.newest_version = max(self.newest_version, announced.version)
         # While broadcast rounds keep the engine current, a snapshot load could race a
         # round and go back a version; snapshots serve only replicas without a broadcast.
@@ -266,6 +278,32 @@ class Actor:
             self._broadcast_addr = announced.broadcast_addr
             self._start_broadcast(announced.broadcast_addr)
         self._record_versions()
+
+    async def _roll_back(self, announced: PolicyVersion) -> None:
+        """The learner resumed below our weights' version: go back to its snapshot. The
+        broadcast follower then joins the rounds after that version."""
+        self.num_rollbacks += 1
+        log.warning(
+            "the learner resumed at v%d (lineage %s), below this engine's v%d: reloading "
+            "snapshot v%d",
+            announced.version,
+            announced.lineage,
+            self.engine.version,
+            announced.snapshot_version,
+        )
+        if not announced.snapshot_path or announced.snapshot_version > announced.version:
+            log.error("no snapshot at or below v%d to roll back to", announced.version)
+            return
+        try:
+            stall_s = await self.engine.load_snapshot(
+                announced.snapshot_path, announced.snapshot_version
+            )
+        # Unreadable: we keep the newer weights; their groups are dropped as `future` until
+        # a broadcast round brings the learner's own.
+        except WeightUpdateError as e:
+            log.error("rollback snapshot v%d not loaded: %s", announced.snapshot_version, e)
+            return
+        metrics.WEIGHT_UPDATE_STALL_SECONDS.labels("snapshot").observe(stall_s)
 
     def _start_broadcast(self, address: str) -> None:
         from weights.follower import BroadcastFollower

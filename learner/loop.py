@@ -14,13 +14,17 @@ weight broadcast meet.
     │ end: last evals, drain released groups (dropped `unused`), checkpoint, done    │
     └────────────────────────────────────────────────────────────────────────────────┘
 
-Durability: a training trajectory is acked only after a checkpoint that includes its effect
-(trained, or counted as dropped). A crash loses nothing accepted: on start the learner
-re-creates its consumer, so every unacked trajectory is redelivered at once, and the ids the
-restored checkpoint covers (its last window: everything older was acked before it was
-written) are acked again and skipped. Releases are written ahead (`dispatcher.json` next to
-the checkpoints), so a resumed learner knows every prompt the lost run released and waits
-for each group. Other ranks only follow commands (`learner/ranks.py`).
+Durability: a trajectory is acked only after a checkpoint that includes its effect
+(trained, counted as dropped, or counted as an eval sample). A crash loses nothing accepted:
+on start the learner re-creates its consumer, so every unacked trajectory is redelivered at
+once, and the ids the restored checkpoint covers (its last window: everything older was
+acked before it was written) are acked again and skipped. Releases are written ahead
+(`dispatcher.json` next to the checkpoints), so a resumed learner knows every prompt the
+lost run released and waits for each group. Every learner process announces a lineage of
+its own with its versions: actors holding weights newer than a resumed learner's version
+know they came from a history that was rolled back. Bus calls whose loss would lose state
+wait out a broker restart (`broker.retry`). Other ranks only follow commands
+(`learner/ranks.py`).
 """
 
 from __future__ import annotations
@@ -30,12 +34,14 @@ import json
 import logging
 import os
 import time
+import uuid
 from pathlib import Path
 
 import nats.js.errors
 
 from broker import client
 from broker.config import BrokerConfig
+from broker.retry import until_done
 from broker.wire import PolicyVersion
 from learner import dispatcher as dispatch
 from learner.batching import Group, samples_from_groups
@@ -76,6 +82,8 @@ class Learner:
         self.window_ids: list[str] = []  # taken since the last checkpoint
         self.ledger = Ledger()
         self.checkpointed_version = -1
+        self.malformed_before = 0  # counted by earlier learner processes (the checkpoint)
+        self.lineage = uuid.uuid4().hex[:12]
         self.started = time.monotonic()
 
     # ---- set-up ----------------------------------------------------------------------------
@@ -84,16 +92,20 @@ class Learner:
         self.nc = await client.connect(self.broker.url, name="learner")
         self.js = self.nc.jetstream()
         limits = self.broker.stream_limits()
-        await client.ensure_streams(self.js, self.names, limits)
-        # A fresh consumer delivers every unacked trajectory now, instead of after ack_wait
-        # (the stream is a work queue: acked ones are gone).
-        try:
-            await self.js.delete_consumer(
-                self.names.trajectories_stream, self.names.trajectories_consumer
-            )
-        except nats.js.errors.NotFoundError:
-            pass
-        await client.ensure_streams(self.js, self.names, limits)
+
+        async def fresh_consumer() -> None:
+            await client.ensure_streams(self.js, self.names, limits)
+            # A fresh consumer delivers every unacked trajectory now, instead of after
+            # ack_wait (the stream is a work queue: acked ones are gone).
+            try:
+                await self.js.delete_consumer(
+                    self.names.trajectories_stream, self.names.trajectories_consumer
+                )
+            except nats.js.errors.NotFoundError:
+                pass
+            await client.ensure_streams(self.js, self.names, limits)
+
+        await until_done(fresh_consumer, "stream setup")
         self.policy = client.PolicyStore(self.js, self.names)
 
     def _restore(self) -> set[str]:
@@ -102,6 +114,7 @@ class Learner:
         if self.resume_from is not None:
             state = self.commands.load(self.resume_from)
             self.ledger = Ledger.from_cursor(state.dataset_cursor)
+            self.malformed_before = self.ledger.num_malformed
             self.checkpointed_version = state.version
             covered = set(state.trained_ids)
             log.info("resumed from %s at version %d", self.resume_from, state.version)
@@ -111,6 +124,7 @@ class Learner:
         return covered
 
     def _cursor(self) -> dict:
+        self.ledger.num_malformed = self.malformed_before + self.intake.num_malformed
         return {**self.ledger.to_cursor(), **self.reporter.position()}
 
     # ---- the loop ----------------------------------------------------------------------------
@@ -292,6 +306,10 @@ class Learner:
 
     async def _announce(self) -> None:
         snapshot = self.commands.snapshot
+        if snapshot is None and self.version == 0:
+            # The initial weights are version 0's snapshot: an actor left with weights of
+            # a lost history (a learner that died before its first checkpoint) reloads them.
+            snapshot = (Path(self.config.model_path).resolve(), 0)
         await self.policy.publish(
             PolicyVersion(
                 version=self.version,
@@ -299,18 +317,23 @@ class Learner:
                 snapshot_path=str(snapshot[0]) if snapshot else "",
                 snapshot_version=snapshot[1] if snapshot else -1,
                 broadcast_addr=self.commands.broadcast_addr,
+                lineage=self.lineage,
             )
         )
 
     async def _checkpoint(self) -> None:
-        if self.version == self.checkpointed_version and not self.window_ids:
-            return  # nothing new since the last one
         path = checkpoint_dir(self.config.checkpoint.dir, self.commands.step)
         if (path / STATE_FILE).is_file():
             # Never overwrite a complete checkpoint in place (a crash mid-save would leave
             # neither); what it misses stays unacked and is redelivered to the next run.
-            log.warning("checkpoint %s exists; not saving over it", path)
+            if self.version != self.checkpointed_version or self.window_ids:
+                log.warning("checkpoint %s exists; not saving over it", path)
             return
+        # Eval trajectories count, and are acked, with the checkpoint that records them.
+        self.window_ids.extend(new_evals := self.intake.take_eval_ids())
+        self.ledger.num_eval_trajectories += len(new_evals)
+        if self.version == self.checkpointed_version and not self.window_ids:
+            return  # nothing new since the last one
         state = TrainingState(dataset_cursor=self._cursor(), trained_ids=list(self.window_ids))
         await asyncio.to_thread(self.commands.save, state)
         self.checkpointed_version = self.version
@@ -335,9 +358,13 @@ class Learner:
             self._take(group, "unused")
 
     async def _done(self) -> dict:
-        info = await self.js.stream_info(self.names.trajectories_stream)
+        info = await until_done(
+            lambda: self.js.stream_info(self.names.trajectories_stream), "stream info"
+        )
         summary = {
             "kind": "done",
+            "run_id": self.names.namespace,
+            "lineage": self.lineage,
             "wall_s": time.monotonic() - self.started,
             "version": self.version,
             "released_groups": self.ledger.num_released,
@@ -349,7 +376,10 @@ class Learner:
             "max_staleness_seen": self.ledger.max_staleness_seen,
             "invalid": self.intake.num_invalid,
             "redelivered": self.intake.num_redelivered,
+            "eval_trajectories": self.ledger.num_eval_trajectories,
+            "malformed": self.malformed_before + self.intake.num_malformed,
             "stream_messages_stored": info.state.last_seq,
+            "stream_messages_left": info.state.messages,
             "eval_pass_at_1": {str(v): r["pass_at_1"] for v, r in self.ledger.eval_results.items()},
         }
         self.reporter.record_done(summary)

@@ -2,8 +2,9 @@
 
 - `metrics.jsonl` (and W&B, `learner/sinks.py`): one record per training step, per eval, and
   a final `done` record; Prometheus (`learner/prom.py`) is updated from the same records.
-- `trained.jsonl`: one line per training step, `{"step", "version", "trajectory_ids"}`:
-  step s is the update from version s to s + 1, trained on exactly these trajectories.
+- `trained.jsonl`: one line per training step, `{"step", "version", "trajectory_ids",
+  "group_ids"}`: step s is the update from version s to s + 1, trained on exactly these
+  trajectories, of these groups (prompt task ids).
 - `dropped.jsonl`: one line per dropped group (or the error samples removed from a trained
   group): `{"version", "group_id", "reason", "trajectory_ids"}`, `version` being the
   learner's version when it decided.
@@ -99,7 +100,14 @@ class Reporter:
     def record_train(self, record: dict, *, step: int, groups: list[Group]) -> None:
         record.update(rollout_metrics(groups, prefix="rollout/"))
         ids = [i for g in groups for i in g.trajectory_ids]
-        self.trained.write({"step": step, "version": record["version"], "trajectory_ids": ids})
+        self.trained.write(
+            {
+                "step": step,
+                "version": record["version"],
+                "trajectory_ids": ids,
+                "group_ids": [g.group_id for g in groups],
+            }
+        )
         self._log(record)
         prom.record_step(record)
 

@@ -246,6 +246,43 @@ async def test_new_replica_loads_the_snapshot_and_waits_for_min_version(tokenize
     assert _metric("tether_actor_wait_seconds_total", what="weights") >= waited + 0.4
 
 
+async def test_engine_ahead_of_a_resumed_learner_rolls_back_to_its_snapshot(tokenizer, broker, js):
+    # The learner got to v7 and died; its successor resumed from the v4 checkpoint under a
+    # new lineage. Generating on v7 weights would tag every token 7 > 4 (dropped as
+    # `future` until the learner got there again: a stall); the engine goes back to v4.
+    names = broker.names
+    policy = bus.PolicyStore(js, names)
+    await policy.publish(
+        PolicyVersion(
+            version=7, published_at=0.0, snapshot_path="/a/v7", snapshot_version=7, lineage="a"
+        )
+    )
+    engine = ScriptedEngine(tokenizer, by_turn(ANSWER))
+    actor = _actor(tokenizer, broker, engine=engine)
+    async with _running(actor):
+
+        async def loaded_v7():
+            return engine.version == 7
+
+        await _until(loaded_v7)
+        await policy.publish(
+            PolicyVersion(
+                version=4, published_at=1.0, snapshot_path="/b/v4", snapshot_version=4, lineage="b"
+            )
+        )
+
+        async def rolled_back():
+            return engine.version == 4
+
+        await _until(rolled_back)
+        await bus.publish_prompts(js, names, [_task("after", group_size=1, min_version=4)])
+        (trajectory,) = await _trajectories(js, broker, 1)
+    assert engine.snapshots_loaded == [("/a/v7", 7), ("/b/v4", 4)]
+    assert actor.num_rollbacks == 1 and actor.newest_version == 4
+    arrays = token_arrays(trajectory)
+    assert set(arrays.versions[arrays.loss_mask == 1].tolist()) == {4}
+
+
 async def test_stopped_replica_hands_its_group_to_another(tokenizer, broker, js):
     names = broker.names
     slow = ScriptedEngine(tokenizer, by_turn(ANSWER), delay_for_seed={2: 60.0, 3: 60.0})
