@@ -46,6 +46,10 @@ from weights.follower import WeightUpdateError
 log = logging.getLogger(__name__)
 
 
+class WeightsBehind(Exception):
+    """The engine cannot get the weights a task needs in time: hand the task back."""
+
+
 class Actor:
     """The main loop of one replica. `await actor.run(stop)` until `stop` is set."""
 
@@ -77,6 +81,8 @@ class Actor:
         self._stop = asyncio.Event()
         self._weights_started = False
         self._lineage: str | None = None
+        self._announced: PolicyVersion | None = None
+        self._catch_up_lock = asyncio.Lock()
         self.num_rollbacks = 0
 
     @property
@@ -192,6 +198,10 @@ class Actor:
         except TaskRejected as e:
             metrics.TASKS.labels("rejected").inc()
             await _quietly(received.reject(str(e)), "terminate", task)
+        except WeightsBehind as e:
+            metrics.TASKS.labels("nacked").inc()
+            log.warning("handing task %s back: %s", task.task_id, e)
+            await _quietly(received.nak(self.config.nak_delay_s), "nak", task)
         except asyncio.CancelledError:
             # Shutting down: hand the task back now rather than after the ack wait.
             metrics.TASKS.labels("nacked").inc()
@@ -248,6 +258,7 @@ class Actor:
             await self._on_policy(announced)
 
     async def _on_policy(self, announced: PolicyVersion) -> None:
+        self._announced = announced
         if announced.lineage != self._lineage:
             rolled_back = self._lineage is not None and self.engine.version > announced.version
             self._lineage = announced.lineage
@@ -333,14 +344,44 @@ class Actor:
         self._version_changed.set()
 
     async def _wait_for_version(self, min_version: int) -> None:
-        """Wait (measured) until the engine's weights may generate a task of min_version."""
+        """Wait (measured) until the engine's weights may generate a task of min_version.
+        The learner announced that version before releasing the task, so a wait past
+        `version_wait_s` means the usual way is broken (this replica missed its broadcast
+        rounds): catch up from the announced snapshot if it is new enough, else raise
+        WeightsBehind (the task goes to another replica) rather than wait for ever."""
         started = time.monotonic()
-        while self.engine.version < min_version:
-            self._version_changed.clear()
-            # Polled as well: a broadcast round changes engine.version on its own.
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._version_changed.wait(), timeout=0.5)
-        metrics.WAIT_SECONDS.labels("weights").inc(time.monotonic() - started)
+        try:
+            while self.engine.version < min_version:
+                if time.monotonic() - started > self.config.version_wait_s:
+                    await self._catch_up_from_snapshot(min_version)
+                    continue
+                self._version_changed.clear()
+                # Polled as well: a broadcast round changes engine.version on its own.
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._version_changed.wait(), timeout=0.5)
+        finally:
+            metrics.WAIT_SECONDS.labels("weights").inc(time.monotonic() - started)
+
+    async def _catch_up_from_snapshot(self, min_version: int) -> None:
+        snapshot = self._announced
+        if (
+            snapshot is None
+            or not snapshot.snapshot_path
+            or snapshot.snapshot_version < min_version
+        ):
+            raise WeightsBehind(f"at v{self.engine.version}, no snapshot of v{min_version} yet")
+        async with self._catch_up_lock:  # one load for all the tasks that wait
+            if self.engine.version >= min_version:
+                return
+            log.warning(
+                "weights stuck at v%d: loading snapshot v%d",
+                self.engine.version,
+                snapshot.snapshot_version,
+            )
+            try:
+                await self.engine.load_snapshot(snapshot.snapshot_path, snapshot.snapshot_version)
+            except WeightUpdateError as e:
+                raise WeightsBehind(f"snapshot v{snapshot.snapshot_version}: {e}") from e
 
 
 async def _quietly(call, what: str, task: PromptTask) -> bool:

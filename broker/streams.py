@@ -35,7 +35,7 @@ class StreamLimits:
     max_prompt_msgs: int = 100_000
     duplicate_window_s: float = 3600.0
     """Window in which a re-published Nats-Msg-Id is recognised and stored once."""
-    prompt_ack_wait_s: float = 60.0
+    prompt_ack_wait_s: float = 10.0
     """An actor that stops heart-beating a prompt for this long loses it to another actor."""
     prompt_max_ack_pending: int = 1024
     trajectory_ack_wait_s: float = 600.0

@@ -60,6 +60,20 @@ class Ledger:
     def num_outstanding_groups(self) -> int:
         return self.num_released - self.num_taken_groups
 
+    def totals(self) -> dict[str, Any]:
+        """The counts the run's final record reports."""
+        return {
+            "released_groups": self.num_released,
+            "taken_groups": self.num_taken_groups,
+            "outstanding_groups": self.num_outstanding_groups,
+            "trained": self.num_trained,
+            "dropped": self.num_dropped,
+            "dropped_by_reason": dict(self.dropped),
+            "max_staleness_seen": self.max_staleness_seen,
+            "eval_trajectories": self.num_eval_trajectories,
+            "eval_pass_at_1": {str(v): r["pass_at_1"] for v, r in self.eval_results.items()},
+        }
+
     def to_cursor(self) -> dict[str, Any]:
         return {
             "num_released": self.num_released,

@@ -276,7 +276,10 @@ class Learner:
         self.ledger.train(len(samples), staleness)
         self.version = self.commands.version
         started = time.monotonic()
-        weights = await asyncio.to_thread(self.commands.publish_weights, self.version)
+        # Evals run pinned to their version: a replica that missed the broadcast (restarted
+        # meanwhile) must be able to load exactly that version from disk.
+        eval_due = self.evals.runs_at(self.version, last_version=cfg.total_steps)
+        weights = await asyncio.to_thread(self.commands.publish_weights, self.version, eval_due)
         broadcast_s = time.monotonic() - started
         await self._announce()
         num_tokens = sum(s.num_tokens for s in samples)
@@ -367,20 +370,12 @@ class Learner:
             "lineage": self.lineage,
             "wall_s": time.monotonic() - self.started,
             "version": self.version,
-            "released_groups": self.ledger.num_released,
-            "taken_groups": self.ledger.num_taken_groups,
-            "outstanding_groups": self.ledger.num_outstanding_groups,
-            "trained": self.ledger.num_trained,
-            "dropped": self.ledger.num_dropped,
-            "dropped_by_reason": dict(self.ledger.dropped),
-            "max_staleness_seen": self.ledger.max_staleness_seen,
+            **self.ledger.totals(),
             "invalid": self.intake.num_invalid,
             "redelivered": self.intake.num_redelivered,
-            "eval_trajectories": self.ledger.num_eval_trajectories,
             "malformed": self.malformed_before + self.intake.num_malformed,
             "stream_messages_stored": info.state.last_seq,
             "stream_messages_left": info.state.messages,
-            "eval_pass_at_1": {str(v): r["pass_at_1"] for v, r in self.ledger.eval_results.items()},
         }
         self.reporter.record_done(summary)
         return summary
