@@ -204,15 +204,22 @@ def _wait_for(ready, timeout_s: float, what: str) -> None:
 
 
 def _follow(supervisor, metrics_path, records, total_steps, timeout_s, stopping) -> int:
-    """Print progress and keep the processes running until the learner finishes; 0 on
-    success, non-zero otherwise."""
-    offset, last_eval, first_train = 0, None, None
+    """Print progress and keep the processes running until the learner reports that it is
+    done; 0 on success, non-zero otherwise."""
+    tail, shown = progress.RecordTail(metrics_path), set()
+    last_eval, first_train = None, None
     deadline = time.monotonic() + timeout_s
     while True:
         supervisor.poll()
-        new, offset = progress.read_records(metrics_path, offset)
+        new, cut_back = tail.poll()
+        if cut_back:  # a resumed learner rewrote its history from the checkpoint
+            records.clear()
+        records.extend(new)
         for record in new:
-            records.append(record)
+            key = (record["kind"], record.get("version"))
+            if key in shown:
+                continue  # redone after a restart: printed already
+            shown.add(key)
             if record["kind"] == "eval":
                 last_eval = record
                 print(progress.eval_line(record), flush=True)
@@ -222,9 +229,9 @@ def _follow(supervisor, metrics_path, records, total_steps, timeout_s, stopping)
                     record, total_steps=total_steps, last_eval=last_eval, first=first_train
                 )
                 print(line, flush=True)
-        if supervisor.finished("learner"):
-            new, offset = progress.read_records(metrics_path, offset)
-            records.extend(new)
+        # The done record is the end of the run's work; the process may take a while to
+        # exit (and stops answering its probe meanwhile): it is not waited for.
+        if supervisor.finished("learner") or any(r["kind"] == "done" for r in new):
             return 0
         failed = supervisor.given_up()
         if failed is not None:

@@ -83,7 +83,7 @@ class Supervisor:
     run_dir: Path
     policy: RestartPolicy = field(default_factory=RestartPolicy)
     probe_period_s: float = 2.0
-    probe_timeout_s: float = 2.0
+    probe_timeout_s: float = 3.0
     probe_failures: int = 3
     """Missed probes in a row after which a process counts as hung and is killed."""
     clock: Callable[[], float] = time.monotonic

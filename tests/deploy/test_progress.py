@@ -87,3 +87,19 @@ def test_plot_is_written(tmp_path):
     records = [_eval(0, 60.0, 0.41), _train(1, 80.0), _train(2, 90.0), _eval(2, 95.0, 0.9)]
     path = progress.plot(records, tmp_path / "progress.png")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_record_tail_starts_over_when_a_resumed_learner_cuts_the_file_back(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    tail = progress.RecordTail(path)
+    assert tail.poll() == ([], False)
+    path.write_text('{"v": 1}\n{"v": 2}\n{"v": 3}\n{"v": 4')  # the last line half written
+    assert tail.poll() == ([{"v": 1}, {"v": 2}, {"v": 3}], False)
+    # The learner resumes from a checkpoint that had seen 2 records: a new, shorter file.
+    cut = tmp_path / "metrics.jsonl.tmp"
+    cut.write_text('{"v": 1}\n{"v": 2}\n')
+    cut.replace(path)
+    with open(path, "a") as f:
+        f.write('{"v": 3, "again": true}\n')
+    assert tail.poll() == ([{"v": 1}, {"v": 2}, {"v": 3, "again": True}], True)
+    assert tail.poll() == ([], False)
