@@ -58,6 +58,8 @@ class Outcome:
     finished_at: float
     struck: list[tuple[Fault, list[int], float]] = field(default_factory=list)
     """(fault, pids signalled, monotonic time) per fault."""
+    struck_wall: list[float] = field(default_factory=list)
+    """time.time() of each fault (to compare with the supervisor's records)."""
     step_times: dict[int, float] = field(default_factory=dict)
     """Monotonic time each step's train record was first seen."""
     missed: list[Fault] = field(default_factory=list)
@@ -148,6 +150,7 @@ class ChaosRun:
     def _follow(self, launcher: subprocess.Popen, before: set[str]) -> Outcome:
         deadline = time.monotonic() + self.timeout_s
         run_dir, pending, struck, step_times = None, list(self.faults), [], {}
+        struck_wall: list[float] = []
         while launcher.poll() is None:
             assert time.monotonic() < deadline, f"the run did not finish in {self.timeout_s}s"
             time.sleep(0.2)
@@ -164,6 +167,7 @@ class ChaosRun:
                 for pid in pids:
                     os.kill(pid, fault.signum)
                 struck.append((fault, pids, time.monotonic()))
+                struck_wall.append(time.time())
                 pending.remove(fault)
         finished_at = time.monotonic()
         output = launcher.stdout.read()
@@ -175,6 +179,7 @@ class ChaosRun:
             first_step_at=min(step_times.values(), default=finished_at),
             finished_at=finished_at,
             struck=struck,
+            struck_wall=struck_wall,
             step_times=step_times,
             missed=pending,
         )
@@ -186,6 +191,14 @@ def _due(fault: Fault, step_times: dict[int, float]) -> bool:
     else:
         seen = min(step_times.values()) + fault.at_s if step_times else None
     return seen is not None and time.monotonic() >= seen + fault.delay_s
+
+
+def restarted_within(run_dir: Path, service: str, since: float) -> float | None:
+    """Seconds from `since` (time.time()) to the supervisor's next restart of `service`."""
+    for event in read_events(run_dir):
+        if event["service"] == service and event["event"] == "started" and event["time"] > since:
+            return event["time"] - since
+    return None
 
 
 def restarted_services(run_dir: Path) -> list[str]:

@@ -26,7 +26,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from deploy import proctree
-from deploy.chaos import ChaosRun, Fault, Outcome
+from deploy.chaos import ChaosRun, Fault, Outcome, restarted_within
 from deploy.run_ledger import RunLedger
 from deploy.supervisor import read_events
 
@@ -119,14 +119,16 @@ def stalls(outcome: Outcome) -> tuple[list[dict], float]:
     gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
     median = statistics.median(gaps) if gaps else 0.0
     rows = []
-    for fault, pids, at in outcome.struck:
+    for (fault, pids, at), wall in zip(outcome.struck, outcome.struck_wall, strict=True):
         next_step = outcome.next_step_after(at)
+        restarted = restarted_within(outcome.run_dir, fault.target, wall)
         rows.append(
             {
                 "at_s": round(at - outcome.first_step_at, 1),
                 "target": fault.target,
                 "signal": signal.Signals(fault.signum).name,
                 "pids": pids,
+                "restarted_after_s": None if restarted is None else round(restarted, 1),
                 "next_step_s": None if next_step is None else round(next_step, 1),
                 "stall_s": None if next_step is None else round(max(0.0, next_step - median), 1),
             }
@@ -162,10 +164,13 @@ def print_report(data: dict) -> None:
         f"\nsoak: exit {data['exit_code']}, {data['run_s']:.0f} s from the first step, "
         f"{data['steps']} steps, median {data['median_step_s']} s per step"
     )
-    print("\nfault                 at (s)   next step (s)   stall (s)")
+    print("\nfault                 at (s)   restarted (s)   next step (s)   stall (s)")
     for f in data["faults"]:
         name = f"{f['target']} {f['signal']}"
-        print(f"{name:<20} {f['at_s']:>7}   {f['next_step_s']!s:>13}   {f['stall_s']!s:>9}")
+        print(
+            f"{name:<20} {f['at_s']:>7}   {f['restarted_after_s']!s:>13}   "
+            f"{f['next_step_s']!s:>13}   {f['stall_s']!s:>9}"
+        )
     print(f"\nrestarts by the launcher: {data['restarts']}")
     print("\nprocess                  pid   MB after warm-up   MB at end   growth   minutes")
     for m in data["memory"]:

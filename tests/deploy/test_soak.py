@@ -34,6 +34,7 @@ def test_stall_is_the_wait_for_the_next_step_less_the_median_step():
         first_step_at=0.0,
         finished_at=20.0,
         struck=[(Fault("learner", at_s=5.0), [123], 5.0)],
+        struck_wall=[1e9],
         step_times={0: 0.0, 1: 2.0, 2: 4.0, 3: 13.0, 4: 15.0, 5: 17.0},
     )
     rows, median = stalls(outcome)
@@ -44,6 +45,7 @@ def test_stall_is_the_wait_for_the_next_step_less_the_median_step():
             "target": "learner",
             "signal": "SIGKILL",
             "pids": [123],
+            "restarted_after_s": None,  # no supervisor records in this directory
             "next_step_s": 8.0,
             "stall_s": 6.0,
         }

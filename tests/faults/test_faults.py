@@ -26,7 +26,14 @@ from pathlib import Path
 
 import pytest
 
-from deploy.chaos import ChaosRun, Fault, Outcome, leftovers, restarted_services
+from deploy.chaos import (
+    ChaosRun,
+    Fault,
+    Outcome,
+    leftovers,
+    restarted_services,
+    restarted_within,
+)
 from deploy.run_ledger import RunLedger
 from deploy.supervisor import read_events
 
@@ -73,9 +80,10 @@ def _report(name: str, outcome: Outcome, baseline: Outcome | None = None) -> dic
             {
                 "target": fault.target,
                 "signal": signal.Signals(fault.signum).name,
+                "restarted_after_s": _round(restarted_within(outcome.run_dir, fault.target, wall)),
                 "next_step_s": _round(outcome.next_step_after(at)),
             }
-            for fault, _, at in outcome.struck
+            for (fault, _, at), wall in zip(outcome.struck, outcome.struck_wall, strict=True)
         ],
         "ledger": RunLedger.read(outcome.run_dir).summary(),
     }
