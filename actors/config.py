@@ -14,6 +14,7 @@ from typing import Literal
 import pydantic
 
 from common.config import StrictModel
+from common.restarts import RestartPolicy
 
 
 class SamplingConfig(StrictModel):
@@ -62,9 +63,11 @@ class EnvConfig(StrictModel):
     All servers are expected to host the same environments."""
     timeout_s: float = pydantic.Field(default=60.0, gt=0)
     """Deadline of each Reset/Step/Close call."""
-    attempts: int = pydantic.Field(default=3, ge=1)
+    attempts: int = pydantic.Field(default=6, ge=1)
     """Tries to open a session (each on the next address) or to step (re-opening the session
-    elsewhere and replaying the episode) before the episode ends with `error:env_*`."""
+    elsewhere and replaying the episode) before the episode ends with `error:env_*`. With
+    the default backoff they span ~15 s: long enough for a restarted env server to come back
+    on its address."""
     backoff_s: float = pydantic.Field(default=0.5, ge=0)
     """Wait before the second try; doubles each try."""
     max_backoff_s: float = pydantic.Field(default=8.0, ge=0)
@@ -263,11 +266,15 @@ class ActorConfig(StrictModel):
     """Limits of each episode."""
     max_groups_in_flight: int = pydantic.Field(default=4, ge=1)
     """Prompt tasks (GRPO groups) a replica works on at once; it pulls more as they finish."""
-    heartbeat_s: float = pydantic.Field(default=10.0, gt=0)
+    heartbeat_s: float = pydantic.Field(default=2.0, gt=0)
     """Interval of in-progress acks on a running task; must be well under the broker's
     prompt_ack_wait_s, else the task is redelivered while still running."""
     nak_delay_s: float = pydantic.Field(default=5.0, ge=0)
     """A failed task comes back (to any replica) after this delay."""
+    version_wait_s: float = pydantic.Field(default=30.0, gt=0)
+    """A task waiting this long for the weights it needs (announced before it was released,
+    so a broadcast normally brings them in a second) makes the replica catch up from the
+    announced snapshot, or hand the task back when no snapshot is new enough."""
     fetch_timeout_s: float = pydantic.Field(default=1.0, gt=0)
     """Longest one pull of prompt tasks waits."""
     drain_timeout_s: float = pydantic.Field(default=30.0, ge=0)
@@ -285,6 +292,9 @@ class ActorConfig(StrictModel):
     takes entry i modulo their number. None: `actor --replicas N` plans them over the GPUs
     it sees (CUDA_VISIBLE_DEVICES, else nvidia-smi), `engine.num_gpus` each, and refuses
     when they are too few; on a machine without GPUs nothing is set."""
+    restarts: RestartPolicy = RestartPolicy(initial_backoff_s=2.0)
+    """How `actor --replicas N` restarts a replica that dies (backoff, restart budget); a
+    replica that spends its budget stops the actor process (its own supervisor decides)."""
 
     @pydantic.model_validator(mode="after")
     def _check(self) -> ActorConfig:

@@ -62,8 +62,10 @@ class BrokerConfig(StrictModel):
     NATS_TOKEN (or their _FILE variants)."""
     namespace: str = "tether"
     """Prefix of every stream, subject and bucket of this run; runs sharing a server differ here."""
-    prompt_ack_wait_s: float = 60.0
-    """A prompt not heart-beaten for this long is redelivered to another actor replica."""
+    prompt_ack_wait_s: float = 10.0
+    """A prompt task not heart-beaten for this long (its replica died) is redelivered to
+    another replica: the seconds a dead actor's work waits. Replicas heart-beat every
+    `actor.heartbeat_s`, well inside it."""
     trajectory_ack_wait_s: float = 600.0
     """A trajectory the learner has not acknowledged for this long is redelivered."""
     max_trajectory_bytes: int = 4 * 1024**3

@@ -18,6 +18,7 @@ from nats.js.kv import KeyValue
 
 from broker.codec import WireDecodeError, decode, encode
 from broker.names import BusNames
+from broker.retry import until_done
 from broker.trajectories import CORRUPT_MESSAGES
 from broker.wire import PolicyVersion
 
@@ -37,8 +38,12 @@ class PolicyStore:
         return self._kv
 
     async def publish(self, version: PolicyVersion) -> None:
-        kv = await self._bucket()
-        await kv.put(self.names.policy_version_key, encode(version))
+        """Store `version` in the KV, waiting out a broker restart (an announcement that
+        never lands would leave every actor on old weights)."""
+        kv = await until_done(self._bucket, "policy bucket")
+        await until_done(
+            lambda: kv.put(self.names.policy_version_key, encode(version)), "policy version"
+        )
 
     async def get(self) -> PolicyVersion | None:
         """The newest announced version, or None before the learner announced any."""
@@ -50,8 +55,10 @@ class PolicyStore:
         return self._decode(entry.value)
 
     async def follow(self, poll_interval_s: float = 1.0) -> AsyncIterator[PolicyVersion]:
-        """Yield each new policy version (strictly increasing), forever."""
-        newest = -1
+        """Yield each new policy version, forever: strictly increasing within a lineage,
+        and the first announcement of every new lineage (a restarted learner), even when
+        its version is lower (it resumed from an older checkpoint)."""
+        newest, lineage = -1, None
         watcher = None
         while True:
             version = None
@@ -70,8 +77,8 @@ class PolicyStore:
                 watcher = None
                 await asyncio.sleep(poll_interval_s)
                 continue
-            if version is not None and version.version > newest:
-                newest = version.version
+            if version is not None and (version.version > newest or version.lineage != lineage):
+                newest, lineage = version.version, version.lineage
                 yield version
 
     def _decode(self, data: bytes) -> PolicyVersion | None:

@@ -88,16 +88,28 @@ class NatsServer:
             + (server_tls_block(self.tls) if self.tls else "")
         )
 
-    def start(self, timeout_s: float = 20.0) -> NatsServer:
-        assert self.process is None, "server already started"
+    @property
+    def health_url(self) -> str:
+        """The monitor endpoint that answers 200 once JetStream is up (a liveness probe)."""
+        return f"http://{self.host}:{self.monitor_port}/healthz?js-enabled-only=true"
+
+    def command(self) -> list[str]:
+        """Write the config file; the command line that runs this server. A supervisor may
+        run it again after a crash: same port, same file store, so streams, consumers and
+        the KV come back as they were."""
         self.store_dir.mkdir(parents=True, exist_ok=True)
         config = self.store_dir / "nats-server.conf"
         config.write_text(self.config_text())
+        return [nats_server_binary(), "-c", str(config)]
+
+    def start(self, timeout_s: float = 20.0) -> NatsServer:
+        assert self.process is None, "server already started"
+        command = self.command()
         log = open(self.log_file, "ab")  # noqa: SIM115 - handed to the child, closed in stop()
         self._log = log
         secrets = self.auth.server_environment() if self.auth else {}
         self.process = subprocess.Popen(
-            [nats_server_binary(), "-c", str(config)],
+            command,
             env={**os.environ, **secrets},
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -108,7 +120,7 @@ class NatsServer:
         return self
 
     def _wait_healthy(self, timeout_s: float) -> None:
-        url = f"http://{self.host}:{self.monitor_port}/healthz?js-enabled-only=true"
+        url = self.health_url
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:

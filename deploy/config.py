@@ -17,6 +17,7 @@ import pydantic
 from actors.config import ActorConfig
 from broker.config import BrokerConfig
 from common.config import SECTIONS, StrictModel, error_lines, read_sections
+from common.restarts import RestartPolicy
 from common.storage_config import StorageConfig
 from deploy.prepare import PrepareConfig
 from envservers.config import EnvServerConfig
@@ -41,6 +42,9 @@ class LocalRunConfig(StrictModel):
     """Start RL from the supervised warm start (False: random weights, for quick checks)."""
     timeout_s: float = 3600.0
     """Stop everything if the run has not finished after this long."""
+    restarts: RestartPolicy = RestartPolicy()
+    """How a role process that dies is restarted (backoff, restart budget); the run fails
+    once a process has spent its budget."""
     colocate: Literal["auto", "never"] = "auto"
     """On a GPU machine with fewer GPUs than learner ranks plus engines: `auto` puts engines
     on the learner's GPUs (a 1-GPU machine runs everything on GPU 0; weights then go over

@@ -24,7 +24,7 @@ from envservers.registry import build_providers
 from envservers.service import EnvService
 from envservers.types import EnvProvider
 from protos import env_pb2, env_pb2_grpc
-from protos.channel import channel_options, server_credentials
+from protos.channel import server_credentials, server_options
 
 log = logging.getLogger(__name__)
 SERVICE_NAME = env_pb2.DESCRIPTOR.services_by_name["EnvService"].full_name
@@ -64,7 +64,7 @@ class EnvServer:
             for provider in started:
                 await provider.stop()
             raise
-        server = grpc.aio.server(options=channel_options(self.config.max_message_bytes))
+        server = grpc.aio.server(options=server_options(self.config.max_message_bytes))
         env_pb2_grpc.add_EnvServiceServicer_to_server(self.service, server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         reflection.enable_server_reflection(

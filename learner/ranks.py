@@ -116,11 +116,12 @@ class RankCommands:
         self.write_snapshot(self.trainer.version, self._weights())
         return state
 
-    def publish_weights(self, version: int) -> dict:
+    def publish_weights(self, version: int, snapshot: bool = False) -> dict:
         """Send version `version` to the actors (when broadcasting); every
-        `snapshot_interval` versions also write it to disk for actors that join later.
-        Returns the broadcast report (`num_receivers` 0 when nobody was sent anything)."""
-        snapshot = version % self.snapshot_interval == 0
+        `snapshot_interval` versions, and when `snapshot`, also write it to disk for actors
+        that join later. Returns the broadcast report (`num_receivers` 0 when nobody was
+        sent anything)."""
+        snapshot = snapshot or version % self.snapshot_interval == 0
         if self.sender is None and not snapshot:
             return {"num_receivers": 0}  # nothing to gather the full weights for
         self._command("weights")

@@ -342,7 +342,8 @@ def envserver_panels() -> list[dict]:
         timeseries(
             "Env output repaired",
             "Observations cut to max_observation_chars, and rewards that were NaN or "
-            "infinite (passed on; the actor ends that episode as an error), per env. Empty in a healthy run.",
+            "infinite (passed on; the actor ends that episode as an error), per env. "
+            "Empty in a healthy run.",
             [
                 target(
                     "sum by (env) (rate(tether_env_truncated_observations_total[5m]))",

@@ -55,7 +55,7 @@ SMOKE_OVERRIDES = [
     "learner.group_size=4",
     f"learner.eval_interval={STEPS}",
     "learner.eval_samples_per_prompt=2",
-    "actor.max_generate_length=16",
+    "actor.rollout.max_generate_length=16",
 ]
 # The image's executables, run from this checkout (pyproject's console scripts and the tools
 # the image puts on PATH).

@@ -89,7 +89,13 @@ class ScriptedActor:
         follower = asyncio.create_task(self._follow())
         try:
             while True:
-                for received in await puller.fetch(batch=1, timeout_s=0.2):
+                # As the real actor: a broker restart is waited out, not fatal.
+                try:
+                    batch = await puller.fetch(batch=1, timeout_s=0.2)
+                except nats.errors.Error:
+                    await asyncio.sleep(0.2)
+                    continue
+                for received in batch:
                     await self._serve(received)
         finally:
             follower.cancel()
@@ -158,7 +164,8 @@ class ScriptedActor:
                     trajectory_ids=tuple(t.trajectory_id for t in group),
                 )
             )
-            await received.ack()
+            with contextlib.suppress(nats.errors.Error, TimeoutError):
+                await received.ack()  # lost: redelivered, and deduplicated by trajectory id
         except asyncio.CancelledError:
             with contextlib.suppress(nats.errors.Error):
                 await received.nak(0)  # hand it back now, not after the ack wait

@@ -13,6 +13,7 @@ import os
 import signal
 from collections import Counter
 
+from deploy.run_ledger import RunLedger
 from learner.checkpoint import latest_checkpoint, read_training_state
 from tests.learner_loop.conftest import bus, running
 from tests.learner_loop.scripted_actor import ScriptedActor
@@ -210,3 +211,5 @@ async def test_killed_learner_resumes_without_gap_repeat_or_loss(
     # After the resume, groups tagged with versions of the lost run are dropped as `future`.
     for line in dropped_lines:
         assert line["reason"] in ("stale", "future", "unused"), line
+    # The books balance across the kill: every stored message counted once.
+    assert RunLedger.read(run.run_dir).problems() == []
