@@ -279,11 +279,23 @@ def _nats_info(port: int, timeout_s: float = 20) -> dict:
             time.sleep(0.2)
 
 
-def _port_is_free(port: int) -> bool:
+def _taken_ports(ports: dict) -> dict:
+    """The plan's ports something still listens on (named as the plan names them)."""
     import socket
 
-    with socket.socket() as s:
-        return s.connect_ex(("127.0.0.1", port)) != 0
+    def taken(port: int) -> bool:
+        with socket.socket() as s:
+            return s.connect_ex(("127.0.0.1", port)) == 0
+
+    return {name: port for name, port in ports.items() if taken(port)}
+
+
+def _listeners() -> str:
+    """What listens on this machine, and which process (for a failure message)."""
+    import subprocess
+
+    ss = subprocess.run(["ss", "-ltnp"], capture_output=True, text=True, check=False)
+    return ss.stdout or ss.stderr
 
 
 @pytest.mark.slow
@@ -348,7 +360,9 @@ def test_dev_overlay_trains_end_to_end_as_local_processes(tmp_path):
     while (left := _leftovers(tmp_path, before)) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert not left, left
-    assert all(_port_is_free(port) for port in smoke.plan.ports.values())
+    while (taken := _taken_ports(smoke.plan.ports)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not taken, f"ports still taken {taken}:\n{_listeners()}"
 
 
 def _config_name(smoke: SmokeCluster) -> str:
