@@ -163,13 +163,15 @@ async def test_the_only_server_restarting_on_its_address_is_waited_for_and_repla
     try:
         async with EnvClient([f"127.0.0.1:{port}"], timeout_s=5, max_retries=0) as client:
             (result,) = await run_group(
-                engine=ScriptedEngine(tokenizer, script),
-                env=GrpcEnvConnector(client),
-                chat=ChatTemplate(tokenizer),
-                task=_task(group_size=1),
-                limits=LIMITS,
-                sampling=SamplingConfig(),
-                env_config=retry,
+                Rollout(
+                    engine=ScriptedEngine(tokenizer, script),
+                    env=GrpcEnvConnector(client),
+                    chat=ChatTemplate(tokenizer),
+                    limits=LIMITS,
+                    sampling=SamplingConfig(),
+                    env_config=retry,
+                ),
+                _task(group_size=1),
             )
     finally:
         for s in restarted:
