@@ -62,6 +62,7 @@ class Actor:
             )
         self.config, self.broker = config, broker
         self.engine, self.env, self.chat = engine, env, chat
+        self._generating = metrics.EngineBusyClock(engine)  # what episodes generate with
         self.actor_id = actor_id
         self.newest_version = -1
         self.num_published = 0
@@ -175,7 +176,7 @@ class Actor:
             sampling = self.config.eval_sampling if task.is_eval else self.config.sampling
             await run_group(
                 Rollout(
-                    engine=self.engine,
+                    engine=self._generating,
                     env=self.env,
                     chat=self.chat,
                     limits=self.config.rollout,
