@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 
 import prometheus_client as prom
+from prometheus_client.core import CounterMetricFamily
 
 from actors.types import EpisodeResult, Generation, Turn
 
@@ -36,10 +37,6 @@ WAIT_SECONDS = prom.Counter(
 )
 GENERATE_SECONDS = prom.Counter(
     "tether_actor_generate_seconds_total", "Time episodes spent in engine.generate (summed)"
-)
-ENGINE_BUSY_SECONDS = prom.Counter(
-    "tether_actor_engine_busy_seconds_total",
-    "Wall time with at least one generation in the engine (1 - its rate: the engine idles)",
 )
 POLICY_VERSION = prom.Gauge("tether_actor_policy_version", "Policy version of the engine")
 NEWEST_VERSION = prom.Gauge(
@@ -86,17 +83,24 @@ def record_versions(*, engine_version: int, newest_version: int) -> None:
 
 class EngineBusyClock:
     """Stands in for the engine in the episodes (`generate` only) and counts the wall time
-    during which at least one generation is in flight into ENGINE_BUSY_SECONDS (added when
-    the engine goes idle, so a scrape lags by at most the current busy stretch)."""
+    during which at least one generation is in flight: `busy_seconds()`, served as the
+    counter `tether_actor_engine_busy_seconds_total` (read at scrape time, so it includes a
+    busy stretch still running). One replica process has one engine and one clock."""
 
     def __init__(self, engine) -> None:
         self.engine = engine
         self._in_flight = 0
         self._busy_since = 0.0
+        self._busy_total = 0.0
+        _BUSY.clock = self
 
     @property
     def version(self) -> int:
         return self.engine.version
+
+    def busy_seconds(self) -> float:
+        running = time.monotonic() - self._busy_since if self._in_flight else 0.0
+        return self._busy_total + running
 
     async def generate(self, prompt_token_ids: list[int], turn: Turn) -> Generation:
         if self._in_flight == 0:
@@ -107,4 +111,19 @@ class EngineBusyClock:
         finally:
             self._in_flight -= 1
             if self._in_flight == 0:
-                ENGINE_BUSY_SECONDS.inc(time.monotonic() - self._busy_since)
+                self._busy_total += time.monotonic() - self._busy_since
+
+
+class _EngineBusyCollector:
+    clock: EngineBusyClock | None = None
+
+    def collect(self):
+        yield CounterMetricFamily(
+            "tether_actor_engine_busy_seconds",
+            "Wall time with at least one generation in the engine (1 - its rate: idle)",
+            value=self.clock.busy_seconds() if self.clock is not None else 0.0,
+        )
+
+
+_BUSY = _EngineBusyCollector()
+prom.REGISTRY.register(_BUSY)

@@ -3,6 +3,8 @@ once however many overlap (bench/async.py and bench/peer_trl.py read it as 1 - i
 
 import asyncio
 
+import prometheus_client
+
 from actors import metrics
 from actors.config import SamplingConfig
 from actors.types import Generation, Turn
@@ -28,7 +30,6 @@ class GatedEngine:
 async def test_overlapping_generations_count_their_union_once(monkeypatch):
     now = [100.0]
     monkeypatch.setattr(metrics.time, "monotonic", lambda: now[0])
-    before = metrics.ENGINE_BUSY_SECONDS._value.get()
     engine = GatedEngine()
     clock = metrics.EngineBusyClock(engine)
     assert clock.version == 3
@@ -41,11 +42,12 @@ async def test_overlapping_generations_count_their_union_once(monkeypatch):
     now[0] = 102.0
     engine.gates[0].set()
     await first
-    assert metrics.ENGINE_BUSY_SECONDS._value.get() == before  # still busy: nothing added
+    now[0] = 103.0
+    assert clock.busy_seconds() == 3.0  # still busy: the running stretch counts
     now[0] = 104.0
     engine.gates[1].set()
     assert (await second).token_ids == [1]
-    assert metrics.ENGINE_BUSY_SECONDS._value.get() == before + 4.0  # [100, 104]
+    assert clock.busy_seconds() == 4.0  # [100, 104]
 
     now[0] = 110.0  # idle 104..110 is not counted; a lone generation 110..110.5 is
     third = asyncio.create_task(clock.generate([1], TURN))
@@ -53,4 +55,6 @@ async def test_overlapping_generations_count_their_union_once(monkeypatch):
     now[0] = 110.5
     engine.gates[2].set()
     await third
-    assert metrics.ENGINE_BUSY_SECONDS._value.get() == before + 4.5
+    assert clock.busy_seconds() == 4.5
+    served = prometheus_client.generate_latest().decode()
+    assert "tether_actor_engine_busy_seconds_total 4.5" in served
