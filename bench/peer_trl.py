@@ -9,10 +9,11 @@ launch, and the time each takes to reach a target pass@1 (0.8 by default).
             spec), the env's answer rule as the reward, the shipped warm-started tiny
             model, the training rows in the order Tether's dispatcher releases them; a
             checkpoint every `--save-every` steps.
-    Tether: `python -m deploy.local` with configs/demo.toml as `make run` runs it (only
-            the run directory and, when asked, the step count and snapshot interval are set
-            on the command line); the learner's weight snapshots, written every
-            `snapshot_interval` (5, the demo's) steps, are kept as they appear.
+    Tether: `python -m deploy.local` with configs/demo.toml as `make run` runs it; set on
+            the command line: the run directory, the step count, and the learner's
+            `snapshot_interval` = `--save-every` (the demo writes one every 5 steps; a
+            1.3 MB safetensors file, milliseconds) so both sides are scored as often. The
+            snapshots are kept as they appear (bench/tether_run.py).
     Eval:   afterwards, every checkpoint of both sides and the shared start are scored by
             one evaluator (bench/pass_at_1.py: the rollout code on one vLLM engine, the real
             calculator env, the 100 held-out prompts x 2 seeded samples of the demo's eval
