@@ -7,9 +7,10 @@ default bound (1), on a multi-turn tool environment with heavy-tailed tool laten
                turns of up to 64 tokens, learner on one torch thread, 2 actor replicas with
                their engines pinned one per core), with every `add` call first waiting a
                log-normal latency (median 50 ms, p99 2 s: `[envserver.calculator]`,
-               envservers/latency.py) and in-run evals off. The model calls the tool on
-               about half the episodes at first and more as it learns; its responses run
-               from a few tokens (a guessed answer) to a call, a result and an answer.
+               envservers/latency.py); in-run evals only at v0 and at the end (16
+               prompts). The model calls the tool on about half the episodes at first and
+               more as it learns; its responses run from a few tokens (a guessed answer)
+               to a call, a result and an answer.
     cores:     as `make run` allots them: engine i pinned to core i (OpenMP), the learner's
                one torch thread, the env server, nats-server and the actors' Python loops
                left to the OS on the same two cores. The learner and the engines compete;
@@ -48,7 +49,11 @@ def overrides(args, max_staleness: int) -> list[str]:
     return [
         f"learner.total_steps={args.steps}",
         f"learner.max_staleness={max_staleness}",
-        "learner.eval_interval=null",
+        # Evals only at v0 and after the last step, on 16 prompts x 1 sample (the launcher's
+        # summary needs one; neither falls in the measured steady state).
+        f"learner.eval_interval={10 * args.steps}",
+        "learner.eval_samples_per_prompt=1",
+        "local.num_eval_rows=16",
         f"local.actor_replicas={args.replicas}",
         f"envserver.calculator.latency_median_s={args.median_ms / 1000}",
         f"envserver.calculator.latency_p99_s={args.p99_s}",

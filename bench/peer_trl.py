@@ -176,6 +176,10 @@ def figures_of(args, scores, trl, tether, loads) -> dict:
     figures["pass1_start"] = scores["start"]
     figures.update(trl_breakdown(trl))
     figures.update(tether_breakdown(tether))
+    for side in ("trl", "tether"):  # the same, counted from the end of start-up
+        reached, startup = figures[f"{side}_{key}"], figures.get(f"{side}_startup_s")
+        after = key[: -len("_s")] + "_after_startup_s"
+        figures[f"{side}_{after}"] = reached - startup if None not in (reached, startup) else None
     for record in tether.evals:
         figures[f"tether_inrun_pass1_v{record['version']:02d}"] = record["pass_at_1"]
     figures.update(
