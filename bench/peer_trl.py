@@ -222,7 +222,13 @@ def main() -> None:
     parser.add_argument("--eval-prompts", type=int, default=100)
     parser.add_argument("--eval-samples", type=int, default=2)
     parser.add_argument("--eval-core", default="1", help="the evaluator engine's core")
-    parser.add_argument("--trl-threads", type=int, default=2)
+    parser.add_argument(
+        "--trl-threads",
+        type=int,
+        default=2,
+        help="TRL's torch threads: 2 as issue 16 ran it; on a busy shared machine use 1 (two "
+        "OpenMP threads there took 35-120 s per step against 6-9 s for one)",
+    )
     parser.add_argument("--model", type=Path, default=REPO / "demo" / "tiny_model")
     parser.add_argument(
         "--tether-override", action="append", default=[], help="extra section.key=value"

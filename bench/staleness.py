@@ -24,7 +24,8 @@ kept and the engine loads the one each step needs.
                   would only share the same two cores).
 
 Cost: about (steps x (generation + training) + eval) per run, 15 cells x seeds runs; the
-defaults (8 steps, 2 seeds) take about 10 minutes on a quiet 2-core machine.
+defaults (8 steps, 2 seeds) took 10.6 minutes on the shared 2-core machine under load
+(11-30 s per run).
 Writes bench/results/staleness.json: `pass1_k{k}_{correction}_mean` / `_std` / `_min` /
 `_max` over seeds, and `pass1_start`.
 """
