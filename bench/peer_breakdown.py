@@ -14,7 +14,8 @@ Tether (the learner's metrics.jsonl, learner clock; the actors' counters, watche
                       the engines with training meanwhile)
 TRL (its progress.jsonl):
     per_step_s, generate_s (generation, tool rounds and rewards), train_s (the rest)
-Both: startup_s, launch to the end of step 1 minus step 1's own duration.
+Both: startup_s, launch to the end of step 1 minus a step (TRL: step 1's own duration;
+Tether: step 2's interval, as step 1's start is not recorded).
 """
 
 from __future__ import annotations
