@@ -77,9 +77,18 @@ lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
+# Every benchmark script in bench/ (not the modules they share: common, *_support, *_worker,
+# and the helpers named in BENCH_HELPERS), in name order; `make bench` prints each one's time.
+BENCH_HELPERS := __init__ common dense_packing pass_at_1 peer_breakdown tether_run
 bench: install
 	@mkdir -p bench/results
-	@set -e; for script in bench/*.py; do echo "== $$script"; $(PY) $$script; done
+	@set -e; for script in bench/*.py; do \
+	  name=$$(basename $$script .py); \
+	  case " $(BENCH_HELPERS) " in *" $$name "*) continue;; esac; \
+	  case $$name in *_support|*_worker) continue;; esac; \
+	  echo "== $$script"; started=$$(date +%s); $(PY) $$script; \
+	  echo "== $$script took $$(( $$(date +%s) - started )) s"; \
+	done
 
 # Watch the latest `make run` with Prometheus on 127.0.0.1:9090 (docs/observability.md).
 observe: install-test

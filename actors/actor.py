@@ -72,6 +72,7 @@ class Actor:
             )
         self.config, self.broker = config, broker
         self.engine, self.env, self.chat = engine, env, chat
+        self._generating = metrics.EngineBusyClock(engine)  # what episodes generate with
         self.actor_id = actor_id
         self.snapshots = snapshots or SnapshotSource()  # local paths, or s3:// downloads
         self.newest_version = -1
@@ -190,7 +191,7 @@ class Actor:
             sampling = self.config.eval_sampling if task.is_eval else self.config.sampling
             await run_group(
                 Rollout(
-                    engine=self.engine,
+                    engine=self._generating,
                     env=self.env,
                     chat=self.chat,
                     limits=self.config.rollout,

@@ -58,6 +58,27 @@ class SqlConfig(StrictModel):
     gigabytes and a minute of CPU."""
 
 
+class CalculatorConfig(StrictModel):
+    """The `calculator` environment: an optional heavy-tailed latency before every tool
+    call (envservers/latency.py), for benchmarks of asynchrony; off by default."""
+
+    latency_median_s: float = pydantic.Field(0.0, ge=0)
+    """Median wait of a tool call, seconds; 0 turns the latency off."""
+    latency_p99_s: float = pydantic.Field(0.0, ge=0)
+    """99th percentile of the wait (log-normal through median and p99); >= the median."""
+    latency_seed: int | None = None
+    """Seed of the latency draws (one stream per env server); None: unseeded."""
+
+    @pydantic.model_validator(mode="after")
+    def _check(self) -> CalculatorConfig:
+        if self.latency_median_s > 0 and self.latency_p99_s < self.latency_median_s:
+            raise ValueError(
+                f"latency_p99_s ({self.latency_p99_s}) must be >= latency_median_s "
+                f"({self.latency_median_s})"
+            )
+        return self
+
+
 class McpServerConfig(StrictModel):
     """One MCP server started over stdio."""
 
@@ -160,6 +181,8 @@ class EnvServerConfig(StrictModel):
     """Python logging level."""
     python: SandboxConfig = SandboxConfig()
     """The `python` environment's sandbox."""
+    calculator: CalculatorConfig = CalculatorConfig()
+    """The `calculator` environment (tool latency)."""
     sql: SqlConfig = SqlConfig()
     """The `sql` environment."""
     mcp: McpConfig = McpConfig()
