@@ -17,10 +17,8 @@ Delivery rules (the bus is at-least-once; trajectory ids make it exactly-once in
   snapshot: generating on it would tag tokens with versions the learner has not reached,
   and every group would be dropped as `future` until it had (a stall).
 
-The engine and the env connector are parameters (`Actor(engine=..., env=...)`), so the
-whole loop runs in tests on fakes (tests/fakes.py); `actors.replica.replica_main` builds
-the real ones.
-"""
+Engine and env connector are parameters: tests run the loop on fakes (tests/fakes.py);
+`actors.replica.replica_main` builds the real ones."""
 
 from __future__ import annotations
 
