@@ -69,7 +69,7 @@ def test_a_dead_childs_leftovers_are_killed_before_it_restarts(tmp_path):
     code = (
         "import subprocess, sys, time\n"
         f"p = subprocess.Popen(['sleep', '300'])\n"
-        f"open({str(pid_file)!r}, 'w').write(str(p.pid))\n"
+        f"open({str(pid_file)!r}, 'a').write(str(p.pid) + ' ')\n"  # a restart adds its own
         "time.sleep(0.3)\n"
         "sys.exit(1)\n"
     )
@@ -77,7 +77,7 @@ def test_a_dead_childs_leftovers_are_killed_before_it_restarts(tmp_path):
     supervisor.start(Service("parent", _python(code)))
     try:
         _poll_until(supervisor, lambda: supervisor.num_restarts()["parent"] == 1)
-        grandchild = int(pid_file.read_text())
+        grandchild = int(pid_file.read_text().split()[0])  # the first run's
         deadline = time.monotonic() + 5
         while _alive(grandchild) and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -145,7 +145,7 @@ def test_stop_all_kills_processes_that_left_the_childs_process_group(tmp_path):
     code = (
         "import os, subprocess, time\n"
         "p = subprocess.Popen(['sleep', '300'], process_group=0)\n"
-        f"open({str(pid_file)!r}, 'w').write(str(p.pid))\n"
+        f"open({str(pid_file)!r}, 'a').write(str(p.pid) + ' ')\n"  # a restart adds its own
         "time.sleep(300)\n"
     )
     supervisor, _ = _supervisor(tmp_path)

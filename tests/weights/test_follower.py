@@ -12,11 +12,12 @@ from weights.subscription import RoundTicket
 def _ticket(version: int) -> RoundTicket:
     return RoundTicket(
         version=version,
-        base_rank=1,
-        world_size=2,
-        backend="gloo",
+        group_id=0,
+        member_id=1,
+        slots=1,
         store_host="127.0.0.1",
         store_port=1,
+        join_timeout_s=1.0,
         transfer_timeout_s=1.0,
     )
 
