@@ -175,7 +175,7 @@ def launch(config_path: Path, overrides: list[str]) -> int:
     finally:
         supervisor.stop_all()
     if code == 0:
-        _finish(run_dir, records)
+        progress.finish(run_dir, records)
     return code
 
 
@@ -269,14 +269,6 @@ def _follow(supervisor, metrics_path, records, total_steps, timeout_s, stopping)
             print(f"\nrun did not finish within {timeout_s:.0f}s: stopping", file=sys.stderr)
             return 1
         time.sleep(0.5)
-
-
-def _finish(run_dir: Path, records: list[dict]) -> None:
-    summary = progress.summarize(records)
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    plot_path = progress.plot(records, run_dir / "progress.png")
-    print("\n" + progress.summary_table(summary))
-    print(f"\nsummary: {run_dir / 'summary.json'}\nplot:    {plot_path}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -175,3 +175,13 @@ def plot(records: list[dict], path: Path) -> Path:
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
+
+
+def finish(run_dir: Path, records: list[dict], say=print) -> None:
+    """The end of a run that finished: `summary.json` and `progress.png` in `run_dir`, and
+    the summary table said (printed, or `say`) with where both files are."""
+    summary = summarize(records)
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    plot_path = plot(records, run_dir / "progress.png")
+    say("\n" + summary_table(summary))
+    say(f"\nsummary: {run_dir / 'summary.json'}\nplot:    {plot_path}")

@@ -7,7 +7,6 @@ and asks the run's supervisor for its state; Ctrl-C stops following, not the run
 
 from __future__ import annotations
 
-import json
 import signal
 import sys
 import time
@@ -92,7 +91,7 @@ def follow(ray, supervisor, run_dir: Path, total_steps: int) -> int:
         if status["state"] == "finished":
             new, offset = progress.read_records(metrics_path, offset)
             records.extend(new)
-            _finish(run_dir, records)
+            progress.finish(run_dir, records, say=_say)
             _say("every process of the run has stopped; `make cluster-down TARGET=ray` clears it")
             return 0
         if status["state"] == "failed":
@@ -111,11 +110,3 @@ def _file_identity(path: Path) -> tuple[int | None, int]:
     except FileNotFoundError:
         return None, 0
     return stat.st_ino, stat.st_size
-
-
-def _finish(run_dir: Path, records: list[dict]) -> None:
-    summary = progress.summarize(records)
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    plot_path = progress.plot(records, run_dir / "progress.png")
-    _say("\n" + progress.summary_table(summary))
-    _say(f"\nsummary: {run_dir / 'summary.json'}\nplot:    {plot_path}")
