@@ -60,6 +60,7 @@ SMOKE_OVERRIDES = [
 # The image's executables, run from this checkout (pyproject's console scripts and the tools
 # the image puts on PATH).
 PYTHON = sys.executable
+SMOKE_MARKER = "TETHER_SMOKE_ROOT"
 EXECUTABLES = {
     "learner": [PYTHON, "-m", "learner.cli"],
     "actor": [PYTHON, "-m", "actors.cli"],
@@ -182,7 +183,8 @@ class SmokeCluster:
     def start(self, workload: str, container: dict):
         pod = self.pod(workload)
         argv, env = self.argv_env(pod, container)
-        base = {"PYTHONPATH": str(REPO), "WANDB_MODE": "disabled"}  # this checkout's code
+        # This checkout's code; the marker finds the engines this cluster started (_leftovers).
+        base = {"PYTHONPATH": str(REPO), "WANDB_MODE": "disabled", SMOKE_MARKER: str(self.root)}
         child = self.processes.start(
             f"{pod.name}.{container['name']}", argv, env={**base, **env}, cwd=REPO
         )
@@ -257,11 +259,23 @@ def _command_lines() -> dict[int, str]:
 
 
 def _leftovers(root: Path, before: set[int]) -> list[str]:
+    """Processes of the smoke cluster still alive: any that mention `root`, and any vLLM
+    engine started since `before` whose environment does (engines rename themselves
+    `VLLM::...` but inherit their actor's environment, which names the pod's paths; another
+    test's engine on a shared machine is not ours)."""
     return [
         f"{pid}: {line[:200]}"
         for pid, line in _command_lines().items()
-        if str(root) in line or (pid not in before and line.startswith("VLLM"))
+        if str(root) in line
+        or (pid not in before and line.startswith("VLLM") and _environ_mentions(pid, root))
     ]
+
+
+def _environ_mentions(pid: int, root: Path) -> bool:
+    try:
+        return str(root).encode() in Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return False  # gone meanwhile
 
 
 def _nats_info(port: int, timeout_s: float = 20) -> dict:
