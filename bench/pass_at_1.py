@@ -23,6 +23,7 @@ from actors.chat import ChatTemplate
 from actors.config import EnvConfig, RolloutConfig, SamplingConfig, VllmEngineConfig
 from actors.episode import Rollout, run_group
 from broker.wire import PromptTask
+from learner.dispatcher import task_from_row
 
 # configs/demo.toml [actor.rollout]
 DEMO_LIMITS = RolloutConfig(
@@ -32,17 +33,8 @@ EVAL_SEED = 1_000_003
 
 
 def eval_task(index: int, row: dict, samples: int) -> PromptTask:
-    return PromptTask(
-        task_id=f"eval-{index}",
-        step=0,
-        group_size=samples,
-        env_class=row["env_class"],
-        data_source=row["data_source"],
-        prompt=row["prompt"],
-        reward_spec=row["reward_spec"],
-        extra_info=row["extra_info"],
-        is_eval=True,
-    )
+    return task_from_row(row, task_id=f"eval-{index}", step=0, min_version=0,
+                         group_size=samples, is_eval=True)  # fmt: skip
 
 
 class Evaluator:
