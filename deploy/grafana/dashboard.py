@@ -244,6 +244,17 @@ def actor_panels() -> list[dict]:
             ],
         ),
         timeseries(
+            "Actor engine busy",
+            "Share of wall time each replica's engine had at least one generation in it "
+            "(1 - this is the engine's idle time: the number asynchrony exists to shrink).",
+            [
+                target(
+                    f"sum by (instance) (rate(tether_actor_engine_busy_seconds_total[{RI}]))",
+                    "{{instance}}",
+                )
+            ],
+        ),
+        timeseries(
             "Where actor time goes",
             "Seconds per second, all replicas: waiting for prompt tasks (one pull loop per "
             "replica), for weights new enough for a task (per held group), on env servers "
