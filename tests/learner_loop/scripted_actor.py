@@ -62,6 +62,13 @@ class PublishedGroup:
     trajectory_ids: tuple[str, ...]
 
 
+RESUMABLE = {"patience_s": 2.0}
+"""For runs that kill the learner: a task the lost run released for a version the resumed
+learner has not reached is handed back after 2 s, as a real replica does after
+`actor.version_wait_s`. Without it, both actors (one task at a time each) can hold such
+tasks while the learner waits for the groups queued behind them: a stall with no end."""
+
+
 @dataclass
 class ScriptedActor:
     url: str
@@ -76,8 +83,15 @@ class ScriptedActor:
     published: list[PublishedGroup] = field(default_factory=list)
     handed_back: list[str] = field(default_factory=list)
 
+    def stop(self) -> None:
+        """Make `run` return at its next poll. Cancelling alone is not enough: Python 3.11's
+        `asyncio.wait_for` can swallow a cancellation that lands as the awaited request
+        finishes (nats-py's fetch and KV get use it), and these loops poll every 0.2 s."""
+        self._stopping = True
+
     async def run(self) -> None:
-        """Serve tasks until cancelled."""
+        """Serve tasks until stopped (`stop()`, then cancel)."""
+        self._stopping = False
         self._rng = random.Random(self.seed)
         self.nc = await client.connect(self.url, name=self.actor_id)
         js = self.nc.jetstream()
@@ -88,7 +102,7 @@ class ScriptedActor:
         self._changed = asyncio.Event()
         follower = asyncio.create_task(self._follow())
         try:
-            while True:
+            while not self._stopping:
                 # As the real actor: a broker restart is waited out, not fatal.
                 try:
                     batch = await puller.fetch(batch=1, timeout_s=0.2)
@@ -114,7 +128,7 @@ class ScriptedActor:
 
     async def _follow(self) -> None:
         """Track every change of the announced version (a poll: it may also go down)."""
-        while True:
+        while not self._stopping:
             with contextlib.suppress(nats.errors.Error, TimeoutError):
                 announced = await self._read_announced()
                 if announced != self.announced:
