@@ -65,6 +65,18 @@ class Evaluator:
         chat = ChatTemplate(AutoTokenizer.from_pretrained(model_dir))
         return cls(engine, chat, InProcessEnv(providers={"calculator": CalculatorProvider()}))
 
+    def rollout(self, *, seed: int) -> Rollout:
+        """Episodes on this engine and env with the demo's limits, at temperature 1, with
+        sample i of a group seeded `seed + i`."""
+        return Rollout(
+            engine=self.engine,
+            env=self.env,
+            chat=self.chat,
+            limits=DEMO_LIMITS,
+            sampling=SamplingConfig(temperature=1.0, seed=seed),
+            env_config=EnvConfig(),
+        )
+
     async def pass_at_1(
         self, rows: list[dict], *, weights: str | Path | None = None, samples: int = 2
     ) -> float:
@@ -75,14 +87,7 @@ class Evaluator:
             await self.engine.load_snapshot(str(weights), self.num_loaded)
 
         async def play(index: int, row: dict):
-            rollout = Rollout(
-                engine=self.engine,
-                env=self.env,
-                chat=self.chat,
-                limits=DEMO_LIMITS,
-                sampling=SamplingConfig(temperature=1.0, seed=EVAL_SEED + samples * index),
-                env_config=EnvConfig(),
-            )
+            rollout = self.rollout(seed=EVAL_SEED + samples * index)
             return await run_group(rollout, eval_task(index, row, samples))
 
         groups = await asyncio.gather(*(play(i, row) for i, row in enumerate(rows)))

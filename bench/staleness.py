@@ -89,21 +89,12 @@ def step_tasks(rows: list[dict], step: int, seed: int):
 
 async def generate_groups(evaluator, tasks, *, sampling_seed: int):
     """Each task's group on the evaluator's engine (its current weights), as learner Groups."""
-    from actors.config import EnvConfig, SamplingConfig
-    from actors.episode import Rollout, run_group
+    from actors.episode import run_group
     from actors.trajectory import to_trajectory
-    from bench.pass_at_1 import DEMO_LIMITS
     from learner.batching import Group
 
     async def one(index: int, task):
-        rollout = Rollout(
-            engine=evaluator.engine,
-            env=evaluator.env,
-            chat=evaluator.chat,
-            limits=DEMO_LIMITS,
-            sampling=SamplingConfig(temperature=1.0, seed=sampling_seed + GROUP_SIZE * index),
-            env_config=EnvConfig(),
-        )
+        rollout = evaluator.rollout(seed=sampling_seed + GROUP_SIZE * index)
         results = await run_group(rollout, task)
         trajectories = [to_trajectory(r, task=task, sample_index=i) for i, r in enumerate(results)]
         return Group(
