@@ -56,9 +56,10 @@ class PolicyStore:
 
     async def follow(self, poll_interval_s: float = 1.0) -> AsyncIterator[PolicyVersion]:
         """Yield each new policy version, forever: strictly increasing within a lineage,
-        and the first announcement of every new lineage (a restarted learner), even when
-        its version is lower (it resumed from an older checkpoint)."""
-        newest, lineage = -1, None
+        the first announcement of every new lineage (a restarted learner), even when its
+        version is lower (it resumed from an older checkpoint), and the same version again
+        with a newer snapshot (written for engines that missed its broadcast)."""
+        newest, lineage, snapshot = -1, None, -1
         watcher = None
         while True:
             version = None
@@ -77,8 +78,13 @@ class PolicyStore:
                 watcher = None
                 await asyncio.sleep(poll_interval_s)
                 continue
-            if version is not None and (version.version > newest or version.lineage != lineage):
+            if version is not None and (
+                version.version > newest
+                or version.lineage != lineage
+                or (version.version == newest and version.snapshot_version > snapshot)
+            ):
                 newest, lineage = version.version, version.lineage
+                snapshot = version.snapshot_version
                 yield version
 
     def _decode(self, data: bytes) -> PolicyVersion | None:

@@ -15,16 +15,13 @@ weight broadcast meet.
     └────────────────────────────────────────────────────────────────────────────────┘
 
 Durability: a trajectory is acked only after a checkpoint that includes its effect
-(trained, counted as dropped, or counted as an eval sample). A crash loses nothing accepted:
-on start the learner re-creates its consumer, so every unacked trajectory is redelivered at
-once, and the ids the restored checkpoint covers (its last window: everything older was
-acked before it was written) are acked again and skipped. Releases are written ahead
-(`dispatcher.json` next to the checkpoints), so a resumed learner knows every prompt the
-lost run released and waits for each group. Every learner process announces a lineage of
-its own with its versions: actors holding weights newer than a resumed learner's version
-know they came from a history that was rolled back. Bus calls whose loss would lose state
-wait out a broker restart (`broker.retry`). Other ranks only follow commands
-(`learner/ranks.py`).
+(trained, dropped or eval). On start the consumer is re-created (every unacked trajectory
+comes at once) and the ids the checkpoint covers are acked and skipped; releases are
+written ahead (`dispatcher.json`), so a resumed learner waits for every group the lost run
+released. Each learner process announces its own lineage (actors ahead of it roll back);
+bus calls that must not be lost wait out a broker restart (`broker.retry`); waiting for
+data, it snapshots the current version for engines that missed its broadcast. Other ranks
+follow commands (`learner/ranks.py`; docs/reliability.md).
 """
 
 from __future__ import annotations
@@ -86,8 +83,6 @@ class Learner:
         self.lineage = uuid.uuid4().hex[:12]
         self.started = time.monotonic()
 
-    # ---- set-up ----------------------------------------------------------------------------
-
     async def _connect(self) -> None:
         self.nc = await client.connect(self.broker.url, name="learner", tls=self.broker.tls)
         self.js = self.nc.jetstream()
@@ -117,8 +112,6 @@ class Learner:
     def _cursor(self) -> dict:
         self.ledger.num_malformed = self.malformed_before + self.intake.num_malformed
         return {**self.ledger.to_cursor(), **self.reporter.position()}
-
-    # ---- the loop ----------------------------------------------------------------------------
 
     async def run(self) -> dict:
         cfg = self.config
@@ -228,7 +221,10 @@ class Learner:
         started = time.monotonic()
         taken: list[Group] = []
         while len(taken) < num_groups:
-            group = await self._next_group()
+            group = await self._next_group(timeout_s=self.config.stall_snapshot_s)
+            if group is None:
+                await self._snapshot_if_behind()
+                continue
             decision = decide_group(group, version=self.version, **self.group_rules)
             self._take(group, decision.drop_reason)
             if decision.drop_reason is not None:
@@ -297,6 +293,14 @@ class Learner:
         )
         self.reporter.record_train(record, step=step, groups=groups)
 
+    async def _snapshot_if_behind(self) -> None:
+        """No data for a while: engines that missed a broadcast may wait for this version."""
+        snapshot = self.commands.snapshot
+        if snapshot is None or snapshot[1] < self.version:
+            log.warning("waiting for data at v%d: writing a snapshot of it", self.version)
+            await asyncio.to_thread(self.commands.snapshot_current)
+            await self._announce()
+
     async def _announce(self) -> None:
         snapshot = self.commands.snapshot
         if snapshot is None and self.version == 0:
@@ -352,8 +356,6 @@ class Learner:
             await asyncio.to_thread(self.artifacts.wait_idle)
         failed = await self.intake.ack(self.artifacts.take_durable_acks())
         self.window_ids = failed + self.window_ids  # covered by the next checkpoint again
-
-    # ---- end of run --------------------------------------------------------------------------
 
     async def _drain(self) -> None:
         """Wait (bounded) for every released group; count each as dropped `unused`."""

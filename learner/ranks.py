@@ -146,6 +146,11 @@ class RankCommands:
             self._keep_snapshot(writer.finish(), version)
         return report
 
+    def snapshot_current(self) -> Path:
+        """Write a snapshot of the current weights (all ranks gather them)."""
+        self._command("weights")
+        return self.write_snapshot(self.trainer.version, self._weights())
+
     def write_snapshot(self, version: int, named) -> Path:
         """Write version `version` for actors that join later, as the tensors arrive; the
         previous snapshot is removed once the new one is in place."""
