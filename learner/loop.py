@@ -296,7 +296,8 @@ class Learner:
     async def _snapshot_if_behind(self) -> None:
         """No data for a while: engines that missed a broadcast may wait for this version."""
         snapshot = self.commands.snapshot
-        if snapshot is None or snapshot[1] < self.version:
+        # Version 0 needs none: every engine starts from the model the learner started from.
+        if self.version > 0 and (snapshot is None or snapshot[1] < self.version):
             log.warning("waiting for data at v%d: writing a snapshot of it", self.version)
             await asyncio.to_thread(self.commands.snapshot_current)
             await self._announce()
