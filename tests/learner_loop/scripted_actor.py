@@ -228,3 +228,11 @@ class ScriptedActor:
                 versions=[version if m else -1 for m in mask],
             ),
         )
+
+
+def resumable_pair(url: str, names: BusNames) -> list[ScriptedActor]:
+    """A fast and a slower actor, RESUMABLE: the pair of the runs that kill the learner."""
+    return [
+        ScriptedActor(url, names, actor_id="a", delay_s=0.02, seed=7, **RESUMABLE),
+        ScriptedActor(url, names, actor_id="b", delay_s=0.15, seed=8, **RESUMABLE),
+    ]

@@ -16,7 +16,7 @@ from collections import Counter
 from deploy.run_ledger import RunLedger
 from learner.checkpoint import latest_checkpoint, read_training_state
 from tests.learner_loop.conftest import bus, running
-from tests.learner_loop.scripted_actor import RESUMABLE, ScriptedActor
+from tests.learner_loop.scripted_actor import ScriptedActor, resumable_pair
 
 TIMEOUT_S = 150
 
@@ -185,10 +185,7 @@ async def test_killed_learner_resumes_without_gap_repeat_or_loss(
     learner_run, nats_server, bus_names, tmp_path
 ):
     run = learner_run(total_steps=8, max_staleness=1, eval_interval=None)
-    actors = [
-        ScriptedActor(nats_server.url, bus_names, actor_id="a", delay_s=0.02, seed=7, **RESUMABLE),
-        ScriptedActor(nats_server.url, bus_names, actor_id="b", delay_s=0.15, seed=8, **RESUMABLE),
-    ]
+    actors = resumable_pair(nats_server.url, bus_names)
     async with bus(nats_server.url, bus_names) as (js, versions), running(actors):
         await run.start()
         while not versions.versions or versions.versions[-1] < 5:
