@@ -58,13 +58,14 @@ def health_sums(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(sums `[len(SUM_FIELDS)]` float64, extremes `[2]` = (max ratio, -min ratio)) over the
     loss tokens of one micro-batch. Extremes are -inf when there is no loss token."""
+    device = logprobs.device  # every sum is stacked there: on GPU, a CPU scalar cannot join
     mask = loss_mask.to(torch.bool)
     log_ratio = (logprobs.detach() - behaviour_logprobs).to(torch.float64)[mask]
     ratio = log_ratio.exp()
 
     def masked_sum(values: torch.Tensor | None) -> torch.Tensor:
         if values is None:
-            return torch.zeros((), dtype=torch.float64)
+            return torch.zeros((), dtype=torch.float64, device=device)
         return values.detach().to(torch.float64)[mask].sum()
 
     mismatch = None
@@ -75,7 +76,7 @@ def health_sums(
     fresh_gap = (logprobs.detach() - behaviour_logprobs).to(torch.float64)[fresh_mask].abs()
     sums = torch.stack(
         [
-            torch.tensor(float(mask.sum()), dtype=torch.float64),
+            mask.sum().to(torch.float64),
             (ratio - 1.0).sum(),
             ((ratio - 1.0) ** 2).sum(),
             clipped[mask].to(torch.float64).sum(),
@@ -84,12 +85,12 @@ def health_sums(
             masked_sum(kl_ref),
             masked_sum(importance_weight),
             masked_sum(mismatch),
-            torch.tensor(float(fresh_mask.sum()), dtype=torch.float64),
+            fresh_mask.sum().to(torch.float64),
             fresh_gap.sum(),
         ]
     )
     if ratio.numel() == 0:
-        extremes = torch.full((2,), -math.inf, dtype=torch.float64)
+        extremes = torch.full((2,), -math.inf, dtype=torch.float64, device=device)
     else:
         extremes = torch.stack([ratio.max(), -ratio.min()])
     return sums, extremes

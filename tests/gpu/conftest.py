@@ -35,6 +35,18 @@ def need_gpus(count: int) -> None:
     pytest.skip(f"needs {count} CUDA GPU(s), found {have}")
 
 
+def need_vllm() -> None:
+    """Skip (fail under make gpu-check, whose `make install` puts it there) unless vLLM's
+    CUDA build is importable: a GPU machine may hold torch but no vLLM."""
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is not None:
+        return
+    if os.environ.get("TETHER_GPU_REQUIRED") == "1":
+        pytest.fail("make gpu-check: vLLM is not installed (make install)")
+    pytest.skip("needs vLLM (the `vllm` extra), not installed")
+
+
 def record(**figures: float | str) -> None:
     """Add figures to runs/gpu-check/results.json (read by docs/gpu.md)."""
     RESULTS.parent.mkdir(parents=True, exist_ok=True)

@@ -18,7 +18,7 @@ import threading
 import pytest
 import torch
 
-from tests.gpu.conftest import need_gpus, record
+from tests.gpu.conftest import need_gpus, need_vllm, record
 from weights.config import WeightSyncConfig
 from weights.sender import WeightSender
 from weights.subscription import WeightSubscription
@@ -33,6 +33,7 @@ PROMPTS = ["What is 17 + 25?", "What is 3 * 4?", "Hello"]
 @pytest.fixture(scope="module")
 async def cuda_engine(tiny_model_dir):
     need_gpus(1)
+    need_vllm()
     from actors.config import VllmEngineConfig
     from actors.vllm_engine import VllmEngine
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.gpu.conftest import REPO, need_gpus, record
+from tests.gpu.conftest import REPO, need_gpus, need_vllm, record
 
 pytestmark = [pytest.mark.gpu, pytest.mark.vllm, pytest.mark.slow]
 
@@ -35,6 +35,7 @@ def _run(runs_dir: Path, *overrides: str, gpus: str, timeout_s: float) -> tuple[
 
 def test_demo_on_one_gpu_learns_to_call_the_tool(tmp_path):
     need_gpus(1)
+    need_vllm()
     summary, stdout = _run(tmp_path / "runs", gpus="0", timeout_s=1800)
     assert "co-located: weights over gloo" in stdout
     assert summary["steps"] == 30
@@ -49,6 +50,7 @@ def test_demo_on_one_gpu_learns_to_call_the_tool(tmp_path):
 
 def test_learner_on_one_gpu_and_an_engine_on_another(tmp_path):
     need_gpus(2)
+    need_vllm()
     summary, stdout = _run(
         tmp_path / "runs",
         "local.actor_replicas=1",

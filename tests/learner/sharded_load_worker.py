@@ -1,5 +1,5 @@
 """One rank of the sharded-load test (test_model_init.py; tests/gpu/test_learner_gpu.py with
-`cuda`): load MODEL_DIR sharded over 2 ranks (gloo on CPU; NCCL with each rank on the GPU
+`cuda`): load MODEL_DIR sharded over WORLD_SIZE ranks (gloo on CPU; NCCL with each rank on the GPU
 of its LOCAL_RANK, set before anything touches CUDA, as learner/main.py does), then rank 0
 writes the gathered full weights, the rotary buffers and each rank's local parameter count
 and device to OUT.
@@ -30,8 +30,9 @@ def main() -> None:
         dist.init_process_group("gloo")
     rank = dist.get_rank()
     model = load_model(model_dir, device=device)
-    local = sum(p.to_local().numel() for p in model.parameters())
-    counts = [None, None]
+    # One rank loads whole (learner/model_init.py): plain parameters, no DTensor shards.
+    local = sum(getattr(p, "to_local", lambda p=p: p)().numel() for p in model.parameters())
+    counts = [None] * dist.get_world_size()
     dist.all_gather_object(counts, (local, str(next(model.parameters()).device)))
     full = {name: tensor.cpu().clone() for name, tensor in full_parameters(model)}
     if rank == 0:
