@@ -84,24 +84,18 @@ async def ensure_streams(
     await _ensure_consumer(
         js,
         names.prompts_stream,
-        ConsumerConfig(
-            durable_name=names.prompts_consumer,
-            ack_policy=AckPolicy.EXPLICIT,
-            ack_wait=limits.prompt_ack_wait_s,
-            max_ack_pending=limits.prompt_max_ack_pending,
-            filter_subject=names.prompts_subject,
-        ),
+        names.prompts_consumer,
+        names.prompts_subject,
+        ack_wait_s=limits.prompt_ack_wait_s,
+        max_ack_pending=limits.prompt_max_ack_pending,
     )
     await _ensure_consumer(
         js,
         names.trajectories_stream,
-        ConsumerConfig(
-            durable_name=names.trajectories_consumer,
-            ack_policy=AckPolicy.EXPLICIT,
-            ack_wait=limits.trajectory_ack_wait_s,
-            max_ack_pending=limits.trajectory_max_ack_pending,
-            filter_subject=names.trajectories_subject,
-        ),
+        names.trajectories_consumer,
+        names.trajectories_subject,
+        ack_wait_s=limits.trajectory_ack_wait_s,
+        max_ack_pending=limits.trajectory_max_ack_pending,
     )
     await js.create_key_value(
         config=KeyValueConfig(
@@ -125,7 +119,23 @@ async def _ensure_stream(js: JetStreamContext, config: StreamConfig) -> None:
         await js.update_stream(config=config)
 
 
-async def _ensure_consumer(js: JetStreamContext, stream: str, config: ConsumerConfig) -> None:
+async def _ensure_consumer(
+    js: JetStreamContext,
+    stream: str,
+    durable: str,
+    subject: str,
+    *,
+    ack_wait_s: float,
+    max_ack_pending: int,
+) -> None:
+    """The durable, explicitly acked consumer `durable` of `subject` on `stream`."""
+    config = ConsumerConfig(
+        durable_name=durable,
+        ack_policy=AckPolicy.EXPLICIT,
+        ack_wait=ack_wait_s,
+        max_ack_pending=max_ack_pending,
+        filter_subject=subject,
+    )
     # Creating a durable consumer with its current configuration is a no-op on the server;
     # a changed configuration is applied as an update.
     await js.add_consumer(stream, config=config)
