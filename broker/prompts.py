@@ -27,11 +27,11 @@ async def publish_prompts(js: JetStreamContext, names: BusNames, tasks: list[Pro
     """Publish tasks (deduplicated by task_id); returns how many were new to the stream."""
     num_new = 0
     for task in tasks:
-        retry = PublishRetry(names.prompts_subject)
+        retry = PublishRetry(names.prompts.subject)
         while True:
             try:
                 ack = await js.publish(
-                    names.prompts_subject, encode(task), headers={MSG_ID_HEADER: task.task_id}
+                    names.prompts.subject, encode(task), headers={MSG_ID_HEADER: task.task_id}
                 )
                 break
             except RETRYABLE_PUBLISH_ERRORS as e:
@@ -58,7 +58,7 @@ class PromptPuller(DurablePull):
     """Pulls prompt tasks from the shared durable consumer of all actor replicas."""
 
     def __init__(self, js: JetStreamContext, names: BusNames) -> None:
-        super().__init__(js, names, stream=names.prompts_stream, durable=names.prompts_consumer)
+        super().__init__(js, names, names.prompts)
 
     async def fetch(self, batch: int = 1, timeout_s: float = 1.0) -> list[ReceivedPrompt]:
         received = []

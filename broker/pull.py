@@ -15,7 +15,7 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
 from broker.codec import WireDecodeError
-from broker.names import BusNames
+from broker.names import BusNames, WorkQueue
 
 log = logging.getLogger(__name__)
 
@@ -27,21 +27,21 @@ CORRUPT_MESSAGES = prometheus_client.Counter(
 
 
 class DurablePull:
-    """Pulls raw messages from the durable consumer `durable` of `stream`."""
+    """Pulls raw messages from the durable consumer of the work queue `queue`."""
 
-    def __init__(self, js: JetStreamContext, names: BusNames, *, stream: str, durable: str):
+    def __init__(self, js: JetStreamContext, names: BusNames, queue: WorkQueue):
         self.js = js
         self.names = names
         self.num_corrupt = 0
         """Messages terminated because they could not be decoded."""
-        self._stream, self._durable = stream, durable
+        self._queue = queue
         self._sub = None
 
     async def _fetch_msgs(self, batch: int, timeout_s: float) -> list[Msg]:
         """Up to `batch` messages; [] when none arrived within `timeout_s`."""
         if self._sub is None:
             self._sub = await self.js.pull_subscribe_bind(
-                durable=self._durable, stream=self._stream
+                durable=self._queue.consumer, stream=self._queue.stream
             )
         try:
             return await self._sub.fetch(batch, timeout=timeout_s)

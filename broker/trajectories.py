@@ -107,7 +107,7 @@ class TrajectoryPublisher:
         """
         pending = [self._prepare(t) for t in trajectories]
         pending = [await p for p in pending]
-        retry = PublishRetry(self.names.trajectories_subject)
+        retry = PublishRetry(self.names.trajectories.subject)
         first_pass = True
         while pending:
             send = self._send_pipelined if first_pass else self._send_each
@@ -126,7 +126,7 @@ class TrajectoryPublisher:
             pending = [item for item, _ in failed]
 
     async def _send_pipelined(self, items: list[tuple[bytes, dict[str, str]]]) -> list:
-        subject = self.names.trajectories_subject
+        subject = self.names.trajectories.subject
         futures = [
             await self.js.publish_async(subject, body, headers=dict(headers))
             for body, headers in items
@@ -136,7 +136,7 @@ class TrajectoryPublisher:
         )
 
     async def _send_each(self, items: list[tuple[bytes, dict[str, str]]]) -> list:
-        subject = self.names.trajectories_subject
+        subject = self.names.trajectories.subject
         return await asyncio.gather(
             *(
                 self.js.publish(subject, body, headers=dict(headers), timeout=self.ack_timeout_s)
@@ -183,9 +183,7 @@ class TrajectoryConsumer(DurablePull):
     """Pulls trajectories from the durable learner consumer."""
 
     def __init__(self, js: JetStreamContext, names: BusNames) -> None:
-        super().__init__(
-            js, names, stream=names.trajectories_stream, durable=names.trajectories_consumer
-        )
+        super().__init__(js, names, names.trajectories)
         self._spill: ObjectStore | None = None
 
     async def fetch(self, batch: int = 256, timeout_s: float = 1.0) -> list[ReceivedTrajectory]:

@@ -148,7 +148,7 @@ async def _play(*, engine, tokenizer, broker: BrokerConfig, env_address: str, sn
         for r in received:
             await r.ack()
         # The tasks are acked once all their trajectories are stored.
-        while (await js.stream_info(broker.names.prompts_stream)).state.messages:
+        while (await js.stream_info(broker.names.prompts.stream)).state.messages:
             assert time.monotonic() < deadline, "prompt tasks were not acked"
             await asyncio.sleep(0.05)
     finally:
