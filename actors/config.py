@@ -13,7 +13,7 @@ from typing import Literal
 
 import pydantic
 
-from common.config import StrictModel
+from common.config import CertKeyFiles, StrictModel
 from common.restarts import RestartPolicy
 
 
@@ -31,25 +31,20 @@ class SamplingConfig(StrictModel):
     "CPU Generator does not use offset"."""
 
 
-class EnvTlsConfig(StrictModel):
+class EnvTlsConfig(CertKeyFiles):
     """`[actor.env.tls]`: TLS to the env servers. Off while `ca_file` is empty; file paths
-    only (keys never sit in a config file)."""
+    only (keys never sit in a config file). `cert_file` + `key_file`: a client certificate
+    for env servers that require one (mutual TLS)."""
 
     ca_file: str = ""
     """PEM bundle of the CA that signed the env servers' certificates; setting it turns TLS
     on (the server's chain and name are verified)."""
-    cert_file: str = ""
-    """Client certificate (PEM) for env servers that require one (mutual TLS)."""
-    key_file: str = ""
-    """The client certificate's private key (PEM file)."""
     server_name: str = ""
     """Name to check the servers' certificates against when it differs from the address's
     host (e.g. addresses by IP, certificates by DNS name)."""
 
     @pydantic.model_validator(mode="after")
-    def _pairs(self) -> EnvTlsConfig:
-        if bool(self.cert_file) != bool(self.key_file):
-            raise ValueError("cert_file and key_file: give both (mutual TLS) or neither")
+    def _client_cert_needs_ca(self) -> EnvTlsConfig:
         if self.cert_file and not self.ca_file:
             raise ValueError("cert_file: mutual TLS needs ca_file (TLS is off without it)")
         return self
@@ -295,15 +290,6 @@ class ActorConfig(StrictModel):
     restarts: RestartPolicy = RestartPolicy(initial_backoff_s=2.0)
     """How `actor --replicas N` restarts a replica that dies (backoff, restart budget); a
     replica that spends its budget stops the actor process (its own supervisor decides)."""
-
-    @pydantic.model_validator(mode="after")
-    def _check(self) -> ActorConfig:
-        if self.rollout.max_sequence_length > self.engine.max_model_len:
-            raise ValueError(
-                f"rollout.max_sequence_length ({self.rollout.max_sequence_length}) exceeds "
-                f"engine.max_model_len ({self.engine.max_model_len}); raise the latter"
-            )
-        return self
 
     @pydantic.model_validator(mode="after")
     def _sequences_fit_the_engine(self) -> ActorConfig:

@@ -16,6 +16,8 @@ from actors.actor import Actor
 from actors.chat import ChatTemplate
 from actors.config import ActorConfig, EnvConfig
 from actors.replicas import ReplicaSpec
+from actors.snapshots import SnapshotSource
+from actors.types import ActorEngine
 from broker.config import BrokerConfig
 from protos.channel import client_credentials
 from protos.client import EnvClient, GrpcEnvConnector
@@ -76,7 +78,6 @@ def replica_main(spec: ReplicaSpec) -> None:
 async def _build_real(spec: ReplicaSpec, config: ActorConfig, broker: BrokerConfig):
     from transformers import AutoTokenizer
 
-    from actors.snapshots import SnapshotSource
     from actors.vllm_engine import VllmEngine, threads_bind_for_replica
     from common.config import load_section
     from common.storage_config import StorageConfig
@@ -86,25 +87,45 @@ async def _build_real(spec: ReplicaSpec, config: ActorConfig, broker: BrokerConf
         config.engine.cpu_threads_bind, spec.index, sorted(os.sched_getaffinity(0))
     )
     engine = await VllmEngine.start(config.engine.model_copy(update={"cpu_threads_bind": bind}))
-    # No retries inside the client: the episode retries (elsewhere, with replay) per
-    # `actor.env.attempts`, one layer with one backoff.
-    client = env_client(config.env)
-    actor = Actor(
-        config=config,
-        broker=broker,
-        engine=engine,
-        env=GrpcEnvConnector(client),
-        chat=ChatTemplate(tokenizer),
+    storage = load_section(StorageConfig, spec.config_path, "storage", spec.overrides)
+    actor = grpc_actor(
+        config,
+        broker,
+        engine,
+        tokenizer,
         actor_id=actor_id_of(spec),
-        snapshots=SnapshotSource(
-            load_section(StorageConfig, spec.config_path, "storage", spec.overrides)
-        ),
+        snapshots=SnapshotSource(storage),
     )
     return actor, engine.shutdown
 
 
+def grpc_actor(
+    config: ActorConfig,
+    broker: BrokerConfig,
+    engine: ActorEngine,
+    tokenizer,
+    *,
+    actor_id: str,
+    client: EnvClient | None = None,
+    snapshots: SnapshotSource | None = None,
+) -> Actor:
+    """An actor playing its episodes against gRPC env servers: through `client`, by default
+    the one `[actor.env]` describes (`env_client`), with `tokenizer`'s chat template."""
+    return Actor(
+        config=config,
+        broker=broker,
+        engine=engine,
+        env=GrpcEnvConnector(client or env_client(config.env)),
+        chat=ChatTemplate(tokenizer),
+        actor_id=actor_id,
+        snapshots=snapshots,
+    )
+
+
 def env_client(config: EnvConfig):
-    """The gRPC env client `[actor.env]` describes: addresses, deadline, message size, TLS."""
+    """The gRPC env client `[actor.env]` describes: addresses, deadline, message size, TLS.
+    No retries inside the client: the episode retries (elsewhere, with replay) per
+    `actor.env.attempts`, one layer with one backoff."""
     tls = config.tls
     credentials = (
         client_credentials(ca_file=tls.ca_file, cert_file=tls.cert_file, key_file=tls.key_file)

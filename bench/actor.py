@@ -123,24 +123,17 @@ async def _timed_rounds(args, config, broker, engine, task, env_address: str, me
     """The warm-up, then `args.rounds` rounds of actor / raw offline / raw by turn."""
     from transformers import AutoTokenizer
 
-    from actors.actor import Actor
-    from actors.chat import ChatTemplate
+    from actors.replica import grpc_actor
     from broker import client as bus
-    from protos.client import EnvClient, GrpcEnvConnector
+    from protos.client import EnvClient
 
     names = broker.names
     nc = await bus.connect(broker.url, name="bench")
     js = nc.jetstream()
     await bus.ensure_streams(js, names, broker.stream_limits())
     client = EnvClient([env_address], timeout_s=30, max_retries=1)
-    actor = Actor(
-        config=config,
-        broker=broker,
-        engine=engine,
-        env=GrpcEnvConnector(client),
-        chat=ChatTemplate(AutoTokenizer.from_pretrained(config.engine.model)),
-        actor_id="bench",
-    )
+    tokenizer = AutoTokenizer.from_pretrained(config.engine.model)
+    actor = grpc_actor(config, broker, engine, tokenizer, actor_id="bench", client=client)
     stop = asyncio.Event()
     running = asyncio.create_task(actor.run(stop))
     consumer = bus.TrajectoryConsumer(js, names)

@@ -156,10 +156,10 @@ async def actor_phase(running: asyncio.Task, js, names, tasks, consumer):
     from broker import client as bus
 
     expected = sum(t.group_size for t in tasks)
-    before = (await js.stream_info(names.trajectories_stream)).state.messages
+    before = (await js.stream_info(names.trajectories.stream)).state.messages
     started = time.perf_counter()
     await bus.publish_prompts(js, names, tasks)
-    while (await js.stream_info(names.trajectories_stream)).state.messages < before + expected:
+    while (await js.stream_info(names.trajectories.stream)).state.messages < before + expected:
         if running.done():
             running.result()  # the actor failed: raise its error
             raise RuntimeError("the actor stopped before finishing the tasks")

@@ -32,14 +32,13 @@ asynchronous mode; targets: >= 2.5x, both under 0.10).
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import print_table, write_results  # noqa: E402
+from bench.common import load_average, report  # noqa: E402
 
 BUSY = "tether_actor_engine_busy_seconds_total"
 GENERATED = "tether_actor_generated_tokens_total"
@@ -110,7 +109,7 @@ def gpu_model(sync: dict[str, float]) -> dict[str, float]:
     }
 
 
-def combine(sync: dict, asynchronous: dict, args, loads) -> dict:
+def combine(sync: dict, asynchronous: dict, args, loads: dict[str, float]) -> dict:
     figures = {
         "speedup": sync["s_per_step"] / asynchronous["s_per_step"],
         "learner_idle_frac": asynchronous["learner_idle_frac"],
@@ -125,8 +124,7 @@ def combine(sync: dict, asynchronous: dict, args, loads) -> dict:
         actor_replicas=args.replicas,
         tool_latency_median_ms=args.median_ms,
         tool_latency_p99_s=args.p99_s,
-        load_avg_1m_before=loads[0],
-        load_avg_1m_after=loads[1],
+        **loads,
     )
     return figures
 
@@ -143,8 +141,7 @@ def main() -> None:
 
     from bench.tether_run import watch_run
 
-    loads = [os.getloadavg()[0]]
-    with tempfile.TemporaryDirectory(prefix="bench-async-") as tmp:
+    with load_average() as loads, tempfile.TemporaryDirectory(prefix="bench-async-") as tmp:
         work = args.work_dir or Path(tmp)
         measured = {}
         for name, bound in (("sync", 0), ("async", args.staleness)):
@@ -152,13 +149,12 @@ def main() -> None:
             (work / name).mkdir(parents=True, exist_ok=True)
             run = watch_run(overrides(args, bound), work / name)
             measured[name] = mode_figures(run)
-    loads.append(os.getloadavg()[0])
     figures = combine(measured["sync"], measured["async"], args, loads)
-    print_table(
+    report(
+        "async",
         "asynchrony: same workload, max_staleness 0 vs the default bound (model_gpu_*: a MODEL)",
-        [(name, figures[name]) for name in sorted(figures)],
+        figures,
     )
-    write_results("async", figures)
 
 
 if __name__ == "__main__":

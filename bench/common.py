@@ -1,10 +1,14 @@
-"""Shared helpers of the benchmark scripts: print a table, write bench/results/<name>.json."""
+"""Shared helpers of the benchmark scripts: print a table, write bench/results/<name>.json,
+note the machine's load around a measurement."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import platform
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 RESULTS_DIR = Path(__file__).parent / "results"
@@ -28,3 +32,19 @@ def write_results(name: str, figures: dict[str, float | int | str]) -> Path:
     path.write_text(json.dumps(record, indent=2) + "\n")
     print(f"\nwrote {path}")
     return path
+
+
+def report(name: str, title: str, figures: dict[str, float | int | str]) -> Path:
+    """Print every figure (sorted by name) under `title`, and write them (`write_results`)."""
+    print_table(title, [(key, figures[key]) for key in sorted(figures)])
+    return write_results(name, figures)
+
+
+@contextlib.contextmanager
+def load_average() -> Iterator[dict[str, float]]:
+    """The 1-minute load average before and after the block, as the figures
+    `load_avg_1m_before` and `load_avg_1m_after` (the latter filled when the block ends):
+    timings from a shared machine are read with the load they ran under."""
+    loads = {"load_avg_1m_before": os.getloadavg()[0]}
+    yield loads
+    loads["load_avg_1m_after"] = os.getloadavg()[0]

@@ -43,7 +43,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import print_table, write_results  # noqa: E402
+from bench.common import load_average, print_table, write_results  # noqa: E402
 from bench.peer_breakdown import tether_breakdown, trl_breakdown  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -187,8 +187,7 @@ def figures_of(args, scores, trl, tether, loads) -> dict:
         eval_prompts=args.eval_prompts,
         eval_samples=args.eval_samples,
         trl_torch_threads=args.trl_threads,
-        load_avg_1m_before=loads[0],
-        load_avg_1m_after=loads[1],
+        **loads,
     )
     return figures
 
@@ -240,12 +239,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="peer-trl-") as tmp:
         work = args.work_dir or Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
-        loads = [os.getloadavg()[0]]
-        print("TRL GRPOTrainer ...", flush=True)
-        trl = run_trl(python, work, args)
-        print(f"  {trl['wall_s']:.0f} s; Tether `make run` ...", flush=True)
-        tether = run_tether(work, args)
-        loads.append(os.getloadavg()[0])
+        with load_average() as loads:
+            print("TRL GRPOTrainer ...", flush=True)
+            trl = run_trl(python, work, args)
+            print(f"  {trl['wall_s']:.0f} s; Tether `make run` ...", flush=True)
+            tether = run_tether(work, args)
         print(f"  {tether.wall_s:.0f} s; scoring every checkpoint ...", flush=True)
         scores = asyncio.run(score_checkpoints(args.model, trl, tether, args))
         figures = figures_of(args, scores, trl, tether, loads)

@@ -58,21 +58,15 @@ MIN_SHARED_TOKENS = 16
 
 
 def demo_model():
-    """The demo's tiny Qwen2 shape with random weights (fp32, eval-free: dropout is 0)."""
+    """The demo's tiny Qwen2 shape (`demo.tinymodel.qwen2_config`, positions up to 4,096 for
+    the synthetic workload) with random weights (fp32, eval-free: dropout is 0)."""
     import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from transformers import Qwen2ForCausalLM
 
-    config = Qwen2Config(
-        vocab_size=VOCAB,
-        hidden_size=128,
-        intermediate_size=384,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        head_dim=32,
-        max_position_embeddings=4096,
-        tie_word_embeddings=True,
-    )
+    from demo.tinymodel import TinyModelRecipe, qwen2_config
+
+    recipe = TinyModelRecipe(max_position_embeddings=4096)
+    config = qwen2_config(recipe, vocab_size=VOCAB, eos_id=2, pad_id=0)
     torch.manual_seed(0)
     return Qwen2ForCausalLM(config).to(torch.float32).train()
 
@@ -117,19 +111,30 @@ def workload(
     return samples
 
 
+def _backward(inputs, *, total_tokens: int, total_seqs: int) -> None:
+    """The trainer's loss on one micro-batch (PPO-clip `policy_loss`, `token_mean` weights
+    over the whole step), backward: the same in every variant."""
+    from learner.config import AlgorithmConfig
+    from learner.losses import policy_loss
+    from learner.reductions import token_weights
+
+    weights = token_weights(
+        inputs.loss_mask,
+        inputs.seq_ids,
+        inputs.num_seqs,
+        "token_mean",
+        total_tokens=total_tokens,
+        total_seqs=total_seqs,
+    )
+    (policy_loss(inputs, AlgorithmConfig()).loss * weights).sum().backward()
+
+
 def current_step(model, samples, *, budget: int) -> int:
     """Today's trainer forward + backward; returns tokens trained."""
     import torch
 
     from bench.dense_packing import collate, plan_micro_batches
-    from learner.config import AlgorithmConfig
-    from learner.losses import (
-        LossInputs,
-        entropy_from_logits,
-        policy_loss,
-        token_logprobs,
-    )
-    from learner.reductions import token_weights
+    from learner.losses import LossInputs, entropy_from_logits, token_logprobs
 
     (plan,) = plan_micro_batches([s.num_tokens for s in samples], num_ranks=1, token_budget=budget)
     total_tokens = sum(int(s.loss_mask.sum()) for s in samples)
@@ -150,25 +155,14 @@ def current_step(model, samples, *, budget: int) -> int:
             num_seqs=mb.num_seqs,
             entropy=entropy,
         )
-        weights = token_weights(
-            mb.loss_mask,
-            mb.seq_ids,
-            mb.num_seqs,
-            "token_mean",
-            total_tokens=total_tokens,
-            total_seqs=len(samples),
-        )
-        (policy_loss(inputs, AlgorithmConfig()).loss * weights).sum().backward()
+        _backward(inputs, total_tokens=total_tokens, total_seqs=len(samples))
         trained += mb.num_tokens
     return trained
 
 
 def segment_step(model, samples, *, budget: int, min_shared_tokens: int) -> int:
     """The shared-prefix forward + backward; returns tokens trained (as trained)."""
-    from learner.config import AlgorithmConfig
-    from learner.losses import policy_loss
     from learner.prefix_plan import plan_pieces
-    from learner.reductions import token_weights
     from learner.segment_forward import forward_loss_tokens, loss_inputs
     from learner.segments import collate_segments
 
@@ -181,15 +175,7 @@ def segment_step(model, samples, *, budget: int, min_shared_tokens: int) -> int:
         batch = collate_segments(samples, pieces)
         logprobs, entropy = forward_loss_tokens(model, batch, entropy="detached")
         inputs = loss_inputs(batch, logprobs, entropy=entropy)
-        weights = token_weights(
-            inputs.loss_mask,
-            inputs.seq_ids,
-            inputs.num_seqs,
-            "token_mean",
-            total_tokens=total_tokens,
-            total_seqs=len(samples),
-        )
-        (policy_loss(inputs, AlgorithmConfig()).loss * weights).sum().backward()
+        _backward(inputs, total_tokens=total_tokens, total_seqs=len(samples))
         trained += batch.num_tokens
     return trained
 

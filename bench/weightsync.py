@@ -43,7 +43,7 @@ from statistics import median
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import print_table, write_results  # noqa: E402
+from bench.common import report  # noqa: E402
 
 CHUNK = 64 * 2**20
 MAX_MODEL_LEN = 4096
@@ -329,11 +329,11 @@ def main() -> None:
             if sender.is_alive():
                 sender.kill()
     figures.update(rounds=args.rounds, model_params=nbytes // 4)
-    print_table(
+    report(
+        "weightsync",
         "weight sync: broadcast to K engines vs TCP loopback; generation stall per update",
-        [(name, figures[name]) for name in sorted(figures)],
+        figures,
     )
-    write_results("weightsync", figures)
 
 
 if __name__ == "__main__":

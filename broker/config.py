@@ -9,21 +9,18 @@ import urllib.parse
 import pydantic
 
 from broker.names import BusNames
-from common.config import StrictModel
+from common.config import CertKeyFiles, StrictModel
 
 
-class BrokerTlsConfig(StrictModel):
+class BrokerTlsConfig(CertKeyFiles):
     """`[broker.tls]`: TLS between every process and nats-server. Off while `ca_file` is
-    empty; file paths only (keys never sit in a config file)."""
+    empty; file paths only (keys never sit in a config file). `cert_file` + `key_file`: the
+    client certificate presented to the server, for mutual TLS."""
 
     ca_file: str = ""
     """PEM bundle of the CA that signed the server's certificate. Setting it turns TLS on in
     every client: the server's chain and name are verified, and a server that does not start
     TLS gets no credentials. The embedded server also checks client certificates against it."""
-    cert_file: str = ""
-    """Client certificate (PEM) presented to the server, for mutual TLS; with key_file."""
-    key_file: str = ""
-    """The client certificate's private key (PEM file)."""
     server_name: str = ""
     """Name to check the server's certificate against when it differs from the URL's host."""
     server_cert_file: str = ""
@@ -36,8 +33,6 @@ class BrokerTlsConfig(StrictModel):
 
     @pydantic.model_validator(mode="after")
     def _pairs(self) -> BrokerTlsConfig:
-        if bool(self.cert_file) != bool(self.key_file):
-            raise ValueError("cert_file and key_file: give both (mutual TLS) or neither")
         if bool(self.server_cert_file) != bool(self.server_key_file):
             raise ValueError("server_cert_file and server_key_file: give both or neither")
         if self.cert_file and not self.ca_file:

@@ -13,6 +13,16 @@ _NAMESPACE_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
 
 @dataclass(frozen=True)
+class WorkQueue:
+    """A work-queue stream: what it is called, the subject its messages are published on,
+    and the one durable consumer all its takers share (each message goes to one of them)."""
+
+    stream: str
+    subject: str
+    consumer: str
+
+
+@dataclass(frozen=True)
 class BusNames:
     namespace: str = "tether"
 
@@ -22,31 +32,22 @@ class BusNames:
                 f"bus namespace {self.namespace!r} must be 1-64 characters of A-Z a-z 0-9 _ -"
             )
 
-    # Prompt tasks: a work queue, each task taken by exactly one actor replica.
     @property
-    def prompts_stream(self) -> str:
-        return f"{self.namespace}_PROMPTS"
+    def prompts(self) -> WorkQueue:
+        """Prompt tasks, each taken by exactly one actor replica."""
+        return self._work_queue("prompts", consumer="actors")
 
     @property
-    def prompts_subject(self) -> str:
-        return f"{self.namespace}.prompts"
+    def trajectories(self) -> WorkQueue:
+        """Trajectories, one message per trajectory, consumed by the learner."""
+        return self._work_queue("trajectories", consumer="learner")
 
-    @property
-    def prompts_consumer(self) -> str:
-        return "actors"
-
-    # Trajectories: one message per trajectory, consumed by the learner.
-    @property
-    def trajectories_stream(self) -> str:
-        return f"{self.namespace}_TRAJECTORIES"
-
-    @property
-    def trajectories_subject(self) -> str:
-        return f"{self.namespace}.trajectories"
-
-    @property
-    def trajectories_consumer(self) -> str:
-        return "learner"
+    def _work_queue(self, what: str, *, consumer: str) -> WorkQueue:
+        return WorkQueue(
+            stream=f"{self.namespace}_{what.upper()}",
+            subject=f"{self.namespace}.{what}",
+            consumer=consumer,
+        )
 
     # Policy version (and where to find its weights): a KV bucket, one key.
     @property

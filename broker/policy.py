@@ -18,8 +18,8 @@ from nats.js.kv import KeyValue
 
 from broker.codec import WireDecodeError, decode, encode
 from broker.names import BusNames
+from broker.pull import CORRUPT_MESSAGES
 from broker.retry import until_done
-from broker.trajectories import CORRUPT_MESSAGES
 from broker.wire import PolicyVersion
 
 log = logging.getLogger(__name__)

@@ -16,12 +16,8 @@ from nats.js import JetStreamContext
 
 from broker.codec import WireDecodeError, decode, encode
 from broker.names import BusNames
-from broker.trajectories import (
-    CORRUPT_MESSAGES,
-    MSG_ID_HEADER,
-    RETRYABLE_PUBLISH_ERRORS,
-    PublishRetry,
-)
+from broker.pull import DurablePull, Redeliverable
+from broker.trajectories import MSG_ID_HEADER, RETRYABLE_PUBLISH_ERRORS, PublishRetry
 from broker.wire import PromptTask
 
 log = logging.getLogger(__name__)
@@ -31,11 +27,11 @@ async def publish_prompts(js: JetStreamContext, names: BusNames, tasks: list[Pro
     """Publish tasks (deduplicated by task_id); returns how many were new to the stream."""
     num_new = 0
     for task in tasks:
-        retry = PublishRetry(names.prompts_subject)
+        retry = PublishRetry(names.prompts.subject)
         while True:
             try:
                 ack = await js.publish(
-                    names.prompts_subject, encode(task), headers={MSG_ID_HEADER: task.task_id}
+                    names.prompts.subject, encode(task), headers={MSG_ID_HEADER: task.task_id}
                 )
                 break
             except RETRYABLE_PUBLISH_ERRORS as e:
@@ -45,22 +41,12 @@ async def publish_prompts(js: JetStreamContext, names: BusNames, tasks: list[Pro
 
 
 @dataclass
-class ReceivedPrompt:
+class ReceivedPrompt(Redeliverable):
     task: PromptTask
     msg: Msg
 
-    @property
-    def num_delivered(self) -> int:
-        return self.msg.metadata.num_delivered
-
     async def ack(self) -> None:
         await self.msg.ack_sync()
-
-    async def nak(self, delay_s: float | None = None) -> None:
-        await self.msg.nak(delay=delay_s)
-
-    async def in_progress(self) -> None:
-        await self.msg.in_progress()
 
     async def reject(self, reason: str) -> None:
         """Terminate a task that can never succeed (e.g. prompt too long): no redelivery."""
@@ -68,34 +54,18 @@ class ReceivedPrompt:
         await self.msg.term()
 
 
-class PromptPuller:
+class PromptPuller(DurablePull):
     """Pulls prompt tasks from the shared durable consumer of all actor replicas."""
 
     def __init__(self, js: JetStreamContext, names: BusNames) -> None:
-        self.js = js
-        self.names = names
-        self.num_corrupt = 0
-        self._sub = None
+        super().__init__(js, names, names.prompts)
 
     async def fetch(self, batch: int = 1, timeout_s: float = 1.0) -> list[ReceivedPrompt]:
-        if self._sub is None:
-            self._sub = await self.js.pull_subscribe_bind(
-                durable=self.names.prompts_consumer, stream=self.names.prompts_stream
-            )
-        try:
-            msgs = await self._sub.fetch(batch, timeout=timeout_s)
-        # nats-py raises its own TimeoutError or, from inside a fetch, asyncio's (the
-        # builtin): both mean "nothing arrived in time".
-        except TimeoutError:
-            return []
         received = []
-        for msg in msgs:
+        for msg in await self._fetch_msgs(batch, timeout_s):
             what = f"(subject {msg.subject}, stream seq {msg.metadata.sequence.stream})"
             try:
                 received.append(ReceivedPrompt(decode(msg.data, PromptTask, what=what), msg))
             except WireDecodeError as e:
-                self.num_corrupt += 1
-                CORRUPT_MESSAGES.labels(msg.subject).inc()
-                log.error("terminating undecodable prompt task: %s", e)
-                await msg.term()
+                await self._terminate(msg, e)
         return received

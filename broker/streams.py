@@ -22,7 +22,7 @@ from nats.js.api import (
     StreamConfig,
 )
 
-from broker.names import BusNames
+from broker.names import BusNames, WorkQueue
 from broker.server import MAX_PAYLOAD_BYTES
 
 
@@ -45,63 +45,25 @@ class StreamLimits:
     """Copies of each stream and bucket on a clustered server; consumers inherit it."""
 
 
-def _work_queue(name: str, subject: str, limits: StreamLimits, **bound: int) -> StreamConfig:
-    """A file-backed work-queue stream that refuses new messages when full (DiscardNew:
-    publishers wait, nothing is evicted), deduplicated by Nats-Msg-Id; `bound` is its
-    max_msgs or max_bytes."""
-    return StreamConfig(
-        name=name,
-        subjects=[subject],
-        retention=RetentionPolicy.WORK_QUEUE,
-        storage=StorageType.FILE,
-        discard=DiscardPolicy.NEW,
-        max_msg_size=MAX_PAYLOAD_BYTES,
-        duplicate_window=limits.duplicate_window_s,
-        num_replicas=limits.replicas,
-        **bound,
-    )
-
-
 async def ensure_streams(
     js: JetStreamContext, names: BusNames, limits: StreamLimits = StreamLimits()
 ) -> None:
     """Create or update the streams, consumers and buckets. Safe to call from every process."""
-    await _ensure_stream(
+    await _ensure_work_queue(
         js,
-        _work_queue(
-            names.prompts_stream, names.prompts_subject, limits, max_msgs=limits.max_prompt_msgs
-        ),
+        names.prompts,
+        limits,
+        ack_wait_s=limits.prompt_ack_wait_s,
+        max_ack_pending=limits.prompt_max_ack_pending,
+        max_msgs=limits.max_prompt_msgs,
     )
-    await _ensure_stream(
+    await _ensure_work_queue(
         js,
-        _work_queue(
-            names.trajectories_stream,
-            names.trajectories_subject,
-            limits,
-            max_bytes=limits.max_trajectory_bytes,
-        ),
-    )
-    await _ensure_consumer(
-        js,
-        names.prompts_stream,
-        ConsumerConfig(
-            durable_name=names.prompts_consumer,
-            ack_policy=AckPolicy.EXPLICIT,
-            ack_wait=limits.prompt_ack_wait_s,
-            max_ack_pending=limits.prompt_max_ack_pending,
-            filter_subject=names.prompts_subject,
-        ),
-    )
-    await _ensure_consumer(
-        js,
-        names.trajectories_stream,
-        ConsumerConfig(
-            durable_name=names.trajectories_consumer,
-            ack_policy=AckPolicy.EXPLICIT,
-            ack_wait=limits.trajectory_ack_wait_s,
-            max_ack_pending=limits.trajectory_max_ack_pending,
-            filter_subject=names.trajectories_subject,
-        ),
+        names.trajectories,
+        limits,
+        ack_wait_s=limits.trajectory_ack_wait_s,
+        max_ack_pending=limits.trajectory_max_ack_pending,
+        max_bytes=limits.max_trajectory_bytes,
     )
     await js.create_key_value(
         config=KeyValueConfig(
@@ -117,18 +79,44 @@ async def ensure_streams(
     )
 
 
-async def _ensure_stream(js: JetStreamContext, config: StreamConfig) -> None:
+async def _ensure_work_queue(
+    js: JetStreamContext,
+    queue: WorkQueue,
+    limits: StreamLimits,
+    *,
+    ack_wait_s: float,
+    max_ack_pending: int,
+    **bound: int,
+) -> None:
+    """`queue`'s stream: file-backed, refusing new messages when full (DiscardNew:
+    publishers wait, nothing is evicted), deduplicated by Nats-Msg-Id, `bound` its max_msgs
+    or max_bytes; and its durable, explicitly acked consumer."""
+    stream = StreamConfig(
+        name=queue.stream,
+        subjects=[queue.subject],
+        retention=RetentionPolicy.WORK_QUEUE,
+        storage=StorageType.FILE,
+        discard=DiscardPolicy.NEW,
+        max_msg_size=MAX_PAYLOAD_BYTES,
+        duplicate_window=limits.duplicate_window_s,
+        num_replicas=limits.replicas,
+        **bound,
+    )
     try:
-        await js.add_stream(config=config)
+        await js.add_stream(config=stream)
     except nats.js.errors.BadRequestError:
         # Exists with another configuration (e.g. new limits): update it in place.
-        await js.update_stream(config=config)
-
-
-async def _ensure_consumer(js: JetStreamContext, stream: str, config: ConsumerConfig) -> None:
+        await js.update_stream(config=stream)
+    consumer = ConsumerConfig(
+        durable_name=queue.consumer,
+        ack_policy=AckPolicy.EXPLICIT,
+        ack_wait=ack_wait_s,
+        max_ack_pending=max_ack_pending,
+        filter_subject=queue.subject,
+    )
     # Creating a durable consumer with its current configuration is a no-op on the server;
     # a changed configuration is applied as an update.
-    await js.add_consumer(stream, config=config)
+    await js.add_consumer(queue.stream, config=consumer)
 
 
 async def ensure_streams_fresh_consumer(
@@ -139,7 +127,7 @@ async def ensure_streams_fresh_consumer(
     ack_wait (the stream is a work queue: acked ones are gone)."""
     await ensure_streams(js, names, limits)
     try:
-        await js.delete_consumer(names.trajectories_stream, names.trajectories_consumer)
+        await js.delete_consumer(names.trajectories.stream, names.trajectories.consumer)
     except nats.js.errors.NotFoundError:
         pass
     await ensure_streams(js, names, limits)

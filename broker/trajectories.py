@@ -24,6 +24,7 @@ from nats.js.object_store import ObjectStore
 
 from broker.codec import WireDecodeError, decode, encode
 from broker.names import BusNames
+from broker.pull import DurablePull, Redeliverable
 from broker.server import MAX_PAYLOAD_BYTES
 from broker.wire import Trajectory
 
@@ -35,11 +36,6 @@ MSG_ID_HEADER = "Nats-Msg-Id"
 SPILL_THRESHOLD_BYTES = MAX_PAYLOAD_BYTES - 64 * 1024
 """Bodies above this go to the Object Store; the margin leaves room for headers."""
 
-CORRUPT_MESSAGES = prometheus_client.Counter(
-    "tether_broker_corrupt_messages_total",
-    "Messages that could not be decoded: terminated (a policy KV value: ignored)",
-    ["subject"],
-)
 PUBLISH_RETRIES = prometheus_client.Counter(
     "tether_broker_publish_retries_total",
     "Publishes retried because the stream was full or the broker unreachable",
@@ -111,7 +107,7 @@ class TrajectoryPublisher:
         """
         pending = [self._prepare(t) for t in trajectories]
         pending = [await p for p in pending]
-        retry = PublishRetry(self.names.trajectories_subject)
+        retry = PublishRetry(self.names.trajectories.subject)
         first_pass = True
         while pending:
             send = self._send_pipelined if first_pass else self._send_each
@@ -130,7 +126,7 @@ class TrajectoryPublisher:
             pending = [item for item, _ in failed]
 
     async def _send_pipelined(self, items: list[tuple[bytes, dict[str, str]]]) -> list:
-        subject = self.names.trajectories_subject
+        subject = self.names.trajectories.subject
         futures = [
             await self.js.publish_async(subject, body, headers=dict(headers))
             for body, headers in items
@@ -140,7 +136,7 @@ class TrajectoryPublisher:
         )
 
     async def _send_each(self, items: list[tuple[bytes, dict[str, str]]]) -> list:
-        subject = self.names.trajectories_subject
+        subject = self.names.trajectories.subject
         return await asyncio.gather(
             *(
                 self.js.publish(subject, body, headers=dict(headers), timeout=self.ack_timeout_s)
@@ -165,7 +161,7 @@ class TrajectoryPublisher:
 
 
 @dataclass
-class ReceivedTrajectory:
+class ReceivedTrajectory(Redeliverable):
     """A decoded trajectory plus the handle to acknowledge its message."""
 
     trajectory: Trajectory
@@ -177,50 +173,23 @@ class ReceivedTrajectory:
     def stream_seq(self) -> int:
         return self.msg.metadata.sequence.stream
 
-    @property
-    def num_delivered(self) -> int:
-        return self.msg.metadata.num_delivered
-
     async def ack(self) -> None:
         await self.msg.ack()
         if self.claim is not None:
             await self.consumer.delete_claim(self.claim)
 
-    async def nak(self, delay_s: float | None = None) -> None:
-        await self.msg.nak(delay=delay_s)
 
-    async def in_progress(self) -> None:
-        await self.msg.in_progress()
-
-
-class TrajectoryConsumer:
+class TrajectoryConsumer(DurablePull):
     """Pulls trajectories from the durable learner consumer."""
 
     def __init__(self, js: JetStreamContext, names: BusNames) -> None:
-        self.js = js
-        self.names = names
-        self.num_corrupt = 0
-        self._sub = None
+        super().__init__(js, names, names.trajectories)
         self._spill: ObjectStore | None = None
-
-    async def _subscription(self):
-        if self._sub is None:
-            self._sub = await self.js.pull_subscribe_bind(
-                durable=self.names.trajectories_consumer, stream=self.names.trajectories_stream
-            )
-        return self._sub
 
     async def fetch(self, batch: int = 256, timeout_s: float = 1.0) -> list[ReceivedTrajectory]:
         """Up to `batch` decoded trajectories; [] when none arrived within `timeout_s`."""
-        sub = await self._subscription()
-        try:
-            msgs = await sub.fetch(batch, timeout=timeout_s)
-        # nats-py raises its own TimeoutError or, from inside a fetch, asyncio's (the
-        # builtin): both mean "nothing arrived in time".
-        except TimeoutError:
-            return []
         received = []
-        for msg in msgs:
+        for msg in await self._fetch_msgs(batch, timeout_s):
             item = await self._decode(msg)
             if item is not None:
                 received.append(item)
@@ -241,10 +210,7 @@ class TrajectoryConsumer:
                     f"claim {claim!r} {what} holds trajectory {trajectory.trajectory_id!r}"
                 )
         except WireDecodeError as e:
-            self.num_corrupt += 1
-            CORRUPT_MESSAGES.labels(msg.subject).inc()
-            log.error("terminating undecodable message: %s", e)
-            await msg.term()
+            await self._terminate(msg, e)
             if claim is not None:  # a body nobody will ever claim: free its storage
                 await self.delete_claim(claim)
             return None

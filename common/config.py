@@ -32,6 +32,23 @@ class StrictModel(pydantic.BaseModel):
     model_config = pydantic.ConfigDict(extra="forbid", validate_assignment=True)
 
 
+class CertKeyFiles(StrictModel):
+    """Base of the TLS sections: the certificate a process presents and its private key,
+    file paths only (keys never sit in a config file); both or neither."""
+
+    cert_file: str = ""
+    """Certificate (PEM) this process presents: an env server's own, or a client's for
+    mutual TLS (actors to env servers, every process to the bus); with key_file."""
+    key_file: str = ""
+    """That certificate's private key (PEM file)."""
+
+    @pydantic.model_validator(mode="after")
+    def _cert_with_key(self) -> CertKeyFiles:
+        if bool(self.cert_file) != bool(self.key_file):
+            raise ValueError("cert_file and key_file: give both or neither")
+        return self
+
+
 def read_config_file(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():

@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 import pydantic
 
-from common.config import StrictModel
+from common.config import CertKeyFiles, StrictModel
 
 MiB = 1024 * 1024
 
@@ -121,22 +121,17 @@ class OpenEnvConfig(StrictModel):
     """Longest wait for one OpenEnv reply."""
 
 
-class EnvServerTlsConfig(StrictModel):
+class EnvServerTlsConfig(CertKeyFiles):
     """`[envserver.tls]`: the gRPC port speaks TLS only, optionally mutual TLS. Off while
-    `cert_file` is empty; file paths only (keys never sit in a config file)."""
+    `cert_file` (the server's certificate; with key_file) is empty; file paths only (keys
+    never sit in a config file)."""
 
-    cert_file: str = ""
-    """The server's certificate (PEM). Setting it (with key_file) turns TLS on."""
-    key_file: str = ""
-    """The server's private key (PEM file)."""
     client_ca_file: str = ""
     """PEM bundle of the CA that signs client certificates. Setting it requires every
     client to present one (mutual TLS): a client without it cannot even connect."""
 
     @pydantic.model_validator(mode="after")
-    def _pairs(self) -> EnvServerTlsConfig:
-        if bool(self.cert_file) != bool(self.key_file):
-            raise ValueError("cert_file and key_file: give both or neither")
+    def _client_ca_needs_cert(self) -> EnvServerTlsConfig:
         if self.client_ca_file and not self.cert_file:
             raise ValueError("client_ca_file: mutual TLS needs the server's cert_file too")
         return self

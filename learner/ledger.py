@@ -13,7 +13,7 @@ admission arithmetic (learner/dispatcher.py) can keep the learner fed.
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 
@@ -78,27 +78,19 @@ class Ledger:
 
     def to_cursor(self) -> dict[str, Any]:
         return {
-            "num_released": self.num_released,
-            "num_taken_groups": self.num_taken_groups,
-            "num_dropped_groups": self.num_dropped_groups,
-            "num_trained": self.num_trained,
+            **{name: getattr(self, name) for name in _COUNTS},
             "dropped": dict(self.dropped),
-            "max_staleness_seen": self.max_staleness_seen,
             "eval_results": {str(v): r for v, r in self.eval_results.items()},
-            "num_eval_trajectories": self.num_eval_trajectories,
-            "num_malformed": self.num_malformed,
         }
 
     @classmethod
     def from_cursor(cls, cursor: dict[str, Any]) -> Ledger:
         return cls(
-            num_released=cursor.get("num_released", 0),
-            num_taken_groups=cursor.get("num_taken_groups", 0),
-            num_dropped_groups=cursor.get("num_dropped_groups", 0),
-            num_trained=cursor.get("num_trained", 0),
+            **{name: cursor.get(name, 0) for name in _COUNTS},
             dropped=Counter(cursor.get("dropped", {})),
-            max_staleness_seen=cursor.get("max_staleness_seen", 0),
             eval_results={int(v): r for v, r in cursor.get("eval_results", {}).items()},
-            num_eval_trajectories=cursor.get("num_eval_trajectories", 0),
-            num_malformed=cursor.get("num_malformed", 0),
         )
+
+
+_COUNTS = tuple(f.name for f in fields(Ledger) if f.default == 0)
+"""The ledger's plain counts: saved in the cursor as they are, 0 when a cursor lacks one."""

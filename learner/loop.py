@@ -374,7 +374,7 @@ class Learner:
 
     async def _done(self) -> dict:
         info = await until_done(
-            lambda: self.js.stream_info(self.names.trajectories_stream), "stream info"
+            lambda: self.js.stream_info(self.names.trajectories.stream), "stream info"
         )
         summary = {
             "kind": "done",

@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import logging
 import shutil
+from dataclasses import KW_ONLY, dataclass, field
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import torch.distributed as dist
 
@@ -45,29 +47,22 @@ def _broadcast_command(command: str, payload=None, group=None):
     return command, payload
 
 
+@dataclass(eq=False)
 class RankCommands:
-    def __init__(
-        self,
-        trainer: Trainer,
-        *,
-        checkpoint_dir: str,
-        keep: int,
-        snapshot_dir: Path,
-        snapshot_interval: int,
-        sender=None,
-        group=None,
-        artifacts=None,
-    ) -> None:
-        self.trainer = trainer
-        self.checkpoint_dir = checkpoint_dir
-        self.keep = keep
-        self.snapshot_dir = snapshot_dir
-        self.snapshot_interval = snapshot_interval
-        self.sender = sender
-        self.group = group
-        """The gloo group commands travel on (`command_group`); None with one rank."""
-        self.artifacts = artifacts  # learner.artifacts.ArtifactSync when a bucket is set
-        self._snapshot: tuple[Path, int] | None = None
+    trainer: Trainer
+    _: KW_ONLY
+    checkpoint_dir: str
+    keep: int
+    """Checkpoints kept (older ones are pruned)."""
+    snapshot_dir: Path
+    snapshot_interval: int
+    sender: Any = None
+    """The weights/ sender broadcasting new weights to the engines; None: no broadcast."""
+    group: Any = None
+    """The gloo group commands travel on (`command_group`); None with one rank."""
+    artifacts: Any = None
+    """learner.artifacts.ArtifactSync when a bucket is set."""
+    _snapshot: tuple[Path, int] | None = field(default=None, init=False)
 
     def _command(self, command: str, payload=None) -> None:
         _broadcast_command(command, payload, self.group)

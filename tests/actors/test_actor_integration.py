@@ -20,10 +20,9 @@ import numpy as np
 import pytest
 import torch
 
-from actors.actor import Actor
-from actors.chat import ChatTemplate
 from actors.config import ActorConfig
 from actors.episode import task_row
+from actors.replica import grpc_actor
 from broker import client as bus
 from broker.codec import token_arrays
 from broker.config import BrokerConfig
@@ -33,7 +32,7 @@ from demo.scripted import teach_script
 from envservers.config import EnvServerConfig
 from envservers.envs.calculator import CALCULATOR_TOOLS
 from envservers.server import EnvServer
-from protos.client import EnvClient, GrpcEnvConnector
+from protos.client import EnvClient
 
 pytestmark = pytest.mark.vllm
 
@@ -132,14 +131,7 @@ async def _play(*, engine, tokenizer, broker: BrokerConfig, env_address: str, sn
         )
     )
     client = EnvClient([env_address], timeout_s=10, max_retries=0)
-    actor = Actor(
-        config=config,
-        broker=broker,
-        engine=engine,
-        env=GrpcEnvConnector(client),
-        chat=ChatTemplate(tokenizer),
-        actor_id="it",
-    )
+    actor = grpc_actor(config, broker, engine, tokenizer, actor_id="it", client=client)
     stop = asyncio.Event()
     running = asyncio.create_task(actor.run(stop))
     consumer = bus.TrajectoryConsumer(js, broker.names)
@@ -156,7 +148,7 @@ async def _play(*, engine, tokenizer, broker: BrokerConfig, env_address: str, sn
         for r in received:
             await r.ack()
         # The tasks are acked once all their trajectories are stored.
-        while (await js.stream_info(broker.names.prompts_stream)).state.messages:
+        while (await js.stream_info(broker.names.prompts.stream)).state.messages:
             assert time.monotonic() < deadline, "prompt tasks were not acked"
             await asyncio.sleep(0.05)
     finally:

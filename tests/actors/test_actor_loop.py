@@ -142,16 +142,16 @@ async def test_task_becomes_a_group_and_is_acked_only_after_all_published(tokeni
     async with _running(actor):
 
         async def three_published():
-            return await _stream_messages(js, names.trajectories_stream) >= 3
+            return await _stream_messages(js, names.trajectories.stream) >= 3
 
         await _until(three_published)
-        assert await _stream_messages(js, names.trajectories_stream) == 3
-        assert await _stream_messages(js, names.prompts_stream) == 1  # not acked yet
-        info = await js.consumer_info(names.prompts_stream, names.prompts_consumer)
+        assert await _stream_messages(js, names.trajectories.stream) == 3
+        assert await _stream_messages(js, names.prompts.stream) == 1  # not acked yet
+        info = await js.consumer_info(names.prompts.stream, names.prompts.consumer)
         assert info.num_ack_pending == 1
 
         async def prompt_acked():
-            return await _stream_messages(js, names.prompts_stream) == 0
+            return await _stream_messages(js, names.prompts.stream) == 0
 
         await _until(prompt_acked)
         trajectories = await _trajectories(js, broker, 4)
@@ -173,17 +173,17 @@ async def test_malformed_and_undecodable_tasks_are_terminated_and_counted(tokeni
     names = broker.names
     rejected = _metric("tether_actor_tasks_total", outcome="rejected")
     actor = _actor(tokenizer, broker)
-    await js.publish(names.prompts_subject, b"\x93not a prompt task")
+    await js.publish(names.prompts.subject, b"\x93not a prompt task")
     await bus.publish_prompts(js, names, [_task("bad-group", group_size=0)])
     async with _running(actor):
 
         async def both_gone():
-            return await _stream_messages(js, names.prompts_stream) == 0
+            return await _stream_messages(js, names.prompts.stream) == 0
 
         await _until(both_gone)
     assert actor.puller.num_corrupt == 1
     assert _metric("tether_actor_tasks_total", outcome="rejected") == rejected + 1
-    assert await _stream_messages(js, names.trajectories_stream) == 0
+    assert await _stream_messages(js, names.trajectories.stream) == 0
 
 
 async def test_over_long_prompt_is_rejected_with_its_reason(tokenizer, broker, js, caplog):
@@ -195,13 +195,13 @@ async def test_over_long_prompt_is_rejected_with_its_reason(tokenizer, broker, j
         async with _running(actor):
 
             async def gone():
-                return await _stream_messages(js, names.prompts_stream) == 0
+                return await _stream_messages(js, names.prompts.stream) == 0
 
             await _until(gone)
-    assert await _stream_messages(js, names.trajectories_stream) == 0
+    assert await _stream_messages(js, names.trajectories.stream) == 0
     assert "rejecting prompt task long-1" in caplog.text
     assert "exceeds max_input_length 16" in caplog.text
-    info = await js.consumer_info(names.prompts_stream, names.prompts_consumer)
+    info = await js.consumer_info(names.prompts.stream, names.prompts.consumer)
     assert info.num_redelivered == 0  # terminated, not retried
 
 
@@ -234,7 +234,7 @@ async def test_new_replica_loads_the_snapshot_and_waits_for_min_version(tokenize
         assert engine.snapshots_loaded == [("/snap/v5", 5)]
         assert [t.group_id for t in first] == ["now"]
         await asyncio.sleep(0.5)  # "later" must wait for version 7
-        assert await _stream_messages(js, names.trajectories_stream) == 0
+        assert await _stream_messages(js, names.trajectories.stream) == 0
         await policy.publish(
             PolicyVersion(version=7, published_at=0.0, snapshot_path="/snap/v7", snapshot_version=7)
         )
@@ -360,7 +360,7 @@ async def test_stopped_replica_hands_its_group_to_another(tokenizer, broker, js)
     async with _running(first):
 
         async def two_published():
-            return await _stream_messages(js, names.trajectories_stream) >= 2
+            return await _stream_messages(js, names.trajectories.stream) >= 2
 
         await _until(two_published)
     # `first` stopped with samples 2 and 3 unfinished: the task was nak'd, not lost.
@@ -369,7 +369,7 @@ async def test_stopped_replica_hands_its_group_to_another(tokenizer, broker, js)
         trajectories = await _trajectories(js, broker, 4)
 
         async def prompt_acked():
-            return await _stream_messages(js, names.prompts_stream) == 0
+            return await _stream_messages(js, names.prompts.stream) == 0
 
         await _until(prompt_acked)
     assert [t.trajectory_id for t in trajectories] == [f"handover/{i}" for i in range(4)]
@@ -392,7 +392,7 @@ async def test_heartbeats_keep_a_group_longer_than_the_ack_wait(tokenizer, nats_
     await bus.publish_prompts(js, broker.names, [_task("long-episode", group_size=2)])
     async with _running(actor):
         trajectories = await _trajectories(js, broker, 2)
-    info = await js.consumer_info(broker.names.prompts_stream, broker.names.prompts_consumer)
+    info = await js.consumer_info(broker.names.prompts.stream, broker.names.prompts.consumer)
     await nc.close()
     assert info.num_redelivered == 0 and info.num_ack_pending == 0
     assert [t.trajectory_id for t in trajectories] == ["long-episode/0", "long-episode/1"]

@@ -96,17 +96,17 @@ async def test_replica_killed_mid_group_is_replaced_without_loss_or_duplicates(
         await bus.publish_prompts(js, bus_names, [task])
 
         async def two_published():
-            return await _count(js, bus_names.trajectories_stream) >= 2
+            return await _count(js, bus_names.trajectories.stream) >= 2
 
         await _until(two_published, timeout_s=60)
         doomed.kill()
         doomed.join(10)
-        assert await _count(js, bus_names.trajectories_stream) == 2
+        assert await _count(js, bus_names.trajectories.stream) == 2
 
         survivor = launcher.start(_spec(config_path, 1, actor_id="B"))
 
         async def prompt_done():
-            return await _count(js, bus_names.prompts_stream) == 0
+            return await _count(js, bus_names.prompts.stream) == 0
 
         await _until(prompt_done, timeout_s=60 + ACK_WAIT_S)
     finally:
@@ -130,7 +130,7 @@ async def test_replica_killed_mid_group_is_replaced_without_loss_or_duplicates(
 
 async def _streams_exist(js, names) -> bool:
     try:
-        await js.stream_info(names.prompts_stream)
+        await js.stream_info(names.prompts.stream)
         return True
     except nats.js.errors.NotFoundError:  # not created yet by the replica
         return False

@@ -325,7 +325,7 @@ async def test_actor_follows_broadcast_versions_and_gates_tasks_on_min_version(
         await collector.poll()
         assert "gated" not in collector.by_group
         assert engine.version == 0
-        info = await js.consumer_info(names.prompts_stream, names.prompts_consumer)
+        info = await js.consumer_info(names.prompts.stream, names.prompts.consumer)
         assert info.num_ack_pending == 1  # held by the actor, waiting
 
         # Optimizer step 1: broadcast, then announce (the learner's order).
@@ -350,7 +350,7 @@ async def test_actor_follows_broadcast_versions_and_gates_tasks_on_min_version(
         for t in after:
             _assert_greedy_of(policy_2, t, eos)
     assert actor.newest_version == 2
-    assert await _stream_messages(js, names.prompts_stream) == 0  # every task acked
+    assert await _stream_messages(js, names.prompts.stream) == 0  # every task acked
     stalls = _stalls("broadcast")
     num_updates = stalls[0] - stalls_before[0]
     assert num_updates == 2

@@ -61,7 +61,7 @@ async def test_retried_publish_is_stored_once(bus):
     await publisher.publish(t)
     await publisher.publish(t)  # e.g. the actor retried after a lost ack
     assert publisher.num_duplicates == 1
-    info = await js.stream_info(names.trajectories_stream)
+    info = await js.stream_info(names.trajectories.stream)
     assert info.state.messages == 1
 
 
@@ -110,11 +110,11 @@ async def test_corrupt_messages_are_terminated_counted_and_do_not_stop_the_consu
     good = trajectory(trajectory_id="good")
     misaligned = msgspec.structs.replace(trajectory(trajectory_id="bad"), loss_mask=b"\x01")
     await js.publish(
-        names.trajectories_subject, b"\xc1 not msgpack", headers={MSG_ID_HEADER: "garbage"}
+        names.trajectories.subject, b"\xc1 not msgpack", headers={MSG_ID_HEADER: "garbage"}
     )
-    await js.publish(names.trajectories_subject, encode(misaligned), headers={MSG_ID_HEADER: "bad"})
+    await js.publish(names.trajectories.subject, encode(misaligned), headers={MSG_ID_HEADER: "bad"})
     await js.publish(
-        names.trajectories_subject, b"", headers={MSG_ID_HEADER: "claim", CLAIM_HEADER: "nowhere"}
+        names.trajectories.subject, b"", headers={MSG_ID_HEADER: "claim", CLAIM_HEADER: "nowhere"}
     )
     await client.TrajectoryPublisher(js, names).publish(good)
     consumer = client.TrajectoryConsumer(js, names)
@@ -125,7 +125,7 @@ async def test_corrupt_messages_are_terminated_counted_and_do_not_stop_the_consu
     # Terminated, not redelivered: nothing is left for the consumer.
     await asyncio.sleep(0.2)
     assert await consumer.fetch(timeout_s=0.5) == []
-    info = await js.consumer_info(names.trajectories_stream, names.trajectories_consumer)
+    info = await js.consumer_info(names.trajectories.stream, names.trajectories.consumer)
     assert info.num_pending == 0 and info.num_ack_pending == 0
 
 
@@ -133,11 +133,11 @@ async def test_ensure_streams_is_idempotent_and_uses_file_storage_with_discard_n
     js, names = bus
     await client.ensure_streams(js, names, TEST_LIMITS)
     await client.ensure_streams(js, names, dataclasses.replace(TEST_LIMITS, max_prompt_msgs=10))
-    info = await js.stream_info(names.prompts_stream)
+    info = await js.stream_info(names.prompts.stream)
     assert info.config.storage == StorageType.FILE
     assert info.config.discard == DiscardPolicy.NEW
     assert info.config.max_msgs == 10
-    consumer = await js.consumer_info(names.prompts_stream, names.prompts_consumer)
+    consumer = await js.consumer_info(names.prompts.stream, names.prompts.consumer)
     assert consumer.config.max_ack_pending == client.StreamLimits().prompt_max_ack_pending
 
 
@@ -171,7 +171,7 @@ async def test_prompt_work_queue_delivers_each_task_once(bus):
 
 async def test_malformed_prompt_is_terminated_and_counted(bus):
     js, names = bus
-    await js.publish(names.prompts_subject, b"{not a task", headers={MSG_ID_HEADER: "x"})
+    await js.publish(names.prompts.subject, b"{not a task", headers={MSG_ID_HEADER: "x"})
     await client.publish_prompts(js, names, [prompt_task(task_id="ok")])
     puller = client.PromptPuller(js, names)
     received = await puller.fetch(batch=2)

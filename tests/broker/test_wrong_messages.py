@@ -40,7 +40,7 @@ async def test_prompt_queue_terminates_every_wrong_message(bus):
         ),
     }
     for i, data in enumerate(wrong.values()):
-        await js.publish(names.prompts_subject, data, headers={MSG_ID_HEADER: f"w{i}"})
+        await js.publish(names.prompts.subject, data, headers={MSG_ID_HEADER: f"w{i}"})
     await client.publish_prompts(js, names, [prompt_task(task_id="good")])
     puller = client.PromptPuller(js, names)
     received = []
@@ -50,7 +50,7 @@ async def test_prompt_queue_terminates_every_wrong_message(bus):
     assert [r.task.task_id for r in received] == ["good"]
     assert puller.num_corrupt == len(wrong)
     await received[0].ack()
-    info = await js.stream_info(names.prompts_stream)
+    info = await js.stream_info(names.prompts.stream)
     assert info.state.messages == 0  # terminated: nothing left to redeliver
 
 
@@ -69,7 +69,7 @@ async def test_trajectory_stream_terminates_every_wrong_message_and_frees_bad_sp
     ]
     for i, (data, headers) in enumerate(wrong):
         await js.publish(
-            names.trajectories_subject, data, headers={MSG_ID_HEADER: f"w{i}", **headers}
+            names.trajectories.subject, data, headers={MSG_ID_HEADER: f"w{i}", **headers}
         )
     good = trajectory(trajectory_id="good")
     await client.TrajectoryPublisher(js, names).publish(good)

@@ -17,24 +17,13 @@ ANSWER = "<answer>42</answer>"
 
 
 async def build(spec, config, broker):
-    from actors.actor import Actor
-    from actors.chat import ChatTemplate
-    from actors.replica import actor_id_of
+    from actors.replica import actor_id_of, grpc_actor
     from demo.tokenizer import build_tokenizer
-    from protos.client import EnvClient, GrpcEnvConnector
     from tests.fakes import ScriptedEngine, by_turn
 
     tokenizer = build_tokenizer(num_conversations=50)
     engine = ScriptedEngine(tokenizer, by_turn(TOOL_CALL, ANSWER), delay_s=0.05)
-    client = EnvClient(config.env.addresses, timeout_s=config.env.timeout_s, max_retries=0)
-    actor = Actor(
-        config=config,
-        broker=broker,
-        engine=engine,
-        env=GrpcEnvConnector(client),
-        chat=ChatTemplate(tokenizer),
-        actor_id=actor_id_of(spec),
-    )
+    actor = grpc_actor(config, broker, engine, tokenizer, actor_id=actor_id_of(spec))
     return actor, lambda: None
 
 

@@ -5,8 +5,8 @@ task's `min_version` (following the learner's policy version in the NATS KV, eve
 including a step back after a learner resume), "generates" for `delay_s`, and publishes the
 group: prompt tokens (loss mask 0), two assistant turns of policy tokens (loss mask 1,
 behaviour logprob -1.0, tagged with the loaded version) around an observation (mask 0),
-rewards that vary within the group. Trajectory ids are `<task_id>-<sample_index>`, as the
-real actor makes them, so a retried publish is stored once.
+rewards that vary within the group. Trajectories are made by the real actor's
+`actors.trajectory.to_trajectory`, so a retried publish is stored once.
 
 `lag` makes a laggard: its loaded version is the announced one minus `lag` (an actor whose
 weight updates arrive late; it has no weights while that is negative). It still honours
@@ -30,8 +30,9 @@ from dataclasses import dataclass, field
 
 import nats.errors
 
+from actors.trajectory import to_trajectory
+from actors.types import EpisodeResult
 from broker import client
-from broker.codec import pack_tokens
 from broker.names import BusNames
 from broker.wire import PromptTask, Trajectory
 
@@ -204,30 +205,14 @@ class ScriptedActor:
         turn1 = [rng.randrange(VOCAB_LOW, VOCAB_HIGH) for _ in range(rng.randrange(3, 8))]
         observation = [rng.randrange(VOCAB_LOW, VOCAB_HIGH) for _ in range(4)]
         turn2 = [rng.randrange(VOCAB_LOW, VOCAB_HIGH) for _ in range(rng.randrange(2, 6))]
-        tokens = prompt + turn1 + observation + turn2
-        mask = [0] * len(prompt) + [1] * len(turn1) + [0] * len(observation) + [1] * len(turn2)
-        return Trajectory(
-            trajectory_id=f"{task.task_id}-{sample_index}",
-            group_id=task.task_id,
-            group_size=task.group_size,
-            sample_index=sample_index,
-            step=task.step,
-            env_class=task.env_class,
-            data_source=task.data_source,
-            actor_id=self.actor_id,
-            is_eval=task.is_eval,
-            prompt_len=len(prompt),
-            reward=reward,
-            stop_reason="stop",
-            num_turns=2,
-            num_tool_calls=1,
-            **pack_tokens(
-                token_ids=tokens,
-                logprobs=[-1.0 if m else 0.0 for m in mask],
-                loss_mask=mask,
-                versions=[version if m else -1 for m in mask],
-            ),
+        result = EpisodeResult(
+            prompt_len=len(prompt), reward=reward, stop_reason="stop", num_turns=2, num_tool_calls=1
         )
+        result.append(prompt)
+        result.append(turn1, logprobs=[-1.0] * len(turn1), versions=[version] * len(turn1))
+        result.append(observation)
+        result.append(turn2, logprobs=[-1.0] * len(turn2), versions=[version] * len(turn2))
+        return to_trajectory(result, task=task, sample_index=sample_index, actor_id=self.actor_id)
 
 
 def resumable_pair(url: str, names: BusNames) -> list[ScriptedActor]:

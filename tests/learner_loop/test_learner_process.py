@@ -88,7 +88,7 @@ async def test_learner_trains_evaluates_and_accounts_for_every_trajectory(
         await run.start()
         metrics_text = await _scrape_policy_version(run)
         code = await run.wait(TIMEOUT_S)
-        info = await js.stream_info(bus_names.trajectories_stream)
+        info = await js.stream_info(bus_names.trajectories.stream)
     assert code == 0, run.log_tail()
 
     assert versions.versions == list(range(7))  # announced 0 at start, then once per step
