@@ -36,7 +36,8 @@ copying the prefix's K/V per suffix, but SDPA's log-sum-exp output has no gradie
 merge would need an eager score matrix. Splitting the row with `split()` matters: slicing
 each segment out instead made the backward write one zero-filled whole-row gradient per
 slice (demo step 1.55 s instead of 1.12 s in the same session). Everything here exists on
-CPU and CUDA; on CUDA, SDPA picks its fused kernels per call.
+CPU and CUDA; on CUDA in fp16/bf16 the whole row goes instead to one FlashAttention varlen
+call (learner/segment_varlen.py): per-segment calls are launch-bound there.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from learner.segment_varlen import MIN_SEGMENTS, attend_segments_varlen, varlen_applies
 from learner.segments import Segments
 
 ATTENTION_NAME = "tether_segments"
@@ -84,10 +86,20 @@ def attend_segments(
     *,
     scale: float | None = None,
     dropout: float = 0.0,
+    kernel: str = "auto",
 ) -> torch.Tensor:
     """Attention of `query/key/value [B, H, N, D]` (same head count) within `segments`;
-    returns `[B, H, N, D]`."""
+    returns `[B, H, N, D]`. `kernel`: `sdpa` (one call per segment, any device), `varlen`
+    (one FlashAttention varlen call, CUDA in fp16/bf16: segment_varlen.py) or `auto` (varlen
+    where it applies and the row has `MIN_SEGMENTS` or more)."""
     assert query.shape[2] == key.shape[2] == segments.num_tokens, (query.shape, segments)
+    if kernel not in ("auto", "sdpa", "varlen"):
+        raise ValueError(f"kernel must be auto, sdpa or varlen, got {kernel!r}")
+    if kernel == "varlen" and not varlen_applies(query, dropout):
+        raise ValueError("the varlen kernel needs CUDA, fp16/bf16, no dropout and batch 1")
+    many = len(segments.lengths) >= MIN_SEGMENTS
+    if kernel == "varlen" or (kernel == "auto" and many and varlen_applies(query, dropout)):
+        return attend_segments_varlen(query, key, value, segments, scale=scale)
     # split(), not one slice per segment: a slice's backward writes a zero-filled gradient of
     # the whole row, which made the backward quadratic in the number of segments.
     queries = query.split(segments.lengths, dim=2)  # each [B, H, S, D]

@@ -6,8 +6,10 @@ two GPUs).
   against an fp32 recomputation on the same GPU (the numerical part of the logprob gap);
 - its weights streamed in bf16 over gloo into a receiver process on the same machine (the
   co-located mode `make run` uses on a 1-GPU machine), bit-equal to what the learner holds;
-- figures only, never asserted: step time at 1,024- vs 8,192-token micro-batches and the
-  co-located broadcast's bytes/s, on a ~0.2B random Qwen2."""
+- segment attention's one-call varlen kernel (learner/segment_varlen.py) equal to the
+  per-segment path, outputs and gradients;
+- figures only, never asserted: step time at 1,024- vs 8,192-token micro-batches with either
+  attention kernel and the co-located broadcast's bytes/s, on a ~0.2B random Qwen2."""
 
 from __future__ import annotations
 
@@ -143,21 +145,76 @@ def _best_step_s(trainer: Trainer, samples, repeats: int = 3) -> float:
     return best
 
 
-def test_step_time_at_8192_token_micro_batches_against_1024():
-    """A figure for docs/gpu.md (issue 14's packed micro-batches, on GPU): attention that
-    respects sequence boundaries costs no more per token in bigger micro-batches."""
+def test_step_time_at_8192_token_micro_batches_against_1024(monkeypatch):
+    """Figures for docs/gpu.md (issue 14's packed micro-batches, on GPU): tokens/s at two
+    micro-batch budgets, with attention's `auto` choice (varlen for rows of many segments)
+    and with one SDPA call per segment always (the CPU path)."""
     need_gpus(1)
+    import learner.segment_attention as segment_attention
+
     samples = random_samples(num_samples=64, seed=11, min_len=128, max_len=1000)
     tokens = sum(len(s.token_ids) for s in samples)
     figures = {}
-    for budget in (1024, 8192):
-        trainer = _trainer(_mid_size_qwen2(), micro_batch_tokens=budget)
-        trainer.train_step(samples[:8])  # warm-up: kernels, allocator
-        figures[budget] = tokens / _best_step_s(trainer, samples)
-        del trainer
-        torch.cuda.empty_cache()
+    for kernel in ("auto", "sdpa"):
+        if kernel == "sdpa":
+            monkeypatch.setattr(segment_attention, "varlen_applies", lambda *args: False)
+        for budget in (1024, 8192):
+            trainer = _trainer(_mid_size_qwen2(), micro_batch_tokens=budget)
+            trainer.train_step(samples[:8])  # warm-up: kernels, allocator
+            tokens_per_s = tokens / _best_step_s(trainer, samples)
+            figures[f"learner_gpu_{kernel}_tokens_per_s_{budget}"] = round(tokens_per_s)
+            del trainer
+            torch.cuda.empty_cache()
+        figures[f"learner_gpu_{kernel}_tokens_per_s_ratio_8192_vs_1024"] = round(
+            figures[f"learner_gpu_{kernel}_tokens_per_s_8192"]
+            / figures[f"learner_gpu_{kernel}_tokens_per_s_1024"],
+            3,
+        )
+    record(**figures)
+
+
+def _relative(got: torch.Tensor, expected: torch.Tensor) -> float:
+    return ((got.float() - expected.float()).abs().max() / expected.float().abs().max()).item()
+
+
+@pytest.mark.parametrize("autocast", [False, True], ids=["bf16", "fp32-autocast"])
+def test_varlen_attention_equals_the_per_segment_path(autocast):
+    need_gpus(1)
+    from learner.segment_attention import attend_segments
+    from learner.segments import Segments
+
+    # Prefixes with suffixes longer and shorter than themselves (the causal alignment is
+    # bottom-right only if suffix rows see the whole prefix), plain segments, length 1s.
+    lengths = (200, 37, 150, 1, 300, 1, 64, 5, 90)
+    parents = (-1, 0, 0, 0, -1, -1, -1, 6, -1)
+    starts = tuple(sum(lengths[:k]) for k in range(len(lengths)))
+    segments = Segments(starts=starts, lengths=lengths, parents=parents)
+    gen = torch.Generator(device=CUDA).manual_seed(0)
+    dtype = torch.float32 if autocast else torch.bfloat16
+    qkv = [
+        torch.randn(
+            (1, 8, segments.num_tokens, 64), generator=gen, device=CUDA, dtype=dtype
+        ).requires_grad_()
+        for _ in range(3)
+    ]
+    upstream = torch.randn((1, 8, segments.num_tokens, 64), generator=gen, device=CUDA)
+    results = {}
+    for kernel in ("varlen", "sdpa"):
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
+            out = attend_segments(*qkv, segments, scale=0.125, kernel=kernel)
+        grads = torch.autograd.grad(out, qkv, upstream.to(out.dtype))
+        results[kernel] = (out, grads)
+    out_v, grads_v = results["varlen"]
+    out_s, grads_s = results["sdpa"]
+    assert out_v.dtype == out_s.dtype == torch.bfloat16
+    errors = [_relative(out_v, out_s)] + [
+        _relative(a, b) for a, b in zip(grads_v, grads_s, strict=True)
+    ]
     record(
-        learner_gpu_tokens_per_s_1024=round(figures[1024]),
-        learner_gpu_tokens_per_s_8192=round(figures[8192]),
-        learner_gpu_tokens_per_s_ratio_8192_vs_1024=round(figures[8192] / figures[1024], 3),
+        **{
+            f"varlen_vs_sdpa_max_relative_error_{'autocast' if autocast else 'bf16'}": round(
+                max(errors), 5
+            )
+        }
     )
+    assert max(errors) < 2e-2, errors  # two bf16 kernels; a misaligned mask is off by O(1)

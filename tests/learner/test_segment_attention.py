@@ -115,3 +115,27 @@ def test_transformers_builds_no_dense_mask_for_segment_attention():
     sdpa_config = tiny_qwen2().config
     dense = create_causal_mask(config=sdpa_config, position_ids=position_ids, **kwargs)
     assert dense is not None and dense.shape[-2:] == (6, 6)  # what the current path builds
+
+
+def test_the_varlen_plan_by_hand():
+    """Each segment's keys for the one-call GPU kernel: a suffix gets its prefix's rows, then
+    its own; plain segments their own (learner/segment_varlen.py)."""
+    from learner.segment_varlen import varlen_plan
+
+    rows, cu_q, cu_k = varlen_plan(SEGMENTS)
+    assert cu_q.tolist() == [0, 1, 5, 6, 9, 14, 15, 17, 18]
+    # keys: [0] [1..4] [1..4, 5] [1..4, 6..8] [9..13] [14] [14, 15, 16] [17]
+    assert cu_k.tolist() == [0, 1, 5, 10, 17, 22, 23, 26, 27]
+    assert rows.tolist()[:17] == [0, 1, 2, 3, 4, 1, 2, 3, 4, 5, 1, 2, 3, 4, 6, 7, 8]
+    assert rows.tolist()[17:] == [9, 10, 11, 12, 13, 14, 14, 15, 16, 17]
+    plain = Segments(starts=(0, 3), lengths=(3, 2), parents=(-1, -1))
+    rows, cu_q, cu_k = varlen_plan(plain)
+    assert rows is None and cu_q.tolist() == cu_k.tolist() == [0, 3, 5]
+
+
+def test_the_varlen_kernel_is_refused_where_it_cannot_run():
+    query, key, value = _qkv(heads=2, kv_heads=2, n=SEGMENTS.num_tokens, seed=0)
+    with pytest.raises(ValueError, match="varlen kernel needs CUDA"):
+        attend_segments(query, key, value, SEGMENTS, kernel="varlen")
+    with pytest.raises(ValueError, match="kernel must be"):
+        attend_segments(query, key, value, SEGMENTS, kernel="flash")
