@@ -288,6 +288,7 @@ class Learner:
             "train_s": train_s,
             "broadcast_s": broadcast_s,
             "broadcast_receivers": weights.get("num_receivers", 0),
+            "broadcast_bytes": weights.get("num_bytes", 0),  # with LoRA: the adapter's
             "released": self.ledger.num_released,
             "trained": self.ledger.num_trained,
             "dropped": self.ledger.num_dropped,
