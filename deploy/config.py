@@ -22,6 +22,7 @@ from deploy.prepare import PrepareConfig
 from envservers.config import EnvServerConfig
 from learner.config import LearnerConfig
 from weights.dtypes import dtype_mismatch, resolve_engine_dtype, resolve_learner_dtype
+from weights.lora import adapter_mismatch
 
 
 class LocalRunConfig(StrictModel):
@@ -86,6 +87,20 @@ class RunConfig(StrictModel):
             )
             if problem:
                 raise ValueError(problem)
+        return self
+
+    @pydantic.model_validator(mode="after")
+    def _adapter_fits(self) -> RunConfig:
+        """A LoRA run's adapter rank against the engines' max_lora_rank, before anything
+        starts (the engines would be refused when they subscribe)."""
+        if self.learner is None or self.actor is None or self.learner.finetune.mode != "lora":
+            return self
+        engine = self.actor.engine
+        problem = adapter_mismatch(
+            {"r": self.learner.finetune.rank}, engine.max_lora_rank if engine.enable_lora else None
+        )
+        if problem:
+            raise ValueError(problem)
         return self
 
 
