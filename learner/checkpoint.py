@@ -78,7 +78,7 @@ def save_checkpoint(
     leaves frozen parameters out; rank 0 writes `extra_files` ({name: text}) before the
     completeness marker."""
     path = checkpoint_dir(root, state.step)
-    model_state, optim_state = get_state_dict(model, optimizer, options=_options(trainable_only))
+    model_state, optim_state = _state(model, optimizer, trainable_only)
     with _single_process_quiet():
         dcp.save(
             {"model": model_state, "optim": optim_state, "scheduler": scheduler.state_dict()},
@@ -113,7 +113,7 @@ def load_checkpoint(
     if not (path / STATE_FILE).is_file():
         raise ValueError(f"{path} is not a complete checkpoint (no {STATE_FILE})")
     options = _options(trainable_only)
-    model_state, optim_state = get_state_dict(model, optimizer, options=options)
+    model_state, optim_state = _state(model, optimizer, trainable_only)
     loaded = {"model": model_state, "optim": optim_state, "scheduler": scheduler.state_dict()}
     with _single_process_quiet():
         dcp.load(loaded, checkpoint_id=path, no_dist=not dist.is_initialized())
@@ -126,6 +126,17 @@ def load_checkpoint(
     )
     scheduler.load_state_dict(loaded["scheduler"])
     return read_training_state(path)
+
+
+def _state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, trainable_only: bool):
+    """(model state, optimizer state) as DCP saves them. `ignore_frozen_params` keeps a
+    tied weight's second name (`lm_head.weight` of a tied embedding: `named_parameters`
+    lists it once, under the embedding), so frozen names are dropped here as well."""
+    model_state, optim_state = get_state_dict(model, optimizer, options=_options(trainable_only))
+    if trainable_only:
+        trainable = {name for name, p in model.named_parameters() if p.requires_grad}
+        model_state = {k: v for k, v in model_state.items() if k in trainable}
+    return model_state, optim_state
 
 
 def _options(trainable_only: bool) -> StateDictOptions:

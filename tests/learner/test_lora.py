@@ -100,7 +100,7 @@ def test_a_plain_model_gets_its_adapter_from_the_trainer():
 def test_lora_checkpoint_holds_the_adapter_and_resumes_identically(tmp_path):
     config = _lora_config(optim={"warmup_steps": 2})
     batch_1, batch_2 = random_samples(num_samples=4, seed=5), random_samples(num_samples=4, seed=6)
-    trainer = Trainer(_lora_model(), config)
+    trainer = Trainer(_lora_model(tied=True), config)
     trainer.train_step(batch_1)
     path = trainer.save(tmp_path, TrainingState(trained_ids=["a"]))
     expected = trainer.train_step(batch_2)
@@ -108,12 +108,12 @@ def test_lora_checkpoint_holds_the_adapter_and_resumes_identically(tmp_path):
     keys = dcp.FileSystemReader(path).read_metadata().state_dict_metadata.keys()
     model_keys = {k for k in keys if k.startswith("model.")}
     assert len(model_keys) == 12 and all(".lora_" in k for k in model_keys)
-    assert not any("base_layer" in k or "embed_tokens" in k for k in keys)
+    assert not any("base_layer" in k or "embed_tokens" in k or "lm_head" in k for k in keys)
     saved_config = json.loads((path / ADAPTER_CONFIG).read_text())
     assert (saved_config["r"], saved_config["lora_alpha"]) == (4, 8)
     assert saved_config["base_model_name_or_path"] == "unused-in-tests"
 
-    resumed = Trainer(_lora_model(seed=0), config)  # same base; the adapter comes from disk
+    resumed = Trainer(_lora_model(tied=True), config)  # same base; the adapter from disk
     with torch.no_grad():
         for name, param in resumed.model.named_parameters():
             if ".lora_" in name:
