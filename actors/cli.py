@@ -73,7 +73,9 @@ def main(argv: list[str] | None = None) -> int:
         )
         for i in range(args.replicas)
     ]
-    return supervise(LocalProcesses(), specs, should_stop=lambda: bool(stopping))
+    return supervise(
+        LocalProcesses(), specs, should_stop=lambda: bool(stopping), policy=config.restarts
+    )
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ from typing import Literal
 import pydantic
 
 from common.config import StrictModel
+from common.restarts import RestartPolicy
 
 
 class SamplingConfig(StrictModel):
@@ -30,6 +31,30 @@ class SamplingConfig(StrictModel):
     "CPU Generator does not use offset"."""
 
 
+class EnvTlsConfig(StrictModel):
+    """`[actor.env.tls]`: TLS to the env servers. Off while `ca_file` is empty; file paths
+    only (keys never sit in a config file)."""
+
+    ca_file: str = ""
+    """PEM bundle of the CA that signed the env servers' certificates; setting it turns TLS
+    on (the server's chain and name are verified)."""
+    cert_file: str = ""
+    """Client certificate (PEM) for env servers that require one (mutual TLS)."""
+    key_file: str = ""
+    """The client certificate's private key (PEM file)."""
+    server_name: str = ""
+    """Name to check the servers' certificates against when it differs from the address's
+    host (e.g. addresses by IP, certificates by DNS name)."""
+
+    @pydantic.model_validator(mode="after")
+    def _pairs(self) -> EnvTlsConfig:
+        if bool(self.cert_file) != bool(self.key_file):
+            raise ValueError("cert_file and key_file: give both (mutual TLS) or neither")
+        if self.cert_file and not self.ca_file:
+            raise ValueError("cert_file: mutual TLS needs ca_file (TLS is off without it)")
+        return self
+
+
 class EnvConfig(StrictModel):
     """The env servers this actor plays episodes against (gRPC)."""
 
@@ -38,13 +63,20 @@ class EnvConfig(StrictModel):
     All servers are expected to host the same environments."""
     timeout_s: float = pydantic.Field(default=60.0, gt=0)
     """Deadline of each Reset/Step/Close call."""
-    attempts: int = pydantic.Field(default=3, ge=1)
+    attempts: int = pydantic.Field(default=6, ge=1)
     """Tries to open a session (each on the next address) or to step (re-opening the session
-    elsewhere and replaying the episode) before the episode ends with `error:env_*`."""
+    elsewhere and replaying the episode) before the episode ends with `error:env_*`. With
+    the default backoff they span ~15 s: long enough for a restarted env server to come back
+    on its address."""
     backoff_s: float = pydantic.Field(default=0.5, ge=0)
     """Wait before the second try; doubles each try."""
     max_backoff_s: float = pydantic.Field(default=8.0, ge=0)
     """Longest wait between tries."""
+    max_message_bytes: int = pydantic.Field(default=8 * 1024 * 1024, ge=64 * 1024)
+    """gRPC max send/receive message size; must equal the servers' envserver.max_message_bytes
+    (a launcher checks it when one file holds both)."""
+    tls: EnvTlsConfig = EnvTlsConfig()
+    """TLS to the env servers (off by default)."""
 
     @pydantic.field_validator("addresses")
     @classmethod
@@ -244,11 +276,15 @@ class ActorConfig(StrictModel):
     """Limits of each episode."""
     max_groups_in_flight: int = pydantic.Field(default=4, ge=1)
     """Prompt tasks (GRPO groups) a replica works on at once; it pulls more as they finish."""
-    heartbeat_s: float = pydantic.Field(default=10.0, gt=0)
+    heartbeat_s: float = pydantic.Field(default=2.0, gt=0)
     """Interval of in-progress acks on a running task; must be well under the broker's
     prompt_ack_wait_s, else the task is redelivered while still running."""
     nak_delay_s: float = pydantic.Field(default=5.0, ge=0)
     """A failed task comes back (to any replica) after this delay."""
+    version_wait_s: float = pydantic.Field(default=30.0, gt=0)
+    """A task waiting this long for the weights it needs (announced before it was released,
+    so a broadcast normally brings them in a second) makes the replica catch up from the
+    announced snapshot, or hand the task back when no snapshot is new enough."""
     fetch_timeout_s: float = pydantic.Field(default=1.0, gt=0)
     """Longest one pull of prompt tasks waits."""
     drain_timeout_s: float = pydantic.Field(default=30.0, ge=0)
@@ -266,6 +302,9 @@ class ActorConfig(StrictModel):
     takes entry i modulo their number. None: `actor --replicas N` plans them over the GPUs
     it sees (CUDA_VISIBLE_DEVICES, else nvidia-smi), `engine.num_gpus` each, and refuses
     when they are too few; on a machine without GPUs nothing is set."""
+    restarts: RestartPolicy = RestartPolicy(initial_backoff_s=2.0)
+    """How `actor --replicas N` restarts a replica that dies (backoff, restart budget); a
+    replica that spends its budget stops the actor process (its own supervisor decides)."""
 
     @pydantic.model_validator(mode="after")
     def _check(self) -> ActorConfig:
@@ -273,5 +312,15 @@ class ActorConfig(StrictModel):
             raise ValueError(
                 f"rollout.max_sequence_length ({self.rollout.max_sequence_length}) exceeds "
                 f"engine.max_model_len ({self.engine.max_model_len}); raise the latter"
+            )
+        return self
+
+    @pydantic.model_validator(mode="after")
+    def _sequences_fit_the_engine(self) -> ActorConfig:
+        if self.rollout.max_sequence_length > self.engine.max_model_len:
+            raise ValueError(
+                f"rollout.max_sequence_length ({self.rollout.max_sequence_length}) exceeds "
+                f"engine.max_model_len ({self.engine.max_model_len}): the engine could not "
+                "hold an episode that long"
             )
         return self

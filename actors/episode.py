@@ -26,7 +26,8 @@ Stop reasons: `stop` (env ended the episode after a turn that ended with EOS), `
 (env ended it after a turn cut by `max_generate_length`), `max_turns`, `max_input_length`,
 `overlong`, `error:env_open` / `error:env_step` (env servers unreachable after retries on
 other addresses), `error:env_replay` (a re-opened session did not replay identically),
-`error:env_observation` (the env returned messages that cannot be templated).
+`error:env_observation` (the env returned messages that cannot be templated),
+`error:env_reward` (the env returned a NaN or infinite reward).
 Error episodes carry reward 0.0 and an all-zero loss mask: the learner must leave them out
 of group statistics (the stop reason says the reward is not a reward).
 """
@@ -35,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -192,6 +194,8 @@ class _Episode:
             result,
             self.opened,
         )
+        if not math.isfinite(step.reward):  # an env bug: never a reward anyone trains on
+            raise EnvFailed("error:env_reward", f"the env returned reward {step.reward}")
         result.reward += float(step.reward)
         _record_env_metadata(step.metadata, result)
         if step.done:
@@ -225,7 +229,7 @@ def _record_env_metadata(metadata: dict | None, result: EpisodeResult) -> None:
     """Numeric env metadata (counts such as num_tool_calls, tool_errors) becomes env metrics;
     the env reports running totals, so the newest value wins."""
     for key, value in (metadata or {}).items():
-        if isinstance(value, int | float) and not isinstance(value, bool):
+        if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
             result.env_metrics[key] = float(value)
     result.num_tool_calls = int(result.env_metrics.get("num_tool_calls", 0))
 

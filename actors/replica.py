@@ -14,10 +14,11 @@ from collections.abc import Awaitable, Callable
 
 from actors.actor import Actor
 from actors.chat import ChatTemplate
-from actors.config import ActorConfig
+from actors.config import ActorConfig, EnvConfig
 from actors.replicas import ReplicaSpec
 from broker.config import BrokerConfig
-from protos.client import GrpcEnvConnector
+from protos.channel import client_credentials
+from protos.client import EnvClient, GrpcEnvConnector
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +80,6 @@ async def _build_real(spec: ReplicaSpec, config: ActorConfig, broker: BrokerConf
     from actors.vllm_engine import VllmEngine, threads_bind_for_replica
     from common.config import load_section
     from common.storage_config import StorageConfig
-    from protos.client import EnvClient
 
     tokenizer = AutoTokenizer.from_pretrained(config.engine.model)
     bind = threads_bind_for_replica(
@@ -88,7 +88,7 @@ async def _build_real(spec: ReplicaSpec, config: ActorConfig, broker: BrokerConf
     engine = await VllmEngine.start(config.engine.model_copy(update={"cpu_threads_bind": bind}))
     # No retries inside the client: the episode retries (elsewhere, with replay) per
     # `actor.env.attempts`, one layer with one backoff.
-    client = EnvClient(config.env.addresses, timeout_s=config.env.timeout_s, max_retries=0)
+    client = env_client(config.env)
     actor = Actor(
         config=config,
         broker=broker,
@@ -101,3 +101,21 @@ async def _build_real(spec: ReplicaSpec, config: ActorConfig, broker: BrokerConf
         ),
     )
     return actor, engine.shutdown
+
+
+def env_client(config: EnvConfig):
+    """The gRPC env client `[actor.env]` describes: addresses, deadline, message size, TLS."""
+    tls = config.tls
+    credentials = (
+        client_credentials(ca_file=tls.ca_file, cert_file=tls.cert_file, key_file=tls.key_file)
+        if tls.ca_file
+        else None
+    )
+    return EnvClient(
+        config.addresses,
+        timeout_s=config.timeout_s,
+        max_retries=0,
+        max_message_bytes=config.max_message_bytes,
+        credentials=credentials,
+        server_name=tls.server_name,
+    )

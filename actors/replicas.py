@@ -4,9 +4,12 @@ processes now, Ray actors on a cluster later) without touching the actor loop.
     launcher.start(spec) -> handle        handle.alive / exitcode / terminate() / kill() / join()
 
 `LocalProcesses` runs each replica in its own spawned process (vLLM needs a fresh
-interpreter, and a crash takes one replica, not all). `supervise` keeps N replicas running:
-a replica that exits with an error is restarted after a backoff; SIGTERM is passed on to
-every replica, which drains its running groups and exits.
+interpreter, and a crash takes one replica, not all) and process group, so that a replica
+killed outright does not leave its vLLM engine behind: the engine does not notice its
+client's death and would keep its memory for ever. `supervise` keeps N replicas running: a
+replica that exits with an error is cleaned up and restarted after a backoff, within a
+restart budget (`common.restarts`); SIGTERM is passed on to every replica, which drains its
+running groups and exits.
 """
 
 from __future__ import annotations
@@ -15,10 +18,14 @@ import importlib
 import logging
 import multiprocessing
 import os
+import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
+
+from common.procs import die_with_parent
+from common.restarts import RestartPolicy, RestartTracker
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +66,10 @@ class ReplicaHandle(Protocol):
 
     def join(self, timeout_s: float | None = None) -> None: ...
 
+    def clear_leftovers(self) -> int:
+        """After the replica exited: stop what it left running (its engine processes).
+        Returns how many processes were signalled."""
+
 
 class ReplicaLauncher(Protocol):
     def start(self, spec: ReplicaSpec) -> ReplicaHandle: ...
@@ -91,6 +102,8 @@ def replica_gpus(
 
 
 def _process_main(spec: ReplicaSpec) -> None:
+    os.setpgid(0, 0)  # a group of its own: the replica and the engine it starts
+    die_with_parent()  # the supervisor killed outright: drain and stop
     if spec.cuda_visible_devices is not None:
         # Before the target imports torch or vLLM: CUDA reads these once, at its start.
         os.environ["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
@@ -126,6 +139,15 @@ class LocalProcess:
     def join(self, timeout_s: float | None = None) -> None:
         self.process.join(timeout_s)
 
+    def clear_leftovers(self) -> int:
+        # The group outlives its leader while members (the engine) live, so its id cannot
+        # have been reused by an unrelated process.
+        try:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            return 0  # nothing left
+        return 1
+
 
 class LocalProcesses:
     """ReplicaLauncher for one machine. Spawned (not forked): no inherited event loop,
@@ -149,35 +171,60 @@ def supervise(
     specs: list[ReplicaSpec],
     *,
     should_stop: Callable[[], bool],
-    restart_backoff_s: float = 5.0,
+    policy: RestartPolicy | None = None,
     poll_s: float = 0.5,
     stop_timeout_s: float = 60.0,
+    clock: Callable[[], float] = time.monotonic,
 ) -> int:
     """Run the replicas until `should_stop()`; restart any that exits with an error (after
-    a backoff, to not spin on a broken config). Returns 0, or 1 if a replica had to be
-    killed on the way out."""
+    the policy's backoff, so a broken config does not spin). Returns 0; 1 if a replica spent
+    its restart budget or had to be killed on the way out."""
+    policy = policy or RestartPolicy()
     handles = {spec.index: launcher.start(spec) for spec in specs}
+    trackers = {spec.index: RestartTracker(policy) for spec in specs}
+    started_at = {index: clock() for index in handles}
     restart_at: dict[int, float] = {}
+    code = 0
     while not should_stop():
-        now = time.monotonic()
+        now = clock()
         for index, handle in list(handles.items()):
             if handle.alive or index in restart_at:
                 continue
+            left = handle.clear_leftovers()
             if handle.exitcode == 0:
                 log.info("replica %d exited cleanly", index)
                 restart_at[index] = float("inf")
-            else:
-                log.warning("replica %d exited with %s; restarting", index, handle.exitcode)
-                restart_at[index] = now + restart_backoff_s
+                continue
+            when = trackers[index].on_exit(started_at=started_at[index], exited_at=now)
+            if when is None:
+                log.error("replica %d exited with %s; restart budget spent", index, handle.exitcode)
+                code = 1
+                break
+            log.warning(
+                "replica %d exited with %s (%d leftover process groups killed); restarting in "
+                "%.1fs",
+                index,
+                handle.exitcode,
+                left,
+                when - now,
+            )
+            restart_at[index] = when
+        if code:
+            break
         for index, when in list(restart_at.items()):
             if when <= now:
                 del restart_at[index]
                 handles[index] = launcher.start(handles[index].spec)
-        if all(when == float("inf") for when in restart_at.values()) and len(restart_at) == len(
-            handles
-        ):
+                started_at[index] = clock()
+        if len(restart_at) == len(handles) and all(t == float("inf") for t in restart_at.values()):
             return 0  # every replica finished on its own
         time.sleep(poll_s)
+    return max(code, _stop(handles, stop_timeout_s))
+
+
+def _stop(handles: dict[int, ReplicaHandle], stop_timeout_s: float) -> int:
+    """SIGTERM every live replica, wait for the drains, kill what is left. 1 if any had to
+    be killed."""
     for handle in handles.values():
         if handle.alive:
             handle.terminate()
@@ -192,4 +239,5 @@ def supervise(
             handle.kill()
             handle.join()
             code = 1
+        handle.clear_leftovers()
     return code

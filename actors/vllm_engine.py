@@ -321,6 +321,9 @@ class VllmEngine:
         track = self.config.track_weights_checksum
         if not is_adapter_dir(path):
             await self._worker_call("load_weights_from_path", path, track, staged)
+            # Full weights hold the whole policy (a LoRA run's version 0 is its base model,
+            # the learner's announced rollback point): no adapter on top of them.
+            self._lora_request = None
         elif self.config.enable_lora:
             await self._use_adapter(path, version)
         else:

@@ -35,7 +35,7 @@ async def serve_echo(port: int) -> None:
     import grpc
 
     from protos import env_pb2, env_pb2_grpc
-    from protos.channel import channel_options
+    from protos.channel import server_options
 
     reply = env_pb2.StepResponse(
         observations=[env_pb2.ChatMessage(role="tool", content="ok")],
@@ -49,7 +49,7 @@ async def serve_echo(port: int) -> None:
         async def Step(self, request, context):
             return reply
 
-    server = grpc.aio.server(options=channel_options())
+    server = grpc.aio.server(options=server_options())
     env_pb2_grpc.add_EnvServiceServicer_to_server(Echo(), server)
     server.add_insecure_port(f"127.0.0.1:{port}")
     await server.start()

@@ -3,7 +3,7 @@
 from broker.connection import connect
 from broker.policy import PolicyStore
 from broker.prompts import PromptPuller, ReceivedPrompt, publish_prompts
-from broker.streams import StreamLimits, ensure_streams
+from broker.streams import StreamLimits, ensure_streams, ensure_streams_fresh_consumer
 from broker.trajectories import ReceivedTrajectory, TrajectoryConsumer, TrajectoryPublisher
 
 __all__ = [
@@ -16,5 +16,6 @@ __all__ = [
     "TrajectoryPublisher",
     "connect",
     "ensure_streams",
+    "ensure_streams_fresh_consumer",
     "publish_prompts",
 ]

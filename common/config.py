@@ -21,7 +21,7 @@ import yaml
 
 C = TypeVar("C", bound=pydantic.BaseModel)
 
-SECTIONS = ("broker", "envserver", "learner", "actor", "storage", "local", "prepare")
+SECTIONS = ("broker", "envserver", "learner", "actor", "storage", "local", "prepare", "ray")
 """Every top-level section a config file may hold (deploy/config.py `RunConfig` has one
 field per name; a test keeps the two equal)."""
 
@@ -111,5 +111,6 @@ def error_lines(error: pydantic.ValidationError, *, prefix: str = "") -> str:
     lines = []
     for err in error.errors():
         key = ".".join(str(p) for p in err["loc"])
-        lines.append(f"  {prefix + '.' if prefix and key else prefix}{key}: {err['msg']}")
+        where = f"{prefix}.{key}" if prefix and key else prefix or key
+        lines.append(f"  {where}: {err['msg']}" if where else f"  {err['msg']}")
     return "\n".join(lines)

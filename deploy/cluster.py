@@ -172,7 +172,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--overlay", default="dev")
     parser.add_argument("--purge", action="store_true", help="down: delete the volumes too")
     parser.add_argument("extra", nargs="*", help="arguments for the local launcher or Ray")
+    # Everything after `--` is passed on as it is (argparse would refuse it after the
+    # positional `action`, and would take `--detach` or `--config` for its own options).
+    argv = sys.argv[1:] if argv is None else list(argv)
+    passed = argv[argv.index("--") + 1 :] if "--" in argv else []
+    argv = argv[: argv.index("--")] if "--" in argv else argv
     args = parser.parse_args(argv)
+    args.extra = [*args.extra, *passed]
     try:
         target = choose_target(
             args.target,

@@ -17,6 +17,7 @@ import pydantic
 from actors.config import ActorConfig
 from broker.config import BrokerConfig
 from common.config import SECTIONS, StrictModel, error_lines, read_sections
+from common.restarts import RestartPolicy
 from common.storage_config import StorageConfig
 from deploy.prepare import PrepareConfig
 from envservers.config import EnvServerConfig
@@ -42,6 +43,9 @@ class LocalRunConfig(StrictModel):
     """Start RL from the supervised warm start (False: random weights, for quick checks)."""
     timeout_s: float = 3600.0
     """Stop everything if the run has not finished after this long."""
+    restarts: RestartPolicy = RestartPolicy()
+    """How a role process that dies is restarted (backoff, restart budget); the run fails
+    once a process has spent its budget."""
     colocate: Literal["auto", "never"] = "auto"
     """On a GPU machine with fewer GPUs than learner ranks plus engines: `auto` puts engines
     on the learner's GPUs (a 1-GPU machine runs everything on GPU 0; weights then go over
@@ -49,6 +53,61 @@ class LocalRunConfig(StrictModel):
     learner_gpu_memory_fraction: float = pydantic.Field(0.4, gt=0, lt=1)
     """On a GPU shared with engines: the share of its memory kept for the learner; the
     engines on it split the rest (their gpu_memory_utilization)."""
+
+
+class RayRunConfig(StrictModel):
+    """The `[ray]` section: how the Ray driver (`make cluster-up TARGET=ray`,
+    deploy/ray_cluster.py) lays a run out on a Ray cluster. Ports not named here come from the
+    roles' own sections (envserver.port, envserver.metrics_port, actor.metrics_port,
+    learner.metrics_port, learner.weight_sync.store_port): the k-th process of a role on one
+    host gets that port + k."""
+
+    runs_dir: str = "runs"
+    """Parent of run directories (relative: to the repository). Every node must see it at
+    the same path (a shared filesystem): logs, checkpoints, weight snapshots and the learner's
+    metrics.jsonl are written there by processes on several nodes."""
+    resume: str = ""
+    """Id of an earlier run (a directory under runs_dir) to continue in place: the learner
+    resumes from that run's newest checkpoint. Empty: a new run."""
+    namespace: str = "tether"
+    """Ray namespace of the run's named actors and placement groups."""
+    actor_replicas: int = pydantic.Field(2, ge=1)
+    """Actor replicas, each its own `actor --replicas 1` process with one vLLM engine."""
+    envservers: int = pydantic.Field(1, ge=1)
+    """Env server processes (placed on CPU nodes when there is room there)."""
+    learner_nodes: int = pydantic.Field(1, ge=1)
+    """Nodes the learner's `learner.nproc` ranks are split over (evenly); each node's ranks
+    are one STRICT_PACK placement group."""
+    gpu_resource: str = "GPU"
+    """The Ray resource that counts GPUs (a custom resource on a test cluster without any)."""
+    gpus_per_learner_rank: float = pydantic.Field(1.0, ge=0)
+    """GPUs reserved for each learner rank."""
+    gpus_per_actor: float | None = pydantic.Field(None, ge=0)
+    """GPUs reserved for each actor replica; None: `actor.engine.tensor_parallel_size`."""
+    cpus_per_learner_rank: float = pydantic.Field(4.0, ge=0)
+    """CPUs reserved for each learner rank."""
+    cpus_per_actor: float = pydantic.Field(4.0, ge=0)
+    """CPUs reserved for each actor replica."""
+    cpus_per_envserver: float = pydantic.Field(2.0, ge=0)
+    """CPUs reserved for each env server."""
+    cpus_nats: float = pydantic.Field(1.0, ge=0)
+    """CPUs reserved for nats-server on the head node."""
+    nats_port: int = pydantic.Field(4222, ge=1, le=65535)
+    """nats-server's client port on the head node."""
+    master_port: int = pydantic.Field(29500, ge=1, le=65535)
+    """torch.distributed rendezvous port (MASTER_PORT) on learner rank 0's node."""
+    free_ports: bool = False
+    """Ask each node for free ports instead of the fixed ones (tests; several runs on one
+    host). Fixed ports are what firewalls and Prometheus configs expect."""
+    bind_host: str = ""
+    """Address servers listen on; empty: each node's own IP as Ray knows it (what other nodes
+    and Prometheus reach). "0.0.0.0": every interface."""
+    max_restarts: int = pydantic.Field(-1, ge=-1)
+    """Ray's `max_restarts` of nats-server, env servers and actor replicas (-1: no limit)."""
+    learner_max_restarts: int = pydantic.Field(3, ge=0)
+    """Restarts of the learner, all ranks together, before the run is failed."""
+    placement_timeout_s: float = pydantic.Field(300.0, gt=0)
+    """How long to wait for the placement groups to be placed before giving up."""
 
 
 class RunConfig(StrictModel):
@@ -69,6 +128,8 @@ class RunConfig(StrictModel):
     """The single-machine launcher behind `make run`."""
     prepare: PrepareConfig = PrepareConfig()
     """Inputs a demo run on a cluster makes for itself (deploy/prepare.py)."""
+    ray: RayRunConfig = RayRunConfig()
+    """The Ray driver behind `make cluster-up TARGET=ray`."""
 
     @pydantic.model_validator(mode="after")
     def _dtypes_agree(self) -> RunConfig:
@@ -90,18 +151,67 @@ class RunConfig(StrictModel):
         return self
 
     @pydantic.model_validator(mode="after")
-    def _adapter_fits(self) -> RunConfig:
-        """A LoRA run's adapter rank against the engines' max_lora_rank, before anything
-        starts (the engines would be refused when they subscribe)."""
-        if self.learner is None or self.actor is None or self.learner.finetune.mode != "lora":
-            return self
-        engine = self.actor.engine
-        problem = adapter_mismatch(
-            {"r": self.learner.finetune.rank}, engine.max_lora_rank if engine.enable_lora else None
-        )
-        if problem:
-            raise ValueError(problem)
+    def _sections_agree(self) -> RunConfig:
+        """Settings of two sections that only work together (each role alone cannot see
+        the other's section); every message names both keys."""
+        problems = []
+        if self.actor is not None:
+            problems += _actor_and_broker(self.actor, self.broker)
+        if self.actor is not None and self.envserver is not None:
+            problems += _actor_and_envserver(self.actor, self.envserver)
+        if self.actor is not None and self.learner is not None:
+            problems += _learner_and_actor(self.learner, self.actor)
+        if problems:
+            raise ValueError("; ".join(problems))
         return self
+
+
+def _learner_and_actor(learner: LearnerConfig, actor: ActorConfig) -> list[str]:
+    """A LoRA run's adapter rank against the engines' max_lora_rank, before anything
+    starts (the engines would be refused when they subscribe)."""
+    if learner.finetune.mode != "lora":
+        return []
+    engine = actor.engine
+    problem = adapter_mismatch(
+        {"r": learner.finetune.rank}, engine.max_lora_rank if engine.enable_lora else None
+    )
+    return [problem] if problem else []
+
+
+def _actor_and_broker(actor: ActorConfig, broker: BrokerConfig) -> list[str]:
+    if actor.heartbeat_s * 2 > broker.prompt_ack_wait_s:
+        return [
+            f"actor.heartbeat_s ({actor.heartbeat_s}) must be at most half of "
+            f"broker.prompt_ack_wait_s ({broker.prompt_ack_wait_s}), else a task still "
+            "running is redelivered to another replica"
+        ]
+    return []
+
+
+def _actor_and_envserver(actor: ActorConfig, server: EnvServerConfig) -> list[str]:
+    problems = []
+    if actor.env.max_message_bytes != server.max_message_bytes:
+        problems.append(
+            f"actor.env.max_message_bytes ({actor.env.max_message_bytes}) must equal "
+            f"envserver.max_message_bytes ({server.max_message_bytes}): the two ends of "
+            "the gRPC channel refuse messages over their own limit"
+        )
+    if server.tls.cert_file and not actor.env.tls.ca_file:
+        problems.append(
+            "actor.env.tls.ca_file is empty but envserver.tls.cert_file is set: the actors "
+            "cannot verify (or even reach) a TLS env server"
+        )
+    if not server.tls.cert_file and actor.env.tls.ca_file:
+        problems.append(
+            "actor.env.tls.ca_file is set but envserver.tls.cert_file is empty: the env "
+            "server speaks plain gRPC"
+        )
+    if server.tls.client_ca_file and not actor.env.tls.cert_file:
+        problems.append(
+            "actor.env.tls.cert_file is empty but envserver.tls.client_ca_file is set: the "
+            "env server refuses clients without a certificate"
+        )
+    return problems
 
 
 assert tuple(RunConfig.model_fields) == SECTIONS, "common.config.SECTIONS must list RunConfig's"

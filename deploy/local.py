@@ -6,7 +6,10 @@ It builds (or reuses) the tiny model and the calculator dataset, starts the brok
 server, the learner and the actors with their addresses wired through config overrides,
 streams their logs to `runs/<id>/logs/`, prints one progress line per training step, and at
 the end writes `summary.json` and `progress.png` and points `runs/latest` at the run.
-Ctrl-C (or any process failing) stops everything by PID; nothing is left running.
+A process that dies is restarted, as a cluster would (deploy/supervisor.py: backoff, a
+restart budget, liveness probes; the learner resumes from its checkpoint, the broker from
+its file store). Ctrl-C, or a process that spent its restart budget, stops everything by
+PID; nothing is left running.
 
     python -m deploy.local [--config configs/demo.toml] [section.key=value ...]
 """
@@ -16,11 +19,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import secrets
 import socket
 import sys
 import time
 from pathlib import Path
 
+from broker.security import NatsAuth
 from broker.server import NatsServer
 from common.config import load_section
 from common.placement import visible_gpus
@@ -28,7 +33,8 @@ from common.procs import free_port, stop_on_signals
 from deploy import progress
 from deploy.config import LocalRunConfig, load_run_config
 from deploy.gpus import gpu_wiring
-from deploy.processes import ProcessGroup
+from deploy.supervisor import Service, Supervisor, http_probe
+from deploy.wiring import wiring as _wiring
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CONFIG = REPO_ROOT / "configs" / "demo.toml"
@@ -69,26 +75,6 @@ def _model_dir(local: LocalRunConfig) -> Path:
     return build_random_tiny_model()
 
 
-def _wiring(run_dir: Path, model_dir: Path, ports: dict[str, int]) -> list[str]:
-    """Overrides that point every role at this run's processes, files and ports."""
-    data = run_dir / "data"
-    return [
-        f"broker.url=nats://127.0.0.1:{ports['nats']}",
-        f"learner.model_path={model_dir}",
-        f"learner.train_data={data / 'train.jsonl'}",
-        f"learner.eval_data={data / 'eval.jsonl'}",
-        f"learner.run_dir={run_dir}",
-        f"learner.checkpoint.dir={run_dir / 'checkpoints'}",
-        f"learner.metrics_port={ports['learner']}",
-        f"learner.weight_sync.store_port={ports['weight_store']}",
-        f"actor.engine.model={model_dir}",
-        f'actor.env.addresses=["127.0.0.1:{ports["envserver_grpc"]}"]',
-        f"actor.metrics_port={ports['actor']}",
-        f"envserver.port={ports['envserver_grpc']}",
-        f"envserver.metrics_port={ports['envserver']}",
-    ]
-
-
 def _prepare_run_dir(
     runs_dir: Path, run_dir: Path, local: LocalRunConfig, ports: dict[str, int]
 ) -> dict[str, int]:
@@ -116,6 +102,17 @@ def _prepare_run_dir(
     return metrics_ports
 
 
+def bus_credentials(environ=os.environ) -> tuple[NatsAuth, dict[str, str]]:
+    """The credentials the run's bus requires, and what the children that use the bus need
+    added to their environment: the environment's own (inherited as they are), else a token
+    made for this run alone (never written anywhere)."""
+    auth = NatsAuth.from_environment(environ)
+    if auth is not None:
+        return auth, {}
+    child_env = {"NATS_TOKEN": secrets.token_urlsafe(24)}
+    return NatsAuth.from_environment(child_env), child_env
+
+
 def launch(config_path: Path, overrides: list[str]) -> int:
     try:
         local = load_section(LocalRunConfig, config_path, "local", overrides)
@@ -132,38 +129,43 @@ def launch(config_path: Path, overrides: list[str]) -> int:
             raise ValueError(f"{config_path}: a run needs [learner], [actor] and [envserver]")
         gpus = gpu_wiring(run, local, visible_gpus())  # which GPU each process gets
         args += gpus.overrides
+        auth, bus_env = bus_credentials()
     except ValueError as e:
         print(f"python -m deploy.local: {e}", file=sys.stderr)
         return 2
 
     metrics_ports = _prepare_run_dir(runs_dir, run_dir, local, ports)
     print(gpus.summary, flush=True)
-    children = ProcessGroup(run_dir / "logs")
+    supervisor = Supervisor(
+        run_dir, policy=local.restarts, say=lambda line: print(line, flush=True)
+    )
     nats = NatsServer(
-        run_dir / "nats", port=ports["nats"], log_file=run_dir / "logs" / "nats-server.log"
+        run_dir / "nats",
+        port=ports["nats"],
+        log_file=run_dir / "logs" / "nats-server.log",
+        auth=auth,
+        tls=run.broker.tls,
     )
 
     stopping = stop_on_signals()
     metrics_path = run_dir / "metrics.jsonl"
     records: list[dict] = []
     try:
-        nats.start()
-        cfg = ["--config", str(config_path)]
-        # The same entry points as the `envserver`, `learner` and `actor` console scripts.
-        python = [sys.executable, "-m"]
-        children.start("envserver", [*python, "envservers.cli", *cfg, *args])
-        children.start("learner", [*python, "learner.cli", *cfg, *args], env=gpus.learner_env)
-        children.start(
-            "actor",
-            [*python, "actors.cli", *cfg, "--replicas", str(local.actor_replicas), *args],
+        nats_env = auth.server_environment() if auth else None
+        supervisor.start(
+            Service("nats-server", nats.command(), env=nats_env, liveness_url=nats.health_url)
         )
+        _wait_for(lambda: http_probe(nats.health_url, 1.0), 30.0, "nats-server")
+        envs = {"learner": {**gpus.learner_env, **bus_env}, "actor": bus_env}
+        for service in _role_services(config_path, args, local.actor_replicas, ports, envs):
+            supervisor.start(service)
         print(
             f"started nats-server ({nats.url}), envserver, learner, {local.actor_replicas} actor "
-            f"replicas; logs in {children.log_dir}; metrics on ports {metrics_ports}",
+            f"replicas; logs in {supervisor.processes.log_dir}; metrics on ports {metrics_ports}",
             flush=True,
         )
         code = _follow(
-            children,
+            supervisor,
             metrics_path,
             records,
             run.learner.total_steps,
@@ -171,22 +173,74 @@ def launch(config_path: Path, overrides: list[str]) -> int:
             stopping.is_set,
         )
     finally:
-        children.stop_all()
-        nats.stop()
+        supervisor.stop_all()
     if code == 0:
-        _finish(run_dir, records)
+        progress.finish(run_dir, records)
     return code
 
 
-def _follow(children, metrics_path, records, total_steps, timeout_s, stopping) -> int:
-    """Print progress until the learner exits; 0 on success, non-zero otherwise."""
-    offset, last_eval, first_train = 0, None, None
+def _role_services(
+    config_path: Path,
+    args: list[str],
+    num_replicas: int,
+    ports: dict[str, int],
+    envs: dict[str, dict[str, str]],
+) -> list[Service]:
+    """The envserver, learner and actor processes, with the same entry points as the
+    `envserver`, `learner` and `actor` console scripts and their /healthz as liveness;
+    `envs` adds to a role's environment (GPUs, bus credentials)."""
+    cfg = ["--config", str(config_path)]
+    python = [sys.executable, "-m"]
+
+    def health(port: int) -> str:
+        return f"http://127.0.0.1:{port}/healthz"
+
+    return [
+        Service(
+            "envserver",
+            [*python, "envservers.cli", *cfg, *args],
+            liveness_url=health(ports["envserver"]),
+        ),
+        Service(
+            "learner",
+            [*python, "learner.cli", *cfg, *args],
+            env=envs.get("learner"),
+            finishes=True,
+            liveness_url=health(ports["learner"]),
+        ),
+        Service(
+            "actor",
+            [*python, "actors.cli", *cfg, "--replicas", str(num_replicas), *args],
+            env=envs.get("actor"),
+        ),
+    ]
+
+
+def _wait_for(ready, timeout_s: float, what: str) -> None:
     deadline = time.monotonic() + timeout_s
-    learner = next(c for c in children.children if c.name == "learner")
+    while not ready():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what} did not come up within {timeout_s:.0f}s")
+        time.sleep(0.05)
+
+
+def _follow(supervisor, metrics_path, records, total_steps, timeout_s, stopping) -> int:
+    """Print progress and keep the processes running until the learner reports that it is
+    done; 0 on success, non-zero otherwise."""
+    tail, shown = progress.RecordTail(metrics_path), set()
+    last_eval, first_train = None, None
+    deadline = time.monotonic() + timeout_s
     while True:
-        new, offset = progress.read_records(metrics_path, offset)
+        supervisor.poll()
+        new, cut_back = tail.poll()
+        if cut_back:  # a resumed learner rewrote its history from the checkpoint
+            records.clear()
+        records.extend(new)
         for record in new:
-            records.append(record)
+            key = (record["kind"], record.get("version"))
+            if key in shown:
+                continue  # redone after a restart: printed already
+            shown.add(key)
             if record["kind"] == "eval":
                 last_eval = record
                 print(progress.eval_line(record), flush=True)
@@ -196,15 +250,15 @@ def _follow(children, metrics_path, records, total_steps, timeout_s, stopping) -
                     record, total_steps=total_steps, last_eval=last_eval, first=first_train
                 )
                 print(line, flush=True)
-        if learner.returncode == 0:
-            new, offset = progress.read_records(metrics_path, offset)
-            records.extend(new)
+        # The done record is the end of the run's work; the process may take a while to
+        # exit (and stops answering its probe meanwhile): it is not waited for.
+        if supervisor.finished("learner") or any(r["kind"] == "done" for r in new):
             return 0
-        failed = children.failed()
+        failed = supervisor.given_up()
         if failed is not None:
             print(
-                f"\n{failed.name} exited with code {failed.returncode}; last log lines:\n"
-                f"{failed.log_tail()}",
+                f"\n{failed.name} exited with code {failed.returncode} and its restart budget "
+                f"is spent; last log lines:\n{failed.log_tail()}",
                 file=sys.stderr,
             )
             return 1
@@ -215,14 +269,6 @@ def _follow(children, metrics_path, records, total_steps, timeout_s, stopping) -
             print(f"\nrun did not finish within {timeout_s:.0f}s: stopping", file=sys.stderr)
             return 1
         time.sleep(0.5)
-
-
-def _finish(run_dir: Path, records: list[dict]) -> None:
-    summary = progress.summarize(records)
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    plot_path = progress.plot(records, run_dir / "progress.png")
-    print("\n" + progress.summary_table(summary))
-    print(f"\nsummary: {run_dir / 'summary.json'}\nplot:    {plot_path}")
 
 
 def main(argv: list[str] | None = None) -> int:

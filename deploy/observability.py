@@ -3,7 +3,9 @@
     runs/<id>/metrics_ports.json  ──►  <out>/prometheus.yml  (jobs learner, actor, envserver)
     (written by deploy/local.py)       <out>/run_rules.yml   (the run's staleness bound)
 
-`metrics_ports.json` is `{"learner": P, "actor": P, "envserver": P}`. Actor replica i serves
+`metrics_ports.json` is `{"learner": P, "actor": P, "envserver": P}`, or for a run on several
+hosts (the Ray driver) `{"targets": {"learner": ["host:port"], "actor": [...], "envserver":
+[...]}}`, one target per process. Actor replica i serves
 on `actor + i` (actors/actor.py), so the actor job gets one target per replica, labelled
 `replica="i"`; "actor" may also be a list of ports, one per replica, and an optional
 `"actor_replicas"` key gives the replica count. The alert rules (deploy/prometheus/alerts.yml)
@@ -76,6 +78,10 @@ def scrape_config(
     rule_files: list[str] | None = None,
 ) -> dict:
     """The prometheus.yml content (as a dict) for one run's /metrics ports."""
+    if "targets" in ports:  # a run on several hosts (the Ray driver): host:port per job
+        return _config(
+            {job: _host_targets(ports["targets"], job) for job in JOBS}, scrape_interval, rule_files
+        )
     missing = [job for job in JOBS if job not in ports]
     if missing:
         raise ValueError(f"metrics ports: missing {missing} (have {sorted(ports)})")
@@ -91,6 +97,22 @@ def scrape_config(
         "actor": actor_targets,
         "envserver": [{"targets": [f"{host}:{ports['envserver']}"]}],
     }
+    return _config(jobs, scrape_interval, rule_files)
+
+
+def _host_targets(targets: dict, job: str) -> list[dict]:
+    """`{"targets": {job: ["host:port", ...]}}`: one static config per target; actor
+    replicas labelled with their number (`replica`), as on one host."""
+    found = targets.get(job)
+    if not found or not all(isinstance(t, str) and t.rpartition(":")[2].isdigit() for t in found):
+        raise ValueError(f"metrics targets: {job} must be a list of host:port, got {found!r}")
+    return [
+        {"targets": [target], **({"labels": {"replica": str(i)}} if job == "actor" else {})}
+        for i, target in enumerate(found)
+    ]
+
+
+def _config(jobs: dict, scrape_interval: str, rule_files: list[str] | None) -> dict:
     return {
         "global": {"scrape_interval": scrape_interval, "evaluation_interval": scrape_interval},
         "rule_files": list(["alerts.yml", RUN_RULES_NAME] if rule_files is None else rule_files),

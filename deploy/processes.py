@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from common.procs import die_with_parent
+from deploy import proctree
 
 
 @dataclass
@@ -70,7 +71,9 @@ class ProcessGroup:
         return None
 
     def stop_all(self, grace_s: float = 15.0) -> None:
-        """SIGTERM every child's process group (newest first), then SIGKILL what remains."""
+        """SIGTERM every child's process group (newest first), then SIGKILL what remains of
+        each child's session (processes that moved to process groups of their own, such as
+        actor replicas, included)."""
         for child in reversed(self.children):
             _signal_group(child.process, signal.SIGTERM)
         deadline = time.monotonic() + grace_s
@@ -80,9 +83,10 @@ class ProcessGroup:
                 child.process.wait(remaining)
             except subprocess.TimeoutExpired:
                 pass
-            # Kill the whole group even if the leader exited: its workers may linger.
+            # Kill the whole session even if the leader exited: its workers may linger.
             _signal_group(child.process, signal.SIGKILL)
             child.process.wait()
+            proctree.kill_session(child.process.pid)
 
 
 def _signal_group(process: subprocess.Popen, signum: int) -> None:

@@ -6,6 +6,7 @@ records (see docs/running.md and docs/learner.md for their fields), plus the plo
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 
@@ -21,6 +22,35 @@ def read_records(path: Path, offset: int = 0) -> tuple[list[dict], int]:
     end = data.rfind(b"\n") + 1
     records = [json.loads(line) for line in data[:end].splitlines() if line.strip()]
     return records, offset + end
+
+
+class RecordTail:
+    """Follows `metrics.jsonl` while the learner writes it. A resumed learner cuts the file
+    back to its checkpoint (a new file, os.replace): `poll()` then starts over and says so."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.offset = 0
+        self.inode: int | None = None
+
+    def poll(self) -> tuple[list[dict], bool]:
+        """(records new since the last poll, whether the file was cut back: the records are
+        then the whole file again)."""
+        try:
+            with open(self.path, "rb") as f:
+                inode = os.fstat(f.fileno()).st_ino
+                cut_back = self.inode is not None and inode != self.inode
+                if cut_back:
+                    self.offset = 0
+                self.inode = inode
+                f.seek(self.offset)
+                data = f.read()
+        except FileNotFoundError:
+            return [], False
+        end = data.rfind(b"\n") + 1
+        records = [json.loads(line) for line in data[:end].splitlines() if line.strip()]
+        self.offset += end
+        return records, cut_back
 
 
 def _fmt_duration(seconds: float) -> str:
@@ -145,3 +175,13 @@ def plot(records: list[dict], path: Path) -> Path:
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
+
+
+def finish(run_dir: Path, records: list[dict], say=print) -> None:
+    """The end of a run that finished: `summary.json` and `progress.png` in `run_dir`, and
+    the summary table said (printed, or `say`) with where both files are."""
+    summary = summarize(records)
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    plot_path = plot(records, run_dir / "progress.png")
+    say("\n" + summary_table(summary))
+    say(f"\nsummary: {run_dir / 'summary.json'}\nplot:    {plot_path}")

@@ -50,7 +50,33 @@ class SqlConfig(StrictModel):
     query_timeout_s: float = pydantic.Field(2.0, gt=0)
     """A query running longer is interrupted (and reported to the model)."""
     max_rows: int = pydantic.Field(50, ge=1)
-    """Rows shown to the model per query result."""
+    """Rows shown to the model per query result (a query's rows past this are never
+    fetched, so a runaway result cannot fill the server's memory)."""
+    max_value_bytes: int = pydantic.Field(4 * MiB, ge=1024)
+    """Longest string or blob a query may make or read (SQLite's SQLITE_LIMIT_LENGTH): a
+    model query such as `hex(randomblob(300000000))` fails at once instead of taking
+    gigabytes and a minute of CPU."""
+
+
+class CalculatorConfig(StrictModel):
+    """The `calculator` environment: an optional heavy-tailed latency before every tool
+    call (envservers/latency.py), for benchmarks of asynchrony; off by default."""
+
+    latency_median_s: float = pydantic.Field(0.0, ge=0)
+    """Median wait of a tool call, seconds; 0 turns the latency off."""
+    latency_p99_s: float = pydantic.Field(0.0, ge=0)
+    """99th percentile of the wait (log-normal through median and p99); >= the median."""
+    latency_seed: int | None = None
+    """Seed of the latency draws (one stream per env server); None: unseeded."""
+
+    @pydantic.model_validator(mode="after")
+    def _check(self) -> CalculatorConfig:
+        if self.latency_median_s > 0 and self.latency_p99_s < self.latency_median_s:
+            raise ValueError(
+                f"latency_p99_s ({self.latency_p99_s}) must be >= latency_median_s "
+                f"({self.latency_median_s})"
+            )
+        return self
 
 
 class McpServerConfig(StrictModel):
@@ -95,6 +121,27 @@ class OpenEnvConfig(StrictModel):
     """Longest wait for one OpenEnv reply."""
 
 
+class EnvServerTlsConfig(StrictModel):
+    """`[envserver.tls]`: the gRPC port speaks TLS only, optionally mutual TLS. Off while
+    `cert_file` is empty; file paths only (keys never sit in a config file)."""
+
+    cert_file: str = ""
+    """The server's certificate (PEM). Setting it (with key_file) turns TLS on."""
+    key_file: str = ""
+    """The server's private key (PEM file)."""
+    client_ca_file: str = ""
+    """PEM bundle of the CA that signs client certificates. Setting it requires every
+    client to present one (mutual TLS): a client without it cannot even connect."""
+
+    @pydantic.model_validator(mode="after")
+    def _pairs(self) -> EnvServerTlsConfig:
+        if bool(self.cert_file) != bool(self.key_file):
+            raise ValueError("cert_file and key_file: give both or neither")
+        if self.client_ca_file and not self.cert_file:
+            raise ValueError("client_ca_file: mutual TLS needs the server's cert_file too")
+        return self
+
+
 class EnvServerConfig(StrictModel):
     """`[envserver]`: one gRPC env server process."""
 
@@ -118,17 +165,24 @@ class EnvServerConfig(StrictModel):
     """Server-side cap on one step when the client sets no shorter deadline."""
     max_tool_calls_per_step: int = pydantic.Field(8, ge=1)
     """Tool calls run per assistant message; more are error observations."""
+    max_observation_chars: int = pydantic.Field(16_384, ge=256)
+    """Longest observation message (a tool's result) Step returns; a longer one keeps its
+    head and tail around a marker saying how many characters were cut."""
     drain_s: float = pydantic.Field(1.0, ge=0)
     """On SIGTERM: health goes NOT_SERVING and new sessions are refused for this long
     before the server stops accepting RPCs."""
     shutdown_grace_s: float = pydantic.Field(30.0, ge=0)
     """Then in-flight RPCs get this long to finish."""
+    tls: EnvServerTlsConfig = EnvServerTlsConfig()
+    """TLS on the gRPC port (off by default)."""
     metrics_port: int | None = pydantic.Field(9400, ge=0, le=65535)
     """Prometheus /metrics port; 0 picks a free one; null disables."""
     log_level: str = "INFO"
     """Python logging level."""
     python: SandboxConfig = SandboxConfig()
     """The `python` environment's sandbox."""
+    calculator: CalculatorConfig = CalculatorConfig()
+    """The `calculator` environment (tool latency)."""
     sql: SqlConfig = SqlConfig()
     """The `sql` environment."""
     mcp: McpConfig = McpConfig()

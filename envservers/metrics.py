@@ -4,6 +4,8 @@ tether_env_steps_total{env}              steps completed (rate() = steps/s)
 tether_env_step_seconds{env}             step latency, server side
 tether_env_active_sessions{env}          open sessions
 tether_env_errors_total{method, code}    RPCs that ended in a gRPC error
+tether_env_truncated_observations_total{env}  observations cut to max_observation_chars
+tether_env_nonfinite_rewards_total{env}  steps whose reward was NaN or infinite
 """
 
 from __future__ import annotations
@@ -22,4 +24,12 @@ ACTIVE_SESSIONS = prometheus_client.Gauge(
 )
 ERRORS = prometheus_client.Counter(
     "tether_env_errors", "Env RPCs that failed, by gRPC status code", ["method", "code"]
+)
+TRUNCATED_OBSERVATIONS = prometheus_client.Counter(
+    "tether_env_truncated_observations",
+    "Observations longer than max_observation_chars, cut with a marker",
+    ["env"],
+)
+NONFINITE_REWARDS = prometheus_client.Counter(
+    "tether_env_nonfinite_rewards", "Steps whose reward was NaN or infinite", ["env"]
 )

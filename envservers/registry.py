@@ -56,12 +56,18 @@ def build_providers(config: EnvServerConfig) -> dict[str, EnvProvider]:
     return providers
 
 
-register(
-    "calculator",
-    lambda c: importlib.import_module("envservers.envs.calculator").CalculatorProvider(
-        c.max_tool_calls_per_step
-    ),
-)
+def _calculator(config: EnvServerConfig) -> EnvProvider:
+    from envservers.envs.calculator import CalculatorProvider
+    from envservers.latency import ToolLatency
+
+    slow = config.calculator
+    latency = None
+    if slow.latency_median_s > 0:
+        latency = ToolLatency(slow.latency_median_s, slow.latency_p99_s, slow.latency_seed)
+    return CalculatorProvider(config.max_tool_calls_per_step, latency)
+
+
+register("calculator", _calculator)
 register("noop", lambda c: importlib.import_module("envservers.envs.noop").NoopProvider())
 register("sql", _lazy("envservers.envs.sql", "build_provider"))
 register("python", _lazy("envservers.envs.python_env", "build_provider"))

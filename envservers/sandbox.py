@@ -5,10 +5,12 @@
     await sandbox.close() removes the scratch dir
 
 What is enforced (namespaces mode, as root — see sandbox_launcher.py for how): wall-clock
-timeout that SIGKILLs the process group (and the pid namespace with it); RLIMIT_CPU,
+timeout that SIGKILLs the process group (and the pid namespace with it; the run returns
+only once no process of its uid is left); RLIMIT_CPU,
 RLIMIT_AS, RLIMIT_FSIZE, RLIMIT_NPROC, RLIMIT_NOFILE; no network namespace devices up; a
 read-only root holding only the interpreter, the system libraries and the scratch dir;
-an unprivileged uid; output capped at `max_output_bytes` (the run is killed past it).
+an unprivileged uid; output capped at `max_output_bytes` (the run is killed past it, and the
+output it wrote so far ends with a marker saying so).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import shutil
 import signal
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,6 +43,22 @@ class RunResult:
     @property
     def ok(self) -> bool:
         return self.exit_code == 0 and self.killed is None
+
+
+def processes_of(uid: int) -> list[int]:
+    """PIDs of the live (or not yet reaped) processes whose real uid is `uid` (Linux)."""
+    pids = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/status") as f:
+                line = next(line for line in f if line.startswith("Uid:"))
+        except (OSError, StopIteration):
+            continue  # exited meanwhile
+        if int(line.split()[1]) == uid:
+            pids.append(int(entry.name))
+    return pids
 
 
 def scratch_root(config: SandboxConfig) -> Path:
@@ -80,12 +99,42 @@ class Sandbox:
             },
         }
 
+    def _write_program(self, code: str) -> None:
+        """Write `code` to scratch/main.py. An earlier run may have left anything at that
+        path (a symlink to a host file, a directory): it is removed without being followed,
+        and the new file is created so that no link is followed (this runs as root)."""
+        main = self.scratch / "main.py"
+        try:
+            main.unlink()  # a symlink itself goes, never its target
+        except FileNotFoundError:
+            pass
+        except IsADirectoryError:
+            shutil.rmtree(main)  # does not follow symlinks inside
+        fd = os.open(main, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(code)
+            if os.getuid() == 0:
+                os.fchown(f.fileno(), self.uid, self.uid)
+
+    async def _reap(self, timeout_s: float = 10.0) -> None:
+        """Namespaces mode: wait until no process of the run's own uid is left. The pid
+        namespace dies with its pid 1, but the kernel takes a moment (about 2 s for 40
+        spinning threads here) to kill the rest; whatever remains after `timeout_s` is
+        killed by pid. Never in rlimits mode, whose runs share the server's uid."""
+        if self.config.isolation != "namespaces":
+            return
+        deadline = time.monotonic() + timeout_s
+        while pids := processes_of(self.uid):
+            if time.monotonic() > deadline:
+                for pid in pids:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
+                return
+            await asyncio.sleep(0.05)
+
     async def run(self, code: str, timeout_s: float | None = None) -> RunResult:
         """Write `code` to the scratch dir as main.py and run it confined."""
-        main = self.scratch / "main.py"
-        main.write_text(code)
-        if os.getuid() == 0:
-            os.chown(main, self.uid, self.uid)
+        self._write_program(code)
         timeout = min(timeout_s or self.config.timeout_s, self.config.timeout_s)
         proc = await asyncio.create_subprocess_exec(
             sys.executable,
@@ -117,7 +166,13 @@ class Sandbox:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
             await proc.wait()
-        output = b"".join(chunks)[: self.config.max_output_bytes].decode("utf-8", "replace")
+            await self._reap()
+        limit = self.config.max_output_bytes
+        output = b"".join(chunks)[:limit].decode("utf-8", "replace")
+        if killed == "output limit":
+            output += (
+                f"\n[... output cut at {limit} bytes: the program was killed for writing more]"
+            )
         return RunResult(None if killed else proc.returncode, output, killed)
 
     async def close(self) -> None:

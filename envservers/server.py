@@ -1,6 +1,6 @@
 """The env server process: a grpc.aio server with the env service, health checking,
-reflection, explicit message-size limits, an idle-session sweeper, Prometheus metrics and
-a graceful shutdown.
+reflection, explicit message-size limits, TLS or mutual TLS when `[envserver.tls]` says so,
+an idle-session sweeper, Prometheus metrics and a graceful shutdown.
 
     start: providers.start() (e.g. MCP servers) -> bind -> health SERVING -> sweeper
     SIGTERM/SIGINT -> health NOT_SERVING, new Resets refused (drain_s)
@@ -24,7 +24,7 @@ from envservers.registry import build_providers
 from envservers.service import EnvService
 from envservers.types import EnvProvider
 from protos import env_pb2, env_pb2_grpc
-from protos.channel import channel_options
+from protos.channel import server_credentials, server_options
 
 log = logging.getLogger(__name__)
 SERVICE_NAME = env_pb2.DESCRIPTOR.services_by_name["EnvService"].full_name
@@ -49,6 +49,12 @@ class EnvServer:
         return f"{self.config.host}:{self.port}"
 
     async def start(self) -> None:
+        tls = self.config.tls  # read the certificates first: a bad path starts nothing
+        credentials = None
+        if tls.cert_file:
+            credentials = server_credentials(
+                cert_file=tls.cert_file, key_file=tls.key_file, client_ca_file=tls.client_ca_file
+            )
         started: list[EnvProvider] = []
         try:
             for provider in self.providers.values():
@@ -58,13 +64,17 @@ class EnvServer:
             for provider in started:
                 await provider.stop()
             raise
-        server = grpc.aio.server(options=channel_options(self.config.max_message_bytes))
+        server = grpc.aio.server(options=server_options(self.config.max_message_bytes))
         env_pb2_grpc.add_EnvServiceServicer_to_server(self.service, server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         reflection.enable_server_reflection(
             [SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME], server
         )
-        self.port = server.add_insecure_port(f"{self.config.host}:{self.config.port}")
+        address = f"{self.config.host}:{self.config.port}"
+        if credentials is not None:
+            self.port = server.add_secure_port(address, credentials)
+        else:
+            self.port = server.add_insecure_port(address)
         if self.port == 0:
             raise ValueError(f"cannot bind {self.config.host}:{self.config.port}")
         await server.start()

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -26,9 +27,10 @@ import grpc
 
 from envservers import metrics
 from envservers.config import EnvServerConfig
+from envservers.responses import cap_observations, reset_response, step_response
 from envservers.types import Environment, EnvProvider
 from protos import env_pb2, env_pb2_grpc
-from protos.types import Observation, StepResult
+from protos.types import Observation
 
 log = logging.getLogger(__name__)
 Code = grpc.StatusCode
@@ -48,36 +50,10 @@ class Session:
     closed: bool = False
 
 
-def _messages(messages: list[dict[str, Any]]) -> list[env_pb2.ChatMessage]:
-    out = []
-    for m in messages:
-        content = m.get("content", "")
-        out.append(
-            env_pb2.ChatMessage(
-                role=str(m.get("role", "")),
-                content=content if isinstance(content, str) else json.dumps(content),
-                name=str(m.get("name") or ""),
-            )
-        )
-    return out
-
-
-def reset_response(session_id: str, obs: Observation) -> env_pb2.ResetResponse:
-    return env_pb2.ResetResponse(
-        session_id=session_id,
-        messages=_messages(obs.messages),
-        tools=[env_pb2.ToolSpec(json=json.dumps(t)) for t in obs.tools],
-        metadata_json=json.dumps(obs.metadata, default=str),
-    )
-
-
-def step_response(result: StepResult) -> env_pb2.StepResponse:
-    return env_pb2.StepResponse(
-        observations=_messages(result.observations),
-        reward=float(result.reward),
-        done=bool(result.done),
-        metadata_json=json.dumps(result.metadata, default=str),
-    )
+@dataclass(frozen=True)
+class _Reset:
+    env: Environment
+    observation: Observation
 
 
 class EnvService(env_pb2_grpc.EnvServiceServicer):
@@ -85,6 +61,8 @@ class EnvService(env_pb2_grpc.EnvServiceServicer):
         self.providers = providers
         self.config = config
         self.sessions: dict[str, Session] = {}
+        self._resetting: dict[str, tuple[str, asyncio.Future]] = {}
+        """Resets in flight: session id -> (env class, future of its ResetResponse or None)."""
         self.draining = False
 
     async def _fail(self, context: Any, method: str, code: Code, message: str) -> NoReturn:
@@ -101,65 +79,113 @@ class EnvService(env_pb2_grpc.EnvServiceServicer):
         )
 
     async def Reset(self, request, context):
-        fail = self._fail
-        if self.draining:
-            await fail(context, "Reset", Code.UNAVAILABLE, "server is shutting down")
-        if not request.env_class:
-            await fail(context, "Reset", Code.INVALID_ARGUMENT, "env_class: required")
-        provider = self.providers.get(request.env_class)
-        if provider is None:
-            hosted = sorted(self.providers)
-            await fail(
-                context,
-                "Reset",
-                Code.NOT_FOUND,
-                f"env_class: unknown environment {request.env_class!r}; hosted here: {hosted}",
-            )
-        existing = self.sessions.get(request.session_id) if request.session_id else None
-        if existing is not None:  # a retried Reset: same answer, no second episode
-            if existing.env_class != request.env_class:
-                await fail(context, "Reset", Code.INVALID_ARGUMENT, "session_id: already in use")
-            return existing.reset_response
-        if len(self.sessions) >= self.config.max_sessions:
-            await fail(
+        provider = await self._provider(request, context)
+        session_id = request.session_id or uuid.uuid4().hex
+        known = await self._known_session(session_id, request.env_class, context)
+        if known is not None:  # a retried Reset: same answer, no second episode
+            return known
+        if len(self.sessions) + len(self._resetting) >= self.config.max_sessions:
+            await self._fail(
                 context,
                 "Reset",
                 Code.RESOURCE_EXHAUSTED,
                 f"too many open sessions ({self.config.max_sessions}); close some",
             )
+        task = await self._task(request, context)
+        # Reserve the id (and a slot) before the first await: a concurrent Reset of the same
+        # id waits for this one's answer, and a burst cannot pass max_sessions.
+        pending: asyncio.Future = asyncio.get_running_loop().create_future()
+        self._resetting[session_id] = (request.env_class, pending)
+        try:
+            reset = await self._reset_env(provider, request.env_class, task, context)
+            response = reset_response(session_id, reset.observation)
+            self.sessions[session_id] = Session(
+                session_id, request.env_class, reset.env, response, time.monotonic()
+            )
+            metrics.ACTIVE_SESSIONS.labels(request.env_class).inc()
+            pending.set_result(response)
+            return response
+        finally:
+            del self._resetting[session_id]
+            if not pending.done():
+                pending.set_result(None)  # this Reset failed: so do the ones waiting on it
+
+    async def _provider(self, request, context) -> EnvProvider:
+        if self.draining:
+            await self._fail(context, "Reset", Code.UNAVAILABLE, "server is shutting down")
+        if not request.env_class:
+            await self._fail(context, "Reset", Code.INVALID_ARGUMENT, "env_class: required")
+        provider = self.providers.get(request.env_class)
+        if provider is None:
+            hosted = sorted(self.providers)
+            await self._fail(
+                context,
+                "Reset",
+                Code.NOT_FOUND,
+                f"env_class: unknown environment {request.env_class!r}; hosted here: {hosted}",
+            )
+        return provider
+
+    async def _known_session(
+        self, session_id: str, env_class: str, context
+    ) -> env_pb2.ResetResponse | None:
+        """The answer already given (or being computed) for this session id, if any."""
+        existing = self.sessions.get(session_id)
+        in_flight = self._resetting.get(session_id)
+        if existing is None and in_flight is None:
+            return None
+        known_class = existing.env_class if existing is not None else in_flight[0]
+        if known_class != env_class:
+            await self._fail(context, "Reset", Code.INVALID_ARGUMENT, "session_id: already in use")
+        if existing is not None:
+            return existing.reset_response
+        response = await asyncio.shield(in_flight[1])
+        if response is None:
+            await self._fail(
+                context, "Reset", Code.ABORTED, "session_id: a concurrent Reset of it failed"
+            )
+        return response
+
+    async def _task(self, request, context) -> dict[str, Any]:
         try:
             task = json.loads(request.task_json or "{}")
         except json.JSONDecodeError as e:
-            await fail(context, "Reset", Code.INVALID_ARGUMENT, f"task_json: not valid JSON: {e}")
+            await self._fail(
+                context, "Reset", Code.INVALID_ARGUMENT, f"task_json: not valid JSON: {e}"
+            )
         if not isinstance(task, dict):
-            await fail(context, "Reset", Code.INVALID_ARGUMENT, "task_json: must be a JSON object")
+            await self._fail(
+                context, "Reset", Code.INVALID_ARGUMENT, "task_json: must be a JSON object"
+            )
+        return task
 
+    async def _reset_env(
+        self, provider: EnvProvider, env_class: str, task: dict[str, Any], context
+    ) -> _Reset:
+        """A fresh env reset from `task`; on any failure it is closed and the call fails."""
+        fail = self._fail
         env = provider.make()
         try:
             async with asyncio.timeout(self._time_left(context)):
-                obs = await env.reset(task)
+                return _Reset(env, await env.reset(task))
         except ValueError as e:  # the row itself is unusable: the caller's fault
             await self._close_env(env)
             await fail(context, "Reset", Code.INVALID_ARGUMENT, f"task_json: {e}")
         except TimeoutError:
             await self._close_env(env)
             await fail(context, "Reset", Code.DEADLINE_EXCEEDED, "reset took too long")
+        except asyncio.CancelledError:  # the client went away: nobody will close this env
+            await self._close_env(env)
+            raise
         except Exception as e:  # env failure: this call fails, the server keeps serving
-            log.exception("reset of %s failed", request.env_class)
+            log.exception("reset of %s failed", env_class)
             await self._close_env(env)
             await fail(
                 context,
                 "Reset",
                 Code.INTERNAL,
-                f"reset of {request.env_class} failed: {type(e).__name__}: {e}",
+                f"reset of {env_class} failed: {type(e).__name__}: {e}",
             )
-        session_id = request.session_id or uuid.uuid4().hex
-        response = reset_response(session_id, obs)
-        self.sessions[session_id] = Session(
-            session_id, request.env_class, env, response, time.monotonic()
-        )
-        metrics.ACTIVE_SESSIONS.labels(request.env_class).inc()
-        return response
 
     def _time_left(self, context: Any) -> float:
         remaining = context.time_remaining()
@@ -215,6 +241,7 @@ class EnvService(env_pb2_grpc.EnvServiceServicer):
                     Code.INTERNAL,
                     f"step of {session.env_class} failed: {type(e).__name__}: {e}",
                 )
+            self._check_output(session.env_class, response)
             session.last_seq += 1
             session.last_response = response
             session.done = response.done
@@ -222,6 +249,19 @@ class EnvService(env_pb2_grpc.EnvServiceServicer):
         metrics.STEPS.labels(session.env_class).inc()
         metrics.STEP_SECONDS.labels(session.env_class).observe(time.perf_counter() - start)
         return response
+
+    def _check_output(self, env_class: str, response: env_pb2.StepResponse) -> None:
+        """Cut huge observations; count (and log) a reward that is not a finite number. It
+        is passed on as it is: the actor ends such an episode as an error, never trains on
+        it (actors/episode.py), and the count here says which environment is at fault."""
+        num_cut = cap_observations(response, self.config.max_observation_chars)
+        if num_cut:
+            metrics.TRUNCATED_OBSERVATIONS.labels(env_class).inc(num_cut)
+        if not math.isfinite(response.reward):
+            metrics.NONFINITE_REWARDS.labels(env_class).inc()
+            log.warning(
+                "environment %s returned a non-finite reward %s", env_class, response.reward
+            )
 
     async def Close(self, request, context):
         if not request.session_id:

@@ -7,8 +7,7 @@ One step reads one assistant message:
     else <answer>X</answer>     -> done; reward = score(X) under the row's reward_spec
     else                        -> done, reward 0 (the model neither acted nor answered)
 
-Tool calls win over an answer in the same message (as in demo/calculator.py, the
-in-process twin the demo model is measured with): the model has to answer again after
+Tool calls win over an answer in the same message: the model has to answer again after
 seeing the results.
 Every failure of a call — malformed block, unknown tool, bad arguments, an exception in the
 tool — is a `tool` message starting with "error: " and counts in `tool_errors`.

@@ -46,6 +46,21 @@ def _quote(text: str) -> str:
     return repr(text if len(text) <= _MAX_ECHO else text[:_MAX_ECHO] + "...")
 
 
+class _Unreadable(Exception):
+    """JSON that cannot be read: malformed, nested too deeply, or a too long integer."""
+
+
+def _loads(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise _Unreadable(f"{e.msg} at char {e.pos}") from None
+    except RecursionError:
+        raise _Unreadable("nested too deeply") from None
+    except ValueError as e:  # e.g. an integer beyond Python's 4300-digit conversion limit
+        raise _Unreadable(str(e).split(";")[0]) from None
+
+
 def call_from_json(value: Any) -> ToolCall | ToolCallError:
     """Turn one decoded JSON value into a ToolCall, or say what is wrong with it."""
     if not isinstance(value, dict):
@@ -56,8 +71,8 @@ def call_from_json(value: Any) -> ToolCall | ToolCallError:
     arguments = value.get("arguments", value.get("parameters", {}))
     if isinstance(arguments, str):
         try:
-            arguments = json.loads(arguments) if arguments.strip() else {}
-        except json.JSONDecodeError as e:
+            arguments = _loads(arguments) if arguments.strip() else {}
+        except _Unreadable as e:
             return ToolCallError(f'"arguments" of {name!r} is a string but not valid JSON: {e}')
     if arguments is None:
         arguments = {}
@@ -70,10 +85,9 @@ def _parse_block(body: str) -> ToolCall | ToolCallError:
     if not body.strip():
         return ToolCallError("empty <tool_call> block")
     try:
-        value = json.loads(body)
-    except json.JSONDecodeError as e:
-        reason = f"{e.msg} at char {e.pos}"
-        return ToolCallError(f"tool call is not valid JSON ({reason}): {_quote(body)}")
+        value = _loads(body)
+    except _Unreadable as e:
+        return ToolCallError(f"tool call is not valid JSON ({e}): {_quote(body)}")
     return call_from_json(value)
 
 
@@ -106,8 +120,8 @@ def _parse_plain_json(text: str) -> list[ToolCall | ToolCallError]:
     if not stripped or stripped[0] not in "[{":
         return []
     try:
-        value = json.loads(stripped)
-    except json.JSONDecodeError:
+        value = _loads(stripped)
+    except _Unreadable:
         return []  # prose that merely starts with a bracket: not an attempted call
     if isinstance(value, dict) and "name" in value:
         return [call_from_json(value)]

@@ -30,6 +30,17 @@ _TYPE_CHECKS: dict[str, Callable[[Any], bool]] = {
 }
 
 
+def truncate_output(text: str, limit: int) -> str:
+    """`text` if it has at most `limit` characters; else its head and tail around a marker
+    saying how much was cut, `limit` characters at most in all (`limit` >= 64)."""
+    if len(text) <= limit:
+        return text
+    marker = "\n[... {} of {} characters cut ...]\n"
+    keep = limit - len(marker.format(len(text), len(text)))  # the widest the marker gets
+    head, tail = keep - keep // 2, keep // 2
+    return text[:head] + marker.format(len(text) - keep, len(text)) + text[len(text) - tail :]
+
+
 class ToolError(Exception):
     """Raised by a tool for an expected failure; its message is shown to the model as is."""
 

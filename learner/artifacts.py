@@ -36,7 +36,7 @@ from common.objectstore import (
 )
 from common.s3 import ObjectStore, StorageError, timed_upload
 from common.storage_config import StorageConfig
-from learner.checkpoint import STATE_FILE, checkpoint_dir
+from learner.checkpoint import STATE_FILE, checkpoint_dir, latest_checkpoint, read_training_state
 
 log = logging.getLogger(__name__)
 
@@ -112,11 +112,19 @@ class ArtifactSync:
         self._closing = False
         self._thread = threading.Thread(target=self._work, name="artifact-uploads", daemon=True)
 
-    def start(self) -> None:
-        """Learn what the bucket holds, queue local checkpoints it lacks, start the thread."""
+    def start(self, resumed_version: int) -> None:
+        """Learn what the bucket holds, queue local checkpoints it lacks, start the thread.
+
+        Snapshots newer than `resumed_version` were written by a run that went past the
+        checkpoint this one resumes from: their weights belong to an abandoned future (this
+        run trains those versions again, differently), so they are deleted, never announced."""
         complete, _ = self.store.artifacts(self.layout, "checkpoint")
         self.uploaded = set(complete)
         snapshots, _ = self.store.artifacts(self.layout, "snapshot")
+        for step in [s for s in snapshots if s > resumed_version]:
+            self.store.delete_artifact(self.layout.directory("snapshot", step))
+            log.info("deleted snapshot %d from the bucket: newer than the resumed version", step)
+        snapshots = [s for s in snapshots if s <= resumed_version]
         if snapshots:
             self.snapshot = (
                 self.layout.url(self.layout.directory("snapshot", snapshots[-1])),
@@ -293,5 +301,6 @@ def open_artifacts(
     sync = ArtifactSync(
         store, storage, layout, checkpoint_root=Path(checkpoint_root), keep_local=keep_local
     )
-    sync.start()
+    newest = latest_checkpoint(checkpoint_root) if resume else None
+    sync.start(resumed_version=read_training_state(newest).version if newest else 0)
     return sync

@@ -57,7 +57,8 @@ class GroupAssembler:
     """Collects trajectories into complete groups; ignores and counts duplicates.
 
     `seen_ids` seeds the set of trajectory ids already handled (from a checkpoint), so a
-    restarted learner does not train twice on a redelivered trajectory.
+    restarted learner does not train twice on a redelivered trajectory. It is bounded by
+    `forget`: the learner forgets ids once no copy of them can come back (learner/intake.py).
     """
 
     seen_ids: set[str] = field(default_factory=set)
@@ -67,6 +68,10 @@ class GroupAssembler:
     @property
     def num_pending_groups(self) -> int:
         return len(self._pending)
+
+    def forget(self, ids: Iterable[str]) -> None:
+        """Stop remembering `ids` (handled long enough ago that no copy can arrive again)."""
+        self.seen_ids.difference_update(ids)
 
     def add(self, trajectory: Trajectory) -> Group | None:
         """Add one trajectory; return its group if this completed it, else None."""

@@ -256,6 +256,11 @@ class LearnerConfig(StrictModel):
     """Broadcast new weights to the actors after every optimizer step."""
     snapshot_interval: int = pydantic.Field(default=10, ge=1)
     """Write a full weights snapshot every this many versions, for actors that join late."""
+    stall_snapshot_s: float = pydantic.Field(default=15.0, gt=0)
+    """Waiting this long for data with a snapshot older than the current version, write and
+    announce a snapshot of the current version. Engines that missed the broadcast (a
+    restarted actor) catch up from it; without it they wait for a version that only their
+    own data would let the learner reach."""
     weight_sync: WeightSyncConfig = WeightSyncConfig()
     """The weight broadcast group (the learner serves its TCPStore)."""
     optim: OptimConfig = OptimConfig()

@@ -4,8 +4,8 @@ A row is `{"data_source", "env_class", "prompt", "reward_spec", "extra_info"}`; 
 the system message (optional) and the first user message only; `reward_spec` holds at least
 `ground_truth`. Files are JSONL (one row per line) or Parquet (SkyRL's usual format; needs
 `pyarrow`, otherwise only JSONL is read and a Parquet path fails with a clear message). A bad
-row fails loading with the file, the row number (1-based) and the field. Extra keys of a row
-are kept as they are.
+row fails loading with the file, the line (JSONL) or row number (Parquet, 1-based) and the
+field (common/rows.py checks every field). Extra keys of a row are kept as they are.
 
 Splits follow the seeds' `prepare_dataset.py`: a task goes to eval when the MD5 of its task
 key (`extra_info.task_key`, else a hash of env_class + prompt) falls below the eval
@@ -34,31 +34,48 @@ except ImportError:  # Parquet support is optional; JSONL always works.
     pyarrow = None
 
 
-def _read_raw(path: Path) -> list[tuple[int, Any]]:
+def _read_raw(path: Path) -> list[tuple[str, Any]]:
+    """(where, row) of every row: `path:LINE` for JSONL, `path:row N` for Parquet."""
     if path.suffix == ".parquet":
-        if pyarrow is None:
-            raise ValueError(f"{path}: reading Parquet needs pyarrow (pip install pyarrow)")
-        return list(enumerate(pyarrow.parquet.read_table(path).to_pylist(), start=1))
+        return _read_parquet(path)
     if path.suffix not in (".jsonl", ".json"):
         raise ValueError(f"{path}: dataset files must end in .jsonl or .parquet")
     rows = []
-    with path.open() as f:
-        for number, line in enumerate(f, start=1):
+    with path.open("rb") as f:
+        for number, raw in enumerate(f, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise ValueError(f"{path}:{number}: not UTF-8 text: {e}") from None
             if not line.strip():
                 continue
             try:
-                rows.append((number, json.loads(line)))
+                rows.append((f"{path}:{number}", json.loads(line)))
             except json.JSONDecodeError as e:
                 raise ValueError(f"{path}:{number}: not valid JSON: {e}") from None
     return rows
 
 
+def _read_parquet(path: Path) -> list[tuple[str, Any]]:
+    if pyarrow is None:
+        raise ValueError(f"{path}: reading Parquet needs pyarrow (pip install pyarrow)")
+    try:
+        table = pyarrow.parquet.read_table(path)
+    except (pyarrow.ArrowException, OSError) as e:
+        raise ValueError(f"{path}: not a readable Parquet file: {e}") from None
+    return [(f"{path}:row {n}", row) for n, row in enumerate(table.to_pylist(), start=1)]
+
+
 def load_dataset(path: str | Path) -> list[Row]:
-    """All rows of one JSONL or Parquet file, validated."""
+    """All rows of one JSONL or Parquet file, validated; ValueError names the file, the line
+    (JSONL) or row (Parquet, 1-based) and the field."""
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"dataset {path} does not exist")
-    return [validate_row(row, where=f"{path}:{n}") for n, row in _read_raw(path)]
+    rows = [validate_row(row, where=where) for where, row in _read_raw(path)]
+    if not rows:
+        raise ValueError(f"dataset {path} holds no rows")
+    return rows
 
 
 def task_key(row: Row) -> str:

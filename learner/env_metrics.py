@@ -34,6 +34,7 @@ stop-reason fractions are top-level: `stop_reason/<r>`, not `all/stop_reason/<r>
 
 from __future__ import annotations
 
+import math
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 
@@ -47,8 +48,9 @@ DEFAULT_SUCCESS_THRESHOLD = 1.0
 
 
 def _is_error(trajectory: Trajectory) -> bool:
-    """Same rule as `learner.steps.is_error_episode` (kept here to stay free of torch)."""
-    return trajectory.stop_reason.startswith("error")
+    """An error episode (`learner.steps.is_error_episode`, repeated here to stay free of
+    torch), or one whose reward is NaN or infinite: neither reward is a reward."""
+    return trajectory.stop_reason.startswith("error") or not math.isfinite(trajectory.reward)
 
 
 def response_tokens(trajectory: Trajectory) -> int:

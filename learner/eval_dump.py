@@ -24,7 +24,6 @@ of one version (after a resume) replaces its dump instead of appending to it.
 from __future__ import annotations
 
 import json
-import os
 import re
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -32,6 +31,7 @@ from pathlib import Path
 
 from broker.codec import token_arrays
 from broker.wire import Trajectory
+from common.files import write_atomically
 
 AGGREGATED_RESULTS = "aggregated_results.jsonl"
 _UNSAFE_FILE_CHARS = re.compile(r"[^A-Za-z0-9._-]")
@@ -99,7 +99,7 @@ def write_eval_dump(
     paths = []
     for env_class, lines in sorted(lines_by_env.items()):
         path = directory / f"{env_file_name(env_class)}.jsonl"
-        _write_atomically(path, "".join(line + "\n" for line in lines))
+        write_atomically(path, "".join(line + "\n" for line in lines))
         paths.append(path)
     return paths
 
@@ -109,7 +109,7 @@ def write_aggregated_results(run_dir: str | Path, version: int, metrics: Mapping
     directory = eval_dir(run_dir, version)
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / AGGREGATED_RESULTS
-    _write_atomically(path, json.dumps(dict(metrics), ensure_ascii=False) + "\n")
+    write_atomically(path, json.dumps(dict(metrics), ensure_ascii=False) + "\n")
     return path
 
 
@@ -119,10 +119,3 @@ def env_file_name(env_class: str) -> str:
         raise ValueError("env_class is empty")
     name = _UNSAFE_FILE_CHARS.sub("_", env_class)
     return "_" + name if name.startswith(".") else name
-
-
-def _write_atomically(path: Path, text: str) -> None:
-    """Readers (a user tailing, a sync to S3) never see a half-written file."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)

@@ -44,6 +44,12 @@ class Evals:
         self.version_of: dict[str, int] = {}  # eval group id -> version it evaluates
         self.pending: dict[int, list[Group]] = {}
 
+    def runs_at(self, version: int, *, last_version: int) -> bool:
+        """Whether an eval will run pinned to `version` (every `interval`, and the last)."""
+        if self.interval is None or not self.rows:
+            return False
+        return version % self.interval == 0 or version == last_version
+
     def due(self, version: int, *, final: bool = False) -> list[PromptTask]:
         """The eval tasks to release now (none when no eval is due at `version`)."""
         if self.interval is None or not self.rows:

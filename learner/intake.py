@@ -1,19 +1,23 @@
-"""From the trajectory stream to complete groups, holding every training message until a
-checkpoint covers it: the learner's half of at-least-once delivery.
+"""From the trajectory stream to complete groups, holding every message until a checkpoint
+covers it: the learner's half of at-least-once delivery.
 
-    TrajectoryConsumer.fetch ─► trajectory ─┬─ eval ──► ack now ─► eval groups ─► on_eval_group
+    TrajectoryConsumer.fetch ─► trajectory ─┬─ eval ──► eval groups ─► on_eval_group
                                             └─ train ─► GroupAssembler ─► `groups` queue
-                                                        message held by id until ack(ids)
+                                  every message held by id until ack(ids)
 
-- A training trajectory is acknowledged only through `ack(ids)`, which the loop calls after a
-  checkpoint covering those ids (trained or counted as dropped) was written. A crash before
-  that leaves it unacked, and the next learner gets it again.
+- A trajectory is acknowledged only through `ack(ids)`, which the loop calls after a
+  checkpoint covering those ids (trained or counted as dropped; eval ones counted as such)
+  was written. A crash before that leaves it unacked, and the next learner gets it again:
+  so the learner's books (learner/ledger.py) count every stored message exactly once, eval
+  ones included, across any number of restarts.
 - A redelivered copy of an id still held is held too; both are acked together.
 - An id already handled (acked by this process, or covered by the restored checkpoint:
   `covered_ids`) is acked again at once, as is a second trajectory for an already filled
-  sample slot: neither carries anything new.
+  sample slot (counted as malformed): neither carries anything new.
 - A trajectory whose group disagrees about its size is malformed input: terminated, counted.
-- Eval trajectories are acked on arrival: an eval lost in a crash is simply run again.
+- Handled ids are remembered for one checkpoint after the one that acked them (by then
+  every copy that was in flight has arrived; later, none can): the set stays bounded by
+  what two checkpoints cover instead of growing with the run.
 """
 
 from __future__ import annotations
@@ -46,10 +50,13 @@ class Intake:
         self.on_eval_group = on_eval_group
         self.fetch_batch = fetch_batch
         self.fetch_timeout_s = fetch_timeout_s
-        self.train = GroupAssembler(seen_ids=set(covered_ids))
-        self.evals = GroupAssembler()
+        covered = set(covered_ids)
+        self.train = GroupAssembler(seen_ids=set(covered))
+        self.evals = GroupAssembler(seen_ids=set(covered))
         self.groups: asyncio.Queue[Group] = asyncio.Queue()
         self._held: dict[str, list[ReceivedTrajectory]] = {}
+        self._new_eval_ids: list[str] = []
+        self._forget_at_next_ack = covered
         self.num_received = 0
         self.num_redelivered = 0
         self.num_slot_duplicates = 0
@@ -58,6 +65,18 @@ class Intake:
     @property
     def num_held(self) -> int:
         return len(self._held)
+
+    @property
+    def num_malformed(self) -> int:
+        """Messages taken off the stream as bad input: invalid (terminated), undecodable
+        (terminated by the consumer), or a second trajectory for a filled sample slot."""
+        return self.num_invalid + self.num_slot_duplicates + self.consumer.num_corrupt
+
+    def take_eval_ids(self) -> list[str]:
+        """Eval trajectory ids received since the last call (the loop's checkpoint counts
+        and acks them)."""
+        ids, self._new_eval_ids = self._new_eval_ids, []
+        return ids
 
     async def run(self) -> None:
         """Fetch forever (cancel to stop)."""
@@ -76,39 +95,34 @@ class Intake:
 
     async def _add(self, received: ReceivedTrajectory) -> None:
         trajectory = received.trajectory
-        self.num_received += 1
-        if trajectory.is_eval:
-            await _quietly(received.ack(), trajectory.trajectory_id)
-            try:
-                group = self.evals.add(trajectory)
-            except ValueError as e:
-                log.error("ignoring eval trajectory: %s", e)
-                return
-            if group is not None:
-                self.on_eval_group(group)
-            return
         trajectory_id = trajectory.trajectory_id
+        self.num_received += 1
         if trajectory_id in self._held:
             self.num_redelivered += 1
             self._held[trajectory_id].append(received)
             return
-        if trajectory_id in self.train.seen_ids:  # acked already, or covered by the checkpoint
+        assembler = self.evals if trajectory.is_eval else self.train
+        if trajectory_id in assembler.seen_ids:  # acked already, or covered by the checkpoint
             self.num_redelivered += 1
             await _quietly(received.ack(), trajectory_id)
             return
         try:
-            group = self.train.add(trajectory)
-        except ValueError as e:  # malformed input (group size disagrees): never trainable
+            group = assembler.add(trajectory)
+        except ValueError as e:  # malformed input (group size disagrees): never usable
             self.num_invalid += 1
             log.error("terminating invalid trajectory: %s", e)
             await _quietly(received.msg.term(), trajectory_id)
             return
-        if trajectory_id not in self.train.seen_ids:  # its sample slot was already filled
+        if trajectory_id not in assembler.seen_ids:  # its sample slot was already filled
             self.num_slot_duplicates += 1
             await _quietly(received.ack(), trajectory_id)
             return
         self._held[trajectory_id] = [received]
-        if group is not None:
+        if trajectory.is_eval:
+            self._new_eval_ids.append(trajectory_id)
+            if group is not None:
+                self.on_eval_group(group)
+        elif group is not None:
             self.groups.put_nowait(group)
 
     async def ack(self, ids: Iterable[str]) -> list[str]:
@@ -123,6 +137,10 @@ class Intake:
                 if not ok:
                     failed.setdefault(i, []).append(r)
         self._held.update(failed)
+        # Copies of what the previous checkpoint acked were in flight at most until now.
+        for assembler in (self.train, self.evals):
+            assembler.forget(self._forget_at_next_ack)
+        self._forget_at_next_ack = {i for i in ids if i not in failed}
         return list(failed)
 
 

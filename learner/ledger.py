@@ -4,6 +4,7 @@ must know to continue the count (`to_cursor` / `from_cursor`).
 
     released prompts = taken groups + groups still outstanding
     taken trajectories = trained + dropped (by reason)
+    stored trajectories = trained + dropped + eval + malformed + still in the stream
 
 A dropped group earns a replacement prompt (`num_dropped_groups`), so the dispatcher's
 admission arithmetic (learner/dispatcher.py) can keep the learner fed.
@@ -27,11 +28,18 @@ class Ledger:
     num_trained: int = 0
     """Trajectories trained on."""
     dropped: Counter[str] = field(default_factory=Counter)
-    """Trajectories dropped, by reason (stale, future, errors, nonfinite, unused)."""
+    """Trajectories dropped, by reason (stale, future, errors, nonfinite, unused, and the
+    sample problems of learner/steps.py: nonfinite_reward, nonfinite_logprobs, bad_tokens,
+    bad_loss_mask)."""
     max_staleness_seen: int = 0
     """Largest staleness of a trained group (versions between its oldest token and the step)."""
     eval_results: dict[int, dict[str, Any]] = field(default_factory=dict)
     """The eval record of every version evaluated."""
+    num_eval_trajectories: int = 0
+    """Eval trajectories acknowledged: those of recorded evals, and those of evals that a
+    learner process released and did not live to record."""
+    num_malformed: int = 0
+    """Messages taken off the trajectory stream as bad input (learner/intake.py)."""
 
     def take_group(self, *, dropped_reason: str | None) -> None:
         """One group left the queue; `dropped_reason` None means it is (about to be) trained."""
@@ -54,6 +62,20 @@ class Ledger:
     def num_outstanding_groups(self) -> int:
         return self.num_released - self.num_taken_groups
 
+    def totals(self) -> dict[str, Any]:
+        """The counts the run's final record reports."""
+        return {
+            "released_groups": self.num_released,
+            "taken_groups": self.num_taken_groups,
+            "outstanding_groups": self.num_outstanding_groups,
+            "trained": self.num_trained,
+            "dropped": self.num_dropped,
+            "dropped_by_reason": dict(self.dropped),
+            "max_staleness_seen": self.max_staleness_seen,
+            "eval_trajectories": self.num_eval_trajectories,
+            "eval_pass_at_1": {str(v): r["pass_at_1"] for v, r in self.eval_results.items()},
+        }
+
     def to_cursor(self) -> dict[str, Any]:
         return {
             "num_released": self.num_released,
@@ -63,6 +85,8 @@ class Ledger:
             "dropped": dict(self.dropped),
             "max_staleness_seen": self.max_staleness_seen,
             "eval_results": {str(v): r for v, r in self.eval_results.items()},
+            "num_eval_trajectories": self.num_eval_trajectories,
+            "num_malformed": self.num_malformed,
         }
 
     @classmethod
@@ -75,4 +99,6 @@ class Ledger:
             dropped=Counter(cursor.get("dropped", {})),
             max_staleness_seen=cursor.get("max_staleness_seen", 0),
             eval_results={int(v): r for v, r in cursor.get("eval_results", {}).items()},
+            num_eval_trajectories=cursor.get("num_eval_trajectories", 0),
+            num_malformed=cursor.get("num_malformed", 0),
         )

@@ -14,13 +14,14 @@ weight broadcast meet.
     │ end: last evals, drain released groups (dropped `unused`), checkpoint, done    │
     └────────────────────────────────────────────────────────────────────────────────┘
 
-Durability: a training trajectory is acked only after a checkpoint that includes its effect
-(trained, or counted as dropped). A crash loses nothing accepted: on start the learner
-re-creates its consumer, so every unacked trajectory is redelivered at once, and the ids the
-restored checkpoint covers (its last window: everything older was acked before it was
-written) are acked again and skipped. Releases are written ahead (`dispatcher.json` next to
-the checkpoints), so a resumed learner knows every prompt the lost run released and waits
-for each group. Other ranks only follow commands (`learner/ranks.py`).
+Durability: a trajectory is acked only after a checkpoint that includes its effect
+(trained, dropped or eval). On start the consumer is re-created (every unacked trajectory
+comes at once) and the ids the checkpoint covers are acked and skipped; releases are
+written ahead (`dispatcher.json`), so a resumed learner waits for every group the lost run
+released. Each learner process announces its own lineage (actors ahead of it roll back);
+bus calls that must not be lost wait out a broker restart (`broker.retry`); waiting for
+data, it snapshots the current version for engines that missed its broadcast. Other ranks
+follow commands (`learner/ranks.py`; docs/reliability.md).
 """
 
 from __future__ import annotations
@@ -28,15 +29,15 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
 import time
+import uuid
 from pathlib import Path
-
-import nats.js.errors
 
 from broker import client
 from broker.config import BrokerConfig
+from broker.retry import until_done
 from broker.wire import PolicyVersion
+from common.files import write_atomically
 from learner import dispatcher as dispatch
 from learner.batching import Group, samples_from_groups
 from learner.checkpoint import STATE_FILE, TrainingState, checkpoint_dir
@@ -46,7 +47,7 @@ from learner.evals import Evals
 from learner.intake import Intake
 from learner.ledger import Ledger
 from learner.ranks import RankCommands
-from learner.reporting import Reporter
+from learner.reporting import Reporter, train_record
 from learner.steps import decide_group, staleness_of
 
 log = logging.getLogger(__name__)
@@ -78,24 +79,19 @@ class Learner:
         self.window_ids: list[str] = []  # taken since the last checkpoint
         self.ledger = Ledger()
         self.checkpointed_version = -1
+        self.malformed_before = 0  # counted by earlier learner processes (the checkpoint)
+        self.lineage = uuid.uuid4().hex[:12]
         self.started = time.monotonic()
 
-    # ---- set-up ----------------------------------------------------------------------------
-
     async def _connect(self) -> None:
-        self.nc = await client.connect(self.broker.url, name="learner")
+        self.nc = await client.connect(self.broker.url, name="learner", tls=self.broker.tls)
         self.js = self.nc.jetstream()
         limits = self.broker.stream_limits()
-        await client.ensure_streams(self.js, self.names, limits)
-        # A fresh consumer delivers every unacked trajectory now, instead of after ack_wait
-        # (the stream is a work queue: acked ones are gone).
-        try:
-            await self.js.delete_consumer(
-                self.names.trajectories_stream, self.names.trajectories_consumer
-            )
-        except nats.js.errors.NotFoundError:
-            pass
-        await client.ensure_streams(self.js, self.names, limits)
+
+        await until_done(
+            lambda: client.ensure_streams_fresh_consumer(self.js, self.names, limits),
+            "stream setup",
+        )
         self.policy = client.PolicyStore(self.js, self.names)
 
     def _restore(self) -> set[str]:
@@ -104,6 +100,7 @@ class Learner:
         if self.resume_from is not None:
             state = self.commands.load(self.resume_from)
             self.ledger = Ledger.from_cursor(state.dataset_cursor)
+            self.malformed_before = self.ledger.num_malformed
             self.checkpointed_version = state.version
             covered = set(state.trained_ids)
             log.info("resumed from %s at version %d", self.resume_from, state.version)
@@ -113,9 +110,8 @@ class Learner:
         return covered
 
     def _cursor(self) -> dict:
+        self.ledger.num_malformed = self.malformed_before + self.intake.num_malformed
         return {**self.ledger.to_cursor(), **self.reporter.position()}
-
-    # ---- the loop ----------------------------------------------------------------------------
 
     async def run(self) -> dict:
         cfg = self.config
@@ -140,6 +136,9 @@ class Learner:
             ),
         )
         self.version = self.commands.version
+        self.group_rules = dict(
+            max_staleness=cfg.max_staleness, vocab_size=self.commands.vocab_size
+        )
         await self._announce()
         self.intake = Intake(
             client.TrajectoryConsumer(self.js, self.names),
@@ -182,9 +181,7 @@ class Learner:
             return
         first = self.ledger.num_released
         self.ledger.num_released += count
-        _write_atomically(
-            self.dispatch_path, json.dumps({"num_released": self.ledger.num_released})
-        )
+        write_atomically(self.dispatch_path, json.dumps({"num_released": self.ledger.num_released}))
         if self.artifacts is not None:  # a fresh machine resuming from the bucket needs it
             await asyncio.to_thread(self.artifacts.dispatcher_written, self.dispatch_path)
         tasks = [self.stream.task(i, version=self.version) for i in range(first, first + count)]
@@ -224,16 +221,18 @@ class Learner:
         started = time.monotonic()
         taken: list[Group] = []
         while len(taken) < num_groups:
-            group = await self._next_group()
-            decision = decide_group(
-                group, version=self.version, max_staleness=self.config.max_staleness
-            )
+            group = await self._next_group(timeout_s=self.config.stall_snapshot_s)
+            if group is None:
+                await self._snapshot_if_behind()
+                continue
+            decision = decide_group(group, version=self.version, **self.group_rules)
             self._take(group, decision.drop_reason)
             if decision.drop_reason is not None:
                 log.info("dropped group %s: %s", group.group_id, decision.drop_reason)
                 await self._release()  # its replacement
                 continue
-            self._count_drop(group.group_id, "errors", list(decision.error_ids))
+            for reason, ids in decision.removed.items():
+                self._count_drop(group.group_id, reason, list(ids))
             taken.append(decision.group)
         return taken, time.monotonic() - started
 
@@ -269,37 +268,47 @@ class Learner:
         self.ledger.train(len(samples), staleness)
         self.version = self.commands.version
         started = time.monotonic()
-        weights = await asyncio.to_thread(self.commands.publish_weights, self.version)
+        # Evals run pinned to their version: a replica that missed the broadcast (restarted
+        # meanwhile) must be able to load exactly that version from disk.
+        eval_due = self.evals.runs_at(self.version, last_version=cfg.total_steps)
+        weights = await asyncio.to_thread(self.commands.publish_weights, self.version, eval_due)
         broadcast_s = time.monotonic() - started
         await self._announce()
-        num_tokens = sum(s.num_tokens for s in samples)
-        record = {
-            "kind": "train",
-            "step": step,
-            "version": self.version,
-            "wall_s": time.monotonic() - self.started,
-            "reward_mean": sum(sum(g.rewards) for g in groups) / len(samples),
-            "staleness": staleness,
-            "staleness_max_batch": max(staleness),
-            "max_staleness_seen": self.ledger.max_staleness_seen,
-            "tokens_per_s": num_tokens / max(train_s, 1e-9),
-            "num_tokens": num_tokens,
-            "wait_data_s": waited_s,
-            "train_s": train_s,
-            "broadcast_s": broadcast_s,
-            "broadcast_receivers": weights.get("num_receivers", 0),
-            "broadcast_bytes": weights.get("num_bytes", 0),  # with LoRA: the adapter's
-            "released": self.ledger.num_released,
-            "trained": self.ledger.num_trained,
-            "dropped": self.ledger.num_dropped,
-            "dropped_by_reason": dict(self.ledger.dropped),
-            "held_unacked": self.intake.num_held,
-            **{f"train/{k}": v for k, v in metrics.items()},
-        }
+        record = train_record(
+            step=step,
+            version=self.version,
+            groups=groups,
+            samples=samples,
+            staleness=staleness,
+            metrics=metrics,
+            seconds={
+                "wall_s": time.monotonic() - self.started,
+                "wait_data_s": waited_s,
+                "train_s": train_s,
+                "broadcast_s": broadcast_s,
+            },
+            ledger=self.ledger,
+            num_receivers=weights.get("num_receivers", 0),
+            num_bytes=weights.get("num_bytes", 0),
+            held_unacked=self.intake.num_held,
+        )
         self.reporter.record_train(record, step=step, groups=groups)
+
+    async def _snapshot_if_behind(self) -> None:
+        """No data for a while: engines that missed a broadcast may wait for this version."""
+        snapshot = self.commands.snapshot
+        # Version 0 needs none: every engine starts from the model the learner started from.
+        if self.version > 0 and (snapshot is None or snapshot[1] < self.version):
+            log.warning("waiting for data at v%d: writing a snapshot of it", self.version)
+            await asyncio.to_thread(self.commands.snapshot_current)
+            await self._announce()
 
     async def _announce(self) -> None:
         snapshot = self.commands.snapshot
+        if snapshot is None and self.version == 0:
+            # The initial weights are version 0's snapshot: an actor left with weights of
+            # a lost history (a learner that died before its first checkpoint) reloads them.
+            snapshot = (Path(self.config.model_path).resolve(), 0)
         await self.policy.publish(
             PolicyVersion(
                 version=self.version,
@@ -307,18 +316,23 @@ class Learner:
                 snapshot_path=str(snapshot[0]) if snapshot else "",
                 snapshot_version=snapshot[1] if snapshot else -1,
                 broadcast_addr=self.commands.broadcast_addr,
+                lineage=self.lineage,
             )
         )
 
     async def _checkpoint(self) -> None:
-        if self.version == self.checkpointed_version and not self.window_ids:
-            return  # nothing new since the last one
         path = checkpoint_dir(self.config.checkpoint.dir, self.commands.step)
         if (path / STATE_FILE).is_file():
             # Never overwrite a complete checkpoint in place (a crash mid-save would leave
             # neither); what it misses stays unacked and is redelivered to the next run.
-            log.warning("checkpoint %s exists; not saving over it", path)
+            if self.version != self.checkpointed_version or self.window_ids:
+                log.warning("checkpoint %s exists; not saving over it", path)
             return
+        # Eval trajectories count, and are acked, with the checkpoint that records them.
+        self.window_ids.extend(new_evals := self.intake.take_eval_ids())
+        self.ledger.num_eval_trajectories += len(new_evals)
+        if self.version == self.checkpointed_version and not self.window_ids:
+            return  # nothing new since the last one
         # With a bucket, ids of checkpoints not yet verified there are still unacked: this
         # checkpoint covers them too (a resume from it must skip them when redelivered).
         unacked = self.artifacts.unacked_ids if self.artifacts is not None else []
@@ -345,8 +359,6 @@ class Learner:
         failed = await self.intake.ack(self.artifacts.take_durable_acks())
         self.window_ids = failed + self.window_ids  # covered by the next checkpoint again
 
-    # ---- end of run --------------------------------------------------------------------------
-
     async def _drain(self) -> None:
         """Wait (bounded) for every released group; count each as dropped `unused`."""
         deadline = time.monotonic() + self.config.drain_timeout_s
@@ -362,22 +374,21 @@ class Learner:
             self._take(group, "unused")
 
     async def _done(self) -> dict:
-        info = await self.js.stream_info(self.names.trajectories_stream)
+        info = await until_done(
+            lambda: self.js.stream_info(self.names.trajectories_stream), "stream info"
+        )
         summary = {
             "kind": "done",
+            "run_id": self.names.namespace,
+            "lineage": self.lineage,
             "wall_s": time.monotonic() - self.started,
             "version": self.version,
-            "released_groups": self.ledger.num_released,
-            "taken_groups": self.ledger.num_taken_groups,
-            "outstanding_groups": self.ledger.num_outstanding_groups,
-            "trained": self.ledger.num_trained,
-            "dropped": self.ledger.num_dropped,
-            "dropped_by_reason": dict(self.ledger.dropped),
-            "max_staleness_seen": self.ledger.max_staleness_seen,
+            **self.ledger.totals(),
             "invalid": self.intake.num_invalid,
             "redelivered": self.intake.num_redelivered,
+            "malformed": self.malformed_before + self.intake.num_malformed,
             "stream_messages_stored": info.state.last_seq,
-            "eval_pass_at_1": {str(v): r["pass_at_1"] for v, r in self.ledger.eval_results.items()},
+            "stream_messages_left": info.state.messages,
         }
         self.reporter.record_done(summary)
         return summary
@@ -386,13 +397,3 @@ class Learner:
         tasks = self.evals.due(self.version, final=final)
         if tasks:
             await client.publish_prompts(self.js, self.names, tasks)
-
-
-def _write_atomically(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)

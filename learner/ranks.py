@@ -87,6 +87,11 @@ class RankCommands:
         return self.trainer.step
 
     @property
+    def vocab_size(self) -> int:
+        """Rows of the input embedding: a token id must be below it."""
+        return self.trainer.model.get_input_embeddings().num_embeddings
+
+    @property
     def broadcast_addr(self) -> str:
         if self.sender is None:
             return ""
@@ -112,11 +117,12 @@ class RankCommands:
         self.write_snapshot(self.trainer.version, self._weights())
         return state
 
-    def publish_weights(self, version: int) -> dict:
+    def publish_weights(self, version: int, snapshot: bool = False) -> dict:
         """Send version `version` to the actors (when broadcasting); every
-        `snapshot_interval` versions also write it to disk for actors that join later.
-        Returns the broadcast report (`num_receivers` 0 when nobody was sent anything)."""
-        snapshot = version % self.snapshot_interval == 0
+        `snapshot_interval` versions, and when `snapshot`, also write it to disk for actors
+        that join later. Returns the broadcast report (`num_receivers` 0 when nobody was
+        sent anything)."""
+        snapshot = snapshot or version % self.snapshot_interval == 0
         if self.sender is None and not snapshot:
             return {"num_receivers": 0}  # nothing to gather the full weights for
         self._command("weights")
@@ -141,6 +147,11 @@ class RankCommands:
         if writer is not None:
             self._keep_snapshot(writer.finish(), version)
         return report
+
+    def snapshot_current(self) -> Path:
+        """Write a snapshot of the current weights (all ranks gather them)."""
+        self._command("weights")
+        return self.write_snapshot(self.trainer.version, self._weights())
 
     def write_snapshot(self, version: int, named) -> Path:
         """Write version `version` for actors that join later, as the tensors arrive; the

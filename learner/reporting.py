@@ -2,8 +2,9 @@
 
 - `metrics.jsonl` (and W&B, `learner/sinks.py`): one record per training step, per eval, and
   a final `done` record; Prometheus (`learner/prom.py`) is updated from the same records.
-- `trained.jsonl`: one line per training step, `{"step", "version", "trajectory_ids"}`:
-  step s is the update from version s to s + 1, trained on exactly these trajectories.
+- `trained.jsonl`: one line per training step, `{"step", "version", "trajectory_ids",
+  "group_ids"}`: step s is the update from version s to s + 1, trained on exactly these
+  trajectories, of these groups (prompt task ids).
 - `dropped.jsonl`: one line per dropped group (or the error samples removed from a trained
   group): `{"version", "group_id", "reason", "trajectory_ids"}`, `version` being the
   learner's version when it decided.
@@ -64,6 +65,47 @@ class _JsonLines:
         self._file.close()
 
 
+def train_record(
+    *,
+    step: int,
+    version: int,
+    groups: list[Group],
+    samples: list,
+    staleness: list[int],
+    metrics: dict,
+    seconds: dict[str, float],
+    ledger,
+    num_receivers: int,
+    num_bytes: int,
+    held_unacked: int,
+) -> dict:
+    """The `train` record of one step in metrics.jsonl: what it trained on, how long each
+    phase took (`seconds`: wall_s, wait_data_s, train_s, broadcast_s), the ledger's running
+    counts, and the trainer's own metrics under `train/`. `num_bytes`: the weight update's
+    bytes (with LoRA, the adapter's)."""
+    num_tokens = sum(s.num_tokens for s in samples)
+    return {
+        "kind": "train",
+        "step": step,
+        "version": version,
+        **seconds,
+        "reward_mean": sum(sum(g.rewards) for g in groups) / len(samples),
+        "staleness": staleness,
+        "staleness_max_batch": max(staleness),
+        "max_staleness_seen": ledger.max_staleness_seen,
+        "tokens_per_s": num_tokens / max(seconds["train_s"], 1e-9),
+        "num_tokens": num_tokens,
+        "broadcast_receivers": num_receivers,
+        "broadcast_bytes": num_bytes,
+        "released": ledger.num_released,
+        "trained": ledger.num_trained,
+        "dropped": ledger.num_dropped,
+        "dropped_by_reason": dict(ledger.dropped),
+        "held_unacked": held_unacked,
+        **{f"train/{k}": v for k, v in metrics.items()},
+    }
+
+
 class Reporter:
     def __init__(
         self,
@@ -103,7 +145,14 @@ class Reporter:
     def record_train(self, record: dict, *, step: int, groups: list[Group]) -> None:
         record.update(rollout_metrics(groups, prefix="rollout/"))
         ids = [i for g in groups for i in g.trajectory_ids]
-        self.trained.write({"step": step, "version": record["version"], "trajectory_ids": ids})
+        self.trained.write(
+            {
+                "step": step,
+                "version": record["version"],
+                "trajectory_ids": ids,
+                "group_ids": [g.group_id for g in groups],
+            }
+        )
         self._log(record)
         prom.record_step(record)
 

@@ -1,22 +1,34 @@
 """Which completed groups a training step may use (pure).
 
-A group is dropped, and counted, when it cannot teach anything honestly:
-- `errors`: fewer than two of its samples finished without an error (an `error:*` episode
-  has no real reward, so it takes no part in the group's statistics);
+A sample is never trained on when (`sample_problem`, the reason it is counted under):
+- `errors`: it is an error episode (`error:*` stop reason): it has no real reward;
+- `nonfinite_reward`: its reward is NaN or infinite (an env or a wire bug);
+- `nonfinite_logprobs`: a behaviour logprob of one of its loss tokens is NaN or infinite;
+- `bad_tokens`: a token id outside the model's vocabulary (it would crash the embedding);
+- `bad_loss_mask`: a loss mask value other than 0 or 1.
+Such samples are removed from their group and counted as dropped under that reason; they
+take no part in the group's statistics. The wire codec already refused anything whose byte
+arrays disagree in length (broker/codec.py); these are the checks of their contents.
+
+A group is dropped whole, and counted, when it cannot teach anything honestly:
+- fewer than two of its samples are trainable (reason: the most common problem, `errors`
+  when none has one);
 - `future`: a token carries a version newer than the learner's. After a resume from a
   checkpoint older than the last announced version, actors still hold weights of the lost
   branch; what they generated comes from a policy this learner never had;
 - `stale`: its oldest policy token is older than `version - max_staleness` (the bound).
-Otherwise the error samples are removed (and counted as dropped `errors`) and the rest is
-trained on.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+import math
+from collections import Counter
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from broker.codec import TokenArrays
+from broker.wire import Trajectory
 from learner.batching import Group
 from learner.staleness import is_too_stale, oldest_version
 
@@ -27,12 +39,30 @@ class GroupDecision:
     """The trainable part of the group (None when dropped)."""
     drop_reason: str | None
     """Why the whole group was dropped (None when it is trained)."""
-    error_ids: tuple[str, ...] = ()
-    """Ids of error samples removed from a trained group (dropped, reason `errors`)."""
+    removed: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    """Ids of samples removed from a trained group, by the reason they are dropped."""
 
 
 def is_error_episode(stop_reason: str) -> bool:
     return stop_reason.startswith("error")
+
+
+def sample_problem(
+    trajectory: Trajectory, arrays: TokenArrays, *, vocab_size: int | None = None
+) -> str | None:
+    """Why this sample must not be trained on (see the module docstring), or None."""
+    if is_error_episode(trajectory.stop_reason):
+        return "errors"
+    if not math.isfinite(trajectory.reward):
+        return "nonfinite_reward"
+    if not np.isfinite(arrays.logprobs[arrays.loss_mask != 0]).all():
+        return "nonfinite_logprobs"
+    ids = arrays.token_ids
+    if ids.size and (int(ids.min()) < 0 or (vocab_size is not None and ids.max() >= vocab_size)):
+        return "bad_tokens"
+    if arrays.loss_mask.size and int(arrays.loss_mask.max()) > 1:
+        return "bad_loss_mask"
+    return None
 
 
 def newest_version(versions) -> int | None:
@@ -45,22 +75,29 @@ def newest_version(versions) -> int | None:
     return newest
 
 
-def decide_group(group: Group, *, version: int, max_staleness: int) -> GroupDecision:
-    valid = [t for t in group.trajectories if not is_error_episode(t.stop_reason)]
-    if len(valid) < 2:
-        return GroupDecision(None, "errors")
-    versions = [
-        arrays.versions
+def decide_group(
+    group: Group, *, version: int, max_staleness: int, vocab_size: int | None = None
+) -> GroupDecision:
+    problems = [
+        sample_problem(t, arrays, vocab_size=vocab_size)
         for t, arrays in zip(group.trajectories, group.tokens, strict=True)
-        if not is_error_episode(t.stop_reason)
     ]
+    valid = [i for i, problem in enumerate(problems) if problem is None]
+    if len(valid) < 2:
+        found = Counter(p for p in problems if p is not None)
+        return GroupDecision(None, found.most_common(1)[0][0] if found else "errors")
+    versions = [group.tokens[i].versions for i in valid]
     newest = newest_version(versions)
     if newest is not None and newest > version:
         return GroupDecision(None, "future")
     if is_too_stale(oldest_version(versions), version, max_staleness):
         return GroupDecision(None, "stale")
-    errors = tuple(t.trajectory_id for t in group.trajectories if is_error_episode(t.stop_reason))
-    return GroupDecision(replace(group, trajectories=valid), None, errors)
+    removed: dict[str, tuple[str, ...]] = {}
+    for t, problem in zip(group.trajectories, problems, strict=True):
+        if problem is not None:
+            removed[problem] = (*removed.get(problem, ()), t.trajectory_id)
+    trainable = replace(group, trajectories=[group.trajectories[i] for i in valid])
+    return GroupDecision(trainable, None, removed)
 
 
 def staleness_of(group: Group, version: int) -> int:

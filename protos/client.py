@@ -9,6 +9,8 @@
     await client.close()
 
 - Every call has a deadline (`timeout_s`, per call overridable).
+- TLS with `credentials` (protos/channel.py `client_credentials`: the server verified
+  against a CA, optionally a client certificate for mutual TLS); plain otherwise.
 - UNAVAILABLE is retried with exponential backoff (`max_retries`). Retries are safe: Reset
   carries a client-chosen session id and Step a sequence number, so the server answers a
   repeated request from its record instead of acting twice.
@@ -104,6 +106,8 @@ class EnvClient:
         max_retries: int = 3,
         backoff_s: float = 0.1,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+        credentials: grpc.ChannelCredentials | None = None,
+        server_name: str = "",
     ):
         self.addresses = [addresses] if isinstance(addresses, str) else list(addresses)
         if not self.addresses:
@@ -112,6 +116,8 @@ class EnvClient:
         self.max_retries = max_retries
         self.backoff_s = backoff_s
         self.max_message_bytes = max_message_bytes
+        self.credentials = credentials
+        self.server_name = server_name
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._stubs: dict[str, env_pb2_grpc.EnvServiceStub] = {}
         self._next = itertools.cycle(self.addresses)
@@ -119,9 +125,13 @@ class EnvClient:
     def _stub(self, address: str) -> env_pb2_grpc.EnvServiceStub:
         stub = self._stubs.get(address)
         if stub is None:
-            channel = grpc.aio.insecure_channel(
-                address, options=channel_options(self.max_message_bytes)
-            )
+            options = channel_options(self.max_message_bytes)
+            if self.credentials is None:
+                channel = grpc.aio.insecure_channel(address, options=options)
+            else:
+                if self.server_name:
+                    options.append(("grpc.ssl_target_name_override", self.server_name))
+                channel = grpc.aio.secure_channel(address, self.credentials, options=options)
             self._channels[address] = channel
             stub = self._stubs[address] = env_pb2_grpc.EnvServiceStub(channel)
         return stub

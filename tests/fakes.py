@@ -214,3 +214,16 @@ def fake_replica_main(spec) -> None:
         return actor, lambda: None
 
     run_replica(spec, build)
+
+
+def engine_leaving_replica_main(spec) -> None:
+    """Replica process body (target `tests.fakes:engine_leaving_replica_main`) that starts a
+    child the way vLLM starts its engine process, writes the child's pid to
+    `spec.extra["pid_file"]`, and runs until killed: the engine would outlive it."""
+    import subprocess
+    import time
+    from pathlib import Path
+
+    engine = subprocess.Popen(["sleep", "300"])
+    Path(spec.extra["pid_file"]).write_text(str(engine.pid))
+    time.sleep(300)

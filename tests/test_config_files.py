@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import inspect
+import os
 import subprocess
 import sys
 import textwrap
@@ -63,6 +64,87 @@ def test_errors_name_every_bad_key(tmp_path):
         load_run_config(path, ["actor.rollout.max_turns=0", "actor.engine.model=m"])
     assert "learner.optim.lrr: Extra inputs are not permitted" in str(error.value)
     assert "actor.rollout.max_turns: Input should be greater than or equal to 1" in str(error.value)
+
+
+BASE = ["learner.model_path=m", "actor.engine.model=m", 'envserver.envs=["calculator"]']
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        # wrong types
+        (['learner.group_size="eight"'], "learner.group_size: Input should be a valid integer"),
+        (['actor.rollout.overlong_filtering="sometimes"'], "actor.rollout.overlong_filtering"),
+        (['envserver.envs="calculator"'], "envserver.envs: Input should be a valid list"),
+        (["broker.namespace=[1]"], "broker.namespace: Input should be a valid string"),
+        (["actor.env=5"], "actor.env: Input should be a valid dictionary"),
+        # out of range
+        (["broker.stream_replicas=9"], "broker.stream_replicas: Input should be less than"),
+        (["envserver.port=70000"], "envserver.port: Input should be less than or equal"),
+        (["envserver.max_observation_chars=10"], "envserver.max_observation_chars"),
+        # impossible within a section
+        (["broker.url=nats://alice:pw@host:4222"], "broker.url: .*credentials do not belong"),
+        (["broker.url=http://host:4222"], "broker.url: .*expected a nats:// or tls:// URL"),
+        (["broker.tls.cert_file=c.pem", "broker.tls.key_file=k.pem"], "broker.tls: .*ca_file"),
+        (["envserver.tls.key_file=k.pem"], "envserver.tls: .*cert_file and key_file"),
+        (["actor.env.tls.cert_file=c.pem"], "actor.env.tls: .*key_file"),
+        (["actor.rollout.max_sequence_length=4096"], "actor: .*exceeds engine.max_model_len"),
+        # impossible across sections: both keys named
+        (
+            ["actor.heartbeat_s=40", "broker.prompt_ack_wait_s=60"],
+            "actor.heartbeat_s \\(40.0\\) must be at most half of broker.prompt_ack_wait_s",
+        ),
+        (
+            ["envserver.max_message_bytes=16777216"],
+            "actor.env.max_message_bytes \\(8388608\\) must equal envserver.max_message_bytes",
+        ),
+        (
+            ["envserver.tls.cert_file=c.pem", "envserver.tls.key_file=k.pem"],
+            "actor.env.tls.ca_file is empty but envserver.tls.cert_file is set",
+        ),
+        (
+            [
+                "envserver.tls.cert_file=c.pem",
+                "envserver.tls.key_file=k.pem",
+                "envserver.tls.client_ca_file=ca.pem",
+                "actor.env.tls.ca_file=ca.pem",
+            ],
+            "actor.env.tls.cert_file is empty but envserver.tls.client_ca_file is set",
+        ),
+    ],
+)
+def test_wrong_typed_and_impossible_configs_name_the_key(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        load_run_config(None, BASE + overrides)
+
+
+def test_the_wired_base_config_itself_is_valid():
+    run = load_run_config(None, BASE)
+    assert run.actor.env.max_message_bytes == run.envserver.max_message_bytes
+
+
+def test_a_bad_config_is_an_exit_code_and_a_message_naming_the_key(tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_text(
+        '[envserver]\nport = "fifty"\n'
+        '[learner]\nmodel_path = "m"\ngroup_size = "eight"\n'
+        '[actor]\nheartbeat_s = "often"\n[actor.engine]\nmodel = "m"\n'
+    )
+    for command, key in (
+        (["envservers.cli"], "envserver.port: Input should be a valid integer"),
+        (["learner.cli"], "learner.group_size: Input should be a valid integer"),
+        (["actors.cli", "--replicas", "1"], "actor.heartbeat_s: Input should be a valid number"),
+    ):
+        out = subprocess.run(
+            [sys.executable, "-m", *command, "--config", str(path)],
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+            timeout=120,
+        )
+        assert out.returncode == 2, (command, out.stderr[-2000:])
+        assert key in out.stderr and "Traceback" not in out.stderr
 
 
 def _models(model: type[pydantic.BaseModel], seen: set) -> list[type[pydantic.BaseModel]]:

@@ -59,4 +59,5 @@ def test_policy_version_fields():
         ("snapshot_path", "StrType"),
         ("snapshot_version", "IntType"),
         ("broadcast_addr", "StrType"),
+        ("lineage", "StrType"),  # issue 13: actors learn that a resumed learner rolled back
     ]

@@ -67,8 +67,13 @@ async def follow_weights(
     """Keep `engine` current: join every weight round after its version, until the task is
     cancelled or the subscription left. `on_update(WeightUpdate)` is called after each
     successful update."""
+    failed = -1
     while not subscription.left:
-        ticket = await asyncio.to_thread(subscription.wait_round, engine.version, poll_s)
+        # Never the failed round again: its roster still seats us, but the sender gave up on
+        # it, and joining it would pause generation for another transfer timeout, again and
+        # again, while the learner waits for the trajectories we do not generate.
+        after = max(engine.version, failed)
+        ticket = await asyncio.to_thread(subscription.wait_round, after, poll_s)
         if ticket is None:
             continue
         try:
@@ -77,6 +82,7 @@ async def follow_weights(
             # The round failed (the learner or a peer died mid-broadcast); weights are the
             # old ones when staged. Join the next round.
             log.warning("weight update to version %d failed: %s", ticket.version, e)
+            failed = ticket.version
             continue
         if on_update is not None:
             on_update(update)

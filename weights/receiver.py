@@ -42,8 +42,11 @@ class WeightChannel:
 
     def _connect(self, ticket: RoundTicket):
         address = (ticket.store_host, ticket.store_port)
-        if self._store is None or self._address != address:
-            self.close()  # a restarted learner serves a new store
+        if self._store is not None and (self._address != address or not _answers(self._store)):
+            # A restarted learner serves a new store, on a new address or on the same one
+            # (the connection to the old one is dead): a new connection, and a new group.
+            self.shutdown()
+        if self._store is None:
             self._store = connect_store(
                 *address, is_master=False, timeout_s=ticket.transfer_timeout_s
             )
@@ -110,9 +113,19 @@ class WeightChannel:
         self.group = None
 
     def shutdown(self) -> None:
-        """Close the group and the store connection: the engine is stopping."""
+        """Close the group and the store connection (the engine is stopping, or the learner
+        it was connected to is gone)."""
         self.close()
         self._store, self._address = None, None
+
+
+def _answers(store) -> bool:
+    """Whether the learner's store still answers (one round trip)."""
+    try:
+        store.check([key(INFO_KEY)])
+    except RuntimeError:  # DistNetworkError, DistStoreError: the server went away
+        return False
+    return True
 
 
 def _refuse_learner_gpu(learner_uuid: str) -> None:

@@ -244,6 +244,17 @@ def actor_panels() -> list[dict]:
             ],
         ),
         timeseries(
+            "Actor engine busy",
+            "Share of wall time each replica's engine had at least one generation in it "
+            "(1 - this is the engine's idle time: the number asynchrony exists to shrink).",
+            [
+                target(
+                    f"sum by (instance) (rate(tether_actor_engine_busy_seconds_total[{RI}]))",
+                    "{{instance}}",
+                )
+            ],
+        ),
+        timeseries(
             "Where actor time goes",
             "Seconds per second, all replicas: waiting for prompt tasks (one pull loop per "
             "replica), for weights new enough for a task (per held group), on env servers "
@@ -338,6 +349,22 @@ def envserver_panels() -> list[dict]:
             "Open env sessions per env",
             "Sessions (episodes) open on the env servers now.",
             [target("sum by (env) (tether_env_active_sessions)", "{{env}}")],
+        ),
+        timeseries(
+            "Env output repaired",
+            "Observations cut to max_observation_chars, and rewards that were NaN or "
+            "infinite (passed on; the actor ends that episode as an error), per env. "
+            "Empty in a healthy run.",
+            [
+                target(
+                    "sum by (env) (rate(tether_env_truncated_observations_total[5m]))",
+                    "cut {{env}}",
+                ),
+                target(
+                    "sum by (env) (rate(tether_env_nonfinite_rewards_total[5m]))",
+                    "non-finite {{env}}",
+                ),
+            ],
         ),
     ]
 

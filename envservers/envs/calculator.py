@@ -1,10 +1,11 @@
 """`calculator`: the demo task. Four arithmetic tools; the reward is the exact answer from
 `reward_spec.ground_truth` (subject to must_call_tool / tool_sequence); a row's
 `extra_info.tools` may narrow the tools offered. Kept cheap: the tools
-run inline on the event loop, no threads, no processes.
+run inline on the event loop, no threads, no processes. Optionally every call first waits a
+heavy-tailed latency (`[envserver.calculator]`, envservers/latency.py), for benchmarks.
 
-Contract (briefs/contracts.md): results print as numbers, integers without ".0"; any
-failed call is an observation {"role": "tool", "content": "error: ..."}.
+Contract (the tool environments of docs/envservers.md): results print as numbers, integers
+without ".0"; any failed call is an observation {"role": "tool", "content": "error: ..."}.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from envservers.latency import DelayedTools, ToolLatency
 from envservers.tool_env import ToolEnv
 from envservers.tools import Tool, ToolError, ToolGroup
 from envservers.types import EnvProvider
@@ -66,22 +68,31 @@ CALCULATOR_TOOLS = ToolGroup(
 
 
 class CalculatorEnv(ToolEnv):
+    def __init__(self, *, latency: ToolLatency | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.all_tools = (
+            CALCULATOR_TOOLS if latency is None else DelayedTools(CALCULATOR_TOOLS, latency)
+        )
+
     async def make_tools(self, task: dict[str, Any]) -> ToolGroup:
         # A row may offer fewer tools (`extra_info.tools`: names): a shorter prompt, and a
         # task that asks for exactly one operation.
         names = (task.get("extra_info") or {}).get("tools")
         if names is None:
-            return CALCULATOR_TOOLS  # stateless: one shared group
+            return self.all_tools  # stateless: one shared group
         if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
             raise ValueError("task.extra_info.tools: must be a non-empty list of tool names")
-        return CALCULATOR_TOOLS.subset(names)
+        return self.all_tools.subset(names)
 
 
 class CalculatorProvider(EnvProvider):
     description = "arithmetic tools (add, subtract, multiply, divide); exact-answer reward"
 
-    def __init__(self, max_tool_calls_per_step: int = 8):
+    def __init__(self, max_tool_calls_per_step: int = 8, latency: ToolLatency | None = None):
         self.max_tool_calls_per_step = max_tool_calls_per_step
+        self.latency = latency  # one seeded stream shared by every session
 
     def make(self) -> CalculatorEnv:
-        return CalculatorEnv(max_tool_calls_per_step=self.max_tool_calls_per_step)
+        return CalculatorEnv(
+            max_tool_calls_per_step=self.max_tool_calls_per_step, latency=self.latency
+        )

@@ -6,8 +6,11 @@ The row says where the database is (`extra_info`):
     "db_sql": "CREATE TABLE ...; INSERT ..."  built in memory, then locked read-only
 
 Tools: `list_tables()`, `describe(table)`, `execute_sql(query)`. Writes are refused by an
-authorizer (only reads, SELECT and functions pass) and `PRAGMA query_only`; a query running
-longer than `query_timeout_s` is interrupted. The final `<answer>` is a SQL query: reward 1.0
+authorizer (only reads, SELECT and functions pass) and `PRAGMA query_only`, on a connection
+opened read-only (the path is URI-quoted, so it cannot smuggle in `mode=rw`); a query running
+longer than `query_timeout_s` is interrupted; no string or blob may exceed `max_value_bytes`
+(SQLITE_LIMIT_LENGTH) and no more rows are fetched than can be shown or scored, so a query
+cannot fill the server's memory. The final `<answer>` is a SQL query: reward 1.0
 when its result set equals the ground truth's — `reward_spec.ground_truth` is a SQL query
 run on the same database or a list of rows — compared as multisets of rows (row order
 ignored, floats rounded to 6 places), subject to must_call_tool / tool_sequence.
@@ -18,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import time
+import urllib.parse
 from collections import Counter
 from typing import Any
 
@@ -40,10 +44,11 @@ def _authorize(action: int, *_args: Any) -> int:
     return sqlite3.SQLITE_OK if action in _ALLOWED_ACTIONS else sqlite3.SQLITE_DENY
 
 
-def open_database(extra_info: dict[str, Any]) -> sqlite3.Connection:
+def open_database(extra_info: dict[str, Any], *, max_value_bytes: int) -> sqlite3.Connection:
     """A read-only connection to the task's database; ValueError if the row names none."""
     if isinstance(extra_info.get("db_path"), str):
-        uri = f"file:{extra_info['db_path']}?mode=ro"
+        # Quoted, so a path holding "?" or "#" cannot add URI parameters (e.g. mode=rw).
+        uri = f"file:{urllib.parse.quote(extra_info['db_path'])}?mode=ro"
         try:
             conn = sqlite3.connect(uri, uri=True, check_same_thread=False)
             conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
@@ -59,6 +64,7 @@ def open_database(extra_info: dict[str, Any]) -> sqlite3.Connection:
         raise ValueError("task.extra_info: needs db_path (a SQLite file) or db_sql (a script)")
     conn.execute("PRAGMA query_only = ON")
     conn.set_authorizer(_authorize)
+    conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, max_value_bytes)
     return conn
 
 
@@ -79,13 +85,16 @@ class SqlEnv(ToolEnv):
         self.config = config
         self.conn: sqlite3.Connection | None = None
 
-    def _query(self, sql: str, params: tuple = ()) -> tuple[list[str], list[tuple]]:
+    def _query(
+        self, sql: str, params: tuple = (), *, max_rows: int | None = None
+    ) -> tuple[list[str], list[tuple]]:
+        """Columns and rows (at most `max_rows` of them: the rest are never fetched)."""
         assert self.conn is not None
         deadline = time.monotonic() + self.config.query_timeout_s
         self.conn.set_progress_handler(lambda: int(time.monotonic() > deadline), 10_000)
         try:
             cursor = self.conn.execute(sql, params)
-            rows = cursor.fetchall()
+            rows = cursor.fetchall() if max_rows is None else cursor.fetchmany(max_rows)
         except sqlite3.OperationalError as e:
             if "interrupted" in str(e):
                 raise ToolError(f"query took longer than {self.config.query_timeout_s}s") from e
@@ -97,15 +106,17 @@ class SqlEnv(ToolEnv):
         columns = [d[0] for d in cursor.description or []]
         return columns, rows
 
-    async def query(self, sql: str, params: tuple = ()) -> tuple[list[str], list[tuple]]:
-        return await asyncio.to_thread(self._query, sql, params)
+    async def query(
+        self, sql: str, params: tuple = (), *, max_rows: int | None = None
+    ) -> tuple[list[str], list[tuple]]:
+        return await asyncio.to_thread(self._query, sql, params, max_rows=max_rows)
 
     async def execute_sql(self, query: str) -> str:
-        columns, rows = await self.query(query)
+        columns, rows = await self.query(query, max_rows=self.config.max_rows + 1)
         shown = rows[: self.config.max_rows]
         lines = [" | ".join(columns)] + [" | ".join(map(str, r)) for r in shown]
         if len(rows) > len(shown):
-            lines.append(f"... ({len(rows)} rows, {len(shown)} shown)")
+            lines.append(f"... (more than {len(shown)} rows, {len(shown)} shown)")
         return "\n".join(lines) if columns else "(no rows)"
 
     async def list_tables(self) -> str:
@@ -123,7 +134,11 @@ class SqlEnv(ToolEnv):
         return rows[0][0]
 
     async def make_tools(self, task: dict[str, Any]) -> ToolGroup:
-        self.conn = await asyncio.to_thread(open_database, task.get("extra_info") or {})
+        self.conn = await asyncio.to_thread(
+            open_database,
+            task.get("extra_info") or {},
+            max_value_bytes=self.config.max_value_bytes,
+        )
         truth = (task.get("reward_spec") or {}).get("ground_truth")
         if not isinstance(truth, str | list):
             raise ValueError("task.reward_spec.ground_truth: a SQL query or a list of rows")
@@ -162,8 +177,8 @@ class SqlEnv(ToolEnv):
         return rewards.rules_from_spec(spec)
 
     async def score_answer(self, answer: str) -> float:
-        try:
-            _, rows = await self.query(answer)
+        try:  # one row more than expected is enough to know it is wrong
+            _, rows = await self.query(answer, max_rows=sum(self.expected.values()) + 1)
         except ToolError:
             return 0.0
         if normalize_rows(rows) != self.expected:

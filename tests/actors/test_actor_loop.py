@@ -246,6 +246,112 @@ async def test_new_replica_loads_the_snapshot_and_waits_for_min_version(tokenize
     assert _metric("tether_actor_wait_seconds_total", what="weights") >= waited + 0.4
 
 
+async def test_engine_ahead_of_a_resumed_learner_rolls_back_to_its_snapshot(tokenizer, broker, js):
+    # The learner got to v7 and died; its successor resumed from the v4 checkpoint under a
+    # new lineage. Generating on v7 weights would tag every token 7 > 4 (dropped as
+    # `future` until the learner got there again: a stall); the engine goes back to v4.
+    names = broker.names
+    policy = bus.PolicyStore(js, names)
+    await policy.publish(
+        PolicyVersion(
+            version=7, published_at=0.0, snapshot_path="/a/v7", snapshot_version=7, lineage="a"
+        )
+    )
+    engine = ScriptedEngine(tokenizer, by_turn(ANSWER))
+    actor = _actor(tokenizer, broker, engine=engine)
+    async with _running(actor):
+
+        async def loaded_v7():
+            return engine.version == 7
+
+        await _until(loaded_v7)
+        await policy.publish(
+            PolicyVersion(
+                version=4, published_at=1.0, snapshot_path="/b/v4", snapshot_version=4, lineage="b"
+            )
+        )
+
+        async def rolled_back():
+            return engine.version == 4
+
+        await _until(rolled_back)
+        await bus.publish_prompts(js, names, [_task("after", group_size=1, min_version=4)])
+        (trajectory,) = await _trajectories(js, broker, 1)
+    assert engine.snapshots_loaded == [("/a/v7", 7), ("/b/v4", 4)]
+    assert actor.num_rollbacks == 1 and actor.newest_version == 4
+    arrays = token_arrays(trajectory)
+    assert set(arrays.versions[arrays.loss_mask == 1].tolist()) == {4}
+
+
+class _SilentFollower:
+    """A weight broadcast that never delivers a round."""
+
+    def __init__(self, engine, address, *, on_update=None) -> None:
+        pass
+
+    async def run(self) -> None:
+        await asyncio.Event().wait()
+
+    async def leave(self) -> None:
+        pass
+
+
+async def test_weights_that_do_not_come_are_caught_up_from_a_snapshot_or_the_task_handed_back(
+    tokenizer, broker, js, monkeypatch
+):
+    # The replica follows a broadcast that never delivers: the issue's restarted replica
+    # whose eval tasks waited for ever. Past version_wait_s it loads the announced snapshot
+    # when it is new enough, and hands the task back when not.
+    monkeypatch.setattr("weights.follower.BroadcastFollower", _SilentFollower)
+    names = broker.names
+    policy = bus.PolicyStore(js, names)
+    dead_store = "127.0.0.1:9"
+
+    async def announce(version: int, snapshot_version: int) -> None:
+        await policy.publish(
+            PolicyVersion(
+                version=version,
+                published_at=0.0,
+                snapshot_path=f"/snap/v{snapshot_version}",
+                snapshot_version=snapshot_version,
+                broadcast_addr=dead_store,
+            )
+        )
+
+    await announce(3, 3)  # loaded at start, before the broadcast is followed
+    engine = ScriptedEngine(tokenizer, by_turn(ANSWER))
+    config = _config(version_wait_s=0.3)
+    actor = _actor(tokenizer, broker, engine=engine, config=config)
+    handed_back = _metric("tether_actor_tasks_total", outcome="nacked")
+
+    async def seen(version: int):
+        async def check():
+            return actor.newest_version == version
+
+        await _until(check)
+
+    async with _running(actor):
+        await seen(3)
+        await announce(5, 5)  # broadcast followed: the snapshot is not loaded by itself
+        await seen(5)
+        await bus.publish_prompts(js, names, [_task("needs-5", group_size=1, min_version=5)])
+        (caught_up,) = await _trajectories(js, broker, 1)
+        await announce(6, 5)  # no snapshot of v6: the task goes back
+        await seen(6)
+        await bus.publish_prompts(js, names, [_task("needs-6", group_size=1, min_version=6)])
+
+        async def handed_back_once():
+            return _metric("tether_actor_tasks_total", outcome="nacked") > handed_back
+
+        await _until(handed_back_once)
+        await announce(7, 6)
+        (later,) = await _trajectories(js, broker, 1)
+    assert engine.snapshots_loaded == [("/snap/v3", 3), ("/snap/v5", 5), ("/snap/v6", 6)]
+    for t, version in ((caught_up, 5), (later, 6)):
+        arrays = token_arrays(t)
+        assert set(arrays.versions[arrays.loss_mask == 1].tolist()) == {version}
+
+
 async def test_stopped_replica_hands_its_group_to_another(tokenizer, broker, js):
     names = broker.names
     slow = ScriptedEngine(tokenizer, by_turn(ANSWER), delay_for_seed={2: 60.0, 3: 60.0})

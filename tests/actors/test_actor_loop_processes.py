@@ -14,6 +14,7 @@ import pytest
 from actors.replicas import LocalProcesses, ReplicaSpec, supervise
 from broker import client as bus
 from broker.wire import PromptTask
+from common.restarts import RestartPolicy
 from demo.data import SYSTEM_PROMPT
 
 FAKE_TARGET = "tests.fakes:fake_replica_main"
@@ -160,6 +161,9 @@ class _FakeHandle:
     def join(self, timeout_s=None):
         pass
 
+    def clear_leftovers(self):
+        return 0
+
 
 class _ScriptedLauncher:
     """Replica 0 crashes on its first start; replica 1 runs until stopped."""
@@ -182,6 +186,72 @@ def test_supervisor_restarts_a_crashed_replica_and_stops_the_rest():
         polls.append(1)
         return len(polls) > 5
 
-    code = supervise(launcher, specs, should_stop=should_stop, restart_backoff_s=0.0, poll_s=0)
+    code = supervise(
+        launcher,
+        specs,
+        should_stop=should_stop,
+        policy=RestartPolicy(initial_backoff_s=0.0),
+        poll_s=0,
+    )
     assert code == 0
     assert launcher.starts == [0, 1, 0]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read() != b""  # a zombie has no command line
+    except FileNotFoundError:
+        return False
+
+
+def test_killed_replica_takes_its_engine_with_it_and_is_restarted(tmp_path):
+    """vLLM's engine process does not notice its client's death: the supervisor must stop it
+    (the replica's own process group), or every replica kill leaks an engine."""
+    import os
+    import signal
+    import threading
+
+    pid_file = tmp_path / "engine.pid"
+    spec = ReplicaSpec(
+        index=0,
+        config_path=None,
+        target="tests.fakes:engine_leaving_replica_main",
+        extra={"pid_file": str(pid_file)},
+    )
+    launcher = LocalProcesses()
+    started = []
+    real_start = launcher.start
+    launcher.start = lambda s: started.append(real_start(s)) or started[-1]
+    stop = threading.Event()
+    result = []
+    thread = threading.Thread(
+        target=lambda: result.append(
+            supervise(
+                launcher,
+                [spec],
+                should_stop=stop.is_set,
+                policy=RestartPolicy(initial_backoff_s=0.0),
+                poll_s=0.05,
+                stop_timeout_s=5,
+            )
+        )
+    )
+    thread.start()
+    try:
+        deadline = time.monotonic() + 60
+        while not (pid_file.exists() and pid_file.read_text()):
+            assert time.monotonic() < deadline, "the replica never started its engine"
+            time.sleep(0.05)
+        engine = int(pid_file.read_text())
+        pid_file.unlink()
+        assert os.getpgid(started[0].pid) == started[0].pid  # a group of its own
+        os.kill(started[0].pid, signal.SIGKILL)
+        while len(started) < 2 or _alive(engine):
+            assert time.monotonic() < deadline, "engine left behind or replica not restarted"
+            time.sleep(0.05)
+    finally:
+        stop.set()
+        thread.join(30)
+    assert result == [0]  # the restarted replica stopped on SIGTERM
+    assert not started[1].alive

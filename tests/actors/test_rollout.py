@@ -3,6 +3,8 @@ loss masks, versions, limits, stop reasons, env outages, groups, and the wire fo
 
 from __future__ import annotations
 
+import math
+
 import msgspec
 import numpy as np
 import pytest
@@ -16,7 +18,7 @@ from broker.wire import PromptTask, Trajectory
 from demo.chat_template import observation_delta, render_chat
 from demo.data import SYSTEM_PROMPT
 from demo.tokenizer import build_tokenizer
-from envservers.envs.calculator import CALCULATOR_TOOLS
+from envservers.envs.calculator import CALCULATOR_TOOLS, CalculatorEnv, CalculatorProvider
 from protos.client import TaskRejected
 from tests.fakes import InProcessEnv, ScriptedEngine, by_turn, fake_logprob
 
@@ -297,6 +299,24 @@ async def test_all_servers_lost_mid_episode_ends_with_env_step_error(tokenizer, 
     assert result.stop_reason == "error:env_step"
     assert result.reward == 0.0 and sum(result.loss_mask) == 0
     assert result.num_turns == 2  # the tokens generated so far stay, masked out
+    assert all(s.closed for s in env.sessions)
+
+
+class _NanRewardCalculator(CalculatorEnv):
+    async def score_answer(self, answer: str) -> float:
+        return math.nan  # a broken reward function
+
+
+class _NanRewardProvider(CalculatorProvider):
+    def make(self):
+        return _NanRewardCalculator()
+
+
+async def test_a_non_finite_reward_ends_the_episode_as_an_error(tokenizer, chat):
+    env = InProcessEnv(providers={"calculator": _NanRewardProvider()})
+    result, _, _ = await _play(tokenizer, chat, by_turn(TOOL_CALL, ANSWER), env=env)
+    assert result.stop_reason == "error:env_reward" and "nan" in result.error
+    assert result.reward == 0.0 and sum(result.loss_mask) == 0  # never trained on
     assert all(s.closed for s in env.sessions)
 
 

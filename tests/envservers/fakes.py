@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import math
 
 from envservers.types import Environment, EnvProvider
 from protos.types import Observation, StepResult
 
 
 class FaultyEnv(Environment):
-    """Raises inside step when the action says "boom"; echoes otherwise."""
+    """Raises inside step when the action says "boom"; rewards "inf-reward" with infinity;
+    echoes otherwise."""
 
     async def reset(self, task):
         if (task.get("extra_info") or {}).get("reject"):
@@ -19,7 +21,8 @@ class FaultyEnv(Environment):
     async def step(self, action_text):
         if action_text == "boom":
             raise RuntimeError("the env blew up")
-        return StepResult([{"role": "user", "content": action_text}], 0.5, False, {"ok": True})
+        reward = math.inf if action_text == "inf-reward" else 0.5
+        return StepResult([{"role": "user", "content": action_text}], reward, False, {"ok": True})
 
 
 class FaultyProvider(EnvProvider):
@@ -45,3 +48,58 @@ class SlowProvider(EnvProvider):
 
     def make(self):
         return SlowEnv()
+
+
+class GatedEnv(Environment):
+    """Reset waits until its provider's gate opens; close is recorded."""
+
+    def __init__(self, provider: GatedProvider) -> None:
+        self.provider = provider
+
+    async def reset(self, task):
+        await self.provider.gate.wait()
+        return Observation(messages=list(task.get("prompt", [])))
+
+    async def step(self, action_text):
+        return StepResult([], 0.0, True, {})
+
+    async def close(self):
+        self.provider.num_closed += 1
+
+
+class GatedProvider(EnvProvider):
+    """Counts the envs it made and the ones closed; `gate` holds every reset."""
+
+    description = "test env whose reset waits for a gate"
+
+    def __init__(self) -> None:
+        self.gate = asyncio.Event()
+        self.num_made = 0
+        self.num_closed = 0
+
+    def make(self):
+        self.num_made += 1
+        return GatedEnv(self)
+
+
+class BigResetProvider(EnvProvider):
+    """Its reset answers any task with one user message of `num_chars` characters."""
+
+    description = "test env with a huge first observation"
+
+    def __init__(self, num_chars: int) -> None:
+        self.num_chars = num_chars
+
+    def make(self):
+        return _BigResetEnv(self.num_chars)
+
+
+class _BigResetEnv(Environment):
+    def __init__(self, num_chars: int) -> None:
+        self.num_chars = num_chars
+
+    async def reset(self, task):
+        return Observation(messages=[{"role": "user", "content": "x" * self.num_chars}])
+
+    async def step(self, action_text):
+        return StepResult([], 0.0, True, {})

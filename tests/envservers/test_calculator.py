@@ -1,4 +1,5 @@
-"""The calculator environment against briefs/contracts.md, driven directly (no gRPC)."""
+"""The calculator environment against its contract (envservers/envs/calculator.py, the tool
+environments of docs/envservers.md), driven directly (no gRPC)."""
 
 import pytest
 

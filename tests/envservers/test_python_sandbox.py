@@ -125,6 +125,7 @@ async def test_memory_hog_file_hog_and_output_flood(python_session):
     assert "File too large" in out
     out = await _output(python_session, "while True: print('y' * 1000)")
     assert out.startswith("error: killed: output limit")
+    assert out.endswith("[... output cut at 16384 bytes: the program was killed for writing more]")
 
 
 async def test_infinite_loop_and_sleep_are_killed_on_time(client, python_session):

@@ -4,6 +4,7 @@ result-set rewards, refused writes and interrupted runaway queries."""
 import json
 import sqlite3
 
+import grpc
 import pytest
 
 SCHEMA = """
@@ -94,9 +95,53 @@ async def test_db_file_opened_read_only_and_ground_truth_rows(client, tmp_path):
 
 
 async def test_bad_database_is_invalid_argument(client):
-    import grpc
-
     with pytest.raises(grpc.aio.AioRpcError) as info:
         await client.open("sql", _task(db_path="/nonexistent/x.sqlite"))
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "db_path" in info.value.details()
+
+
+async def test_the_database_file_is_never_written(client, tmp_path):
+    path = tmp_path / "shop.sqlite"
+    with sqlite3.connect(path) as conn:
+        conn.executescript(SCHEMA)
+    before = (path.read_bytes(), path.stat().st_mtime_ns)
+    session = await client.open("sql", _task(db_path=str(path)))
+    for query in (
+        "DELETE FROM orders",
+        "UPDATE orders SET total = 0",
+        "DROP TABLE orders",
+        "PRAGMA query_only = OFF",
+        "VACUUM",
+        "PRAGMA journal_mode = DELETE",
+        f"ATTACH DATABASE '{tmp_path / 'new.sqlite'}' AS n",
+    ):
+        content = (await session.step(_sql(query))).observations[0]["content"]
+        assert content in (
+            "error: sql error: not authorized",
+            "error: sql error: authorization denied",  # VACUUM's wording
+        ), (query, content)
+    await session.step("<answer>DELETE FROM orders</answer>")  # the answer is a query too
+    await session.close()
+    assert (path.read_bytes(), path.stat().st_mtime_ns) == before
+    assert not (tmp_path / "new.sqlite").exists()
+
+
+async def test_a_path_cannot_smuggle_in_uri_parameters(client, tmp_path):
+    path = tmp_path / "shop.sqlite"
+    with sqlite3.connect(path) as conn:
+        conn.executescript(SCHEMA)
+    with pytest.raises(grpc.aio.AioRpcError) as info:  # read as a file name, which is absent
+        await client.open("sql", _task(db_path=f"{path}?mode=rw&cache=shared"))
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+async def test_huge_values_and_results_never_reach_memory(client):
+    session = await client.open("sql", _task())
+    huge = await session.step(_sql("SELECT hex(randomblob(300000000))"))  # 600 MB of text
+    assert huge.observations[0]["content"] == "error: sql error: string or blob too big"
+    many = await session.step(
+        _sql("WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT x FROM c")
+    )
+    content = many.observations[0]["content"]
+    assert content.endswith("... (more than 50 rows, 50 shown)")  # fetched 51, not billions

@@ -158,3 +158,28 @@ def test_acks_wait_for_the_checkpoint_that_covers_them_to_be_in_the_bucket():
     assert durable_acks(held, uploaded={4}) == [(2, ["a", "b"]), (4, ["c"])]
     assert durable_acks(held, uploaded={6, 2}) == held
     assert durable_acks(held, uploaded=set(), everything=True) == held
+
+
+def test_snapshots_newer_than_the_resumed_checkpoint_are_deleted_not_announced(
+    s3_storage, tmp_path
+):
+    """A learner killed after snapshot 6 went up but before checkpoint 6 did resumes from
+    checkpoint 4: snapshot 6 holds weights of a future this run trains again, differently.
+    Announcing it would tell actors of a snapshot newer than the version (the wire refuses
+    that, docs/contracts.md); it is deleted and snapshot 4 is the one announced."""
+    storage = s3_storage(keep_snapshots=3)
+    store, layout = ObjectStore(storage), storage.layout("r4")
+    for version in (2, 4, 6):
+        snapshot = tmp_path / f"snapshot_{version}"
+        snapshot.mkdir()
+        (snapshot / "model.safetensors").write_bytes(bytes([version]) * 64)
+        store.upload_artifact(
+            snapshot, layout.directory("snapshot", version), kind="snapshot", step=version
+        )
+    root = tmp_path / "checkpoints"
+    _train_and_save(root, _parts(), 4)
+
+    sync = open_artifacts(storage, run_name="r4", checkpoint_root=root, keep_local=1, resume=True)
+    assert sync.announced_snapshot(None) == (layout.url(layout.directory("snapshot", 4)), 4)
+    assert store.artifacts(layout, "snapshot")[0] == [2, 4]
+    assert sync.close(timeout_s=120)

@@ -1,5 +1,7 @@
 import argparse
+import datetime
 import json
+import math
 
 import pytest
 
@@ -72,6 +74,65 @@ def test_invalid_json_and_missing_file(tmp_path):
         load_dataset(path)
     with pytest.raises(ValueError, match="does not exist"):
         load_dataset(tmp_path / "nope.jsonl")
+
+
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [
+        # json.dumps writes NaN and Infinity literals, which json.loads reads back
+        ({"reward_spec": {"ground_truth": math.nan}}, r"reward_spec.ground_truth: nan is not a"),
+        ({"extra_info": {"seed": math.inf}}, r"extra_info.seed: inf is not a finite number"),
+        ({"extra_info": {"id": [1, 2**70]}}, r"extra_info.id\[1\]: integer \d+ does not fit"),
+        (
+            {"prompt": [{"role": "user", "content": "q", "name": 3}]},
+            r"prompt\[0\].name: expected a string, got 3",
+        ),
+        ({"data_source": None}, "data_source: expected a string, got None"),
+        ({"reward_spec": "42"}, "reward_spec: expected an object with 'ground_truth'"),
+    ],
+)
+def test_every_field_is_checked(tmp_path, bad, message):
+    path = tmp_path / "d.jsonl"
+    _write_jsonl(path, [_row(key="a"), _row(key="b", **bad)])
+    with pytest.raises(ValueError, match=f"d.jsonl:2: {message}"):
+        load_dataset(path)
+
+
+def test_a_line_that_is_not_an_object_or_not_utf8_names_the_line(tmp_path):
+    path = tmp_path / "d.jsonl"
+    path.write_text(json.dumps(_row()) + "\n\n" + '["a", "list"]\n')
+    with pytest.raises(ValueError, match="d.jsonl:3: row: expected an object, got list"):
+        load_dataset(path)
+    path.write_bytes(json.dumps(_row()).encode() + b"\n" + b'{"data_source": "\xff"}\n')
+    with pytest.raises(ValueError, match="d.jsonl:2: not UTF-8 text"):
+        load_dataset(path)
+
+
+def test_an_empty_dataset_is_refused(tmp_path):
+    path = tmp_path / "d.jsonl"
+    path.write_text("\n")
+    with pytest.raises(ValueError, match="d.jsonl holds no rows"):
+        load_dataset(path)
+
+
+def test_parquet_rows_are_checked_like_jsonl_rows(tmp_path):
+    pyarrow = pytest.importorskip("pyarrow")
+    parquet = pytest.importorskip("pyarrow.parquet")
+
+    path = tmp_path / "d.parquet"
+    write_dataset([_row(key="a"), _row(key="b", env_class="")], path)
+    with pytest.raises(ValueError, match="d.parquet:row 2: env_class: must not be empty"):
+        load_dataset(path)
+    # Parquet holds what JSON cannot: a timestamp in extra_info would break the actors later.
+    rows = [_row(key="a"), _row(key="b")]
+    for row in rows:
+        row["extra_info"]["when"] = datetime.datetime(2026, 1, 1)
+    parquet.write_table(pyarrow.Table.from_pylist(rows), path)
+    with pytest.raises(ValueError, match="d.parquet:row 1: extra_info.when: expected JSON data"):
+        load_dataset(path)
+    path.write_bytes(b"PAR1 but not really")
+    with pytest.raises(ValueError, match="d.parquet: not a readable Parquet file"):
+        load_dataset(path)
 
 
 def test_parquet_round_trip(tmp_path):

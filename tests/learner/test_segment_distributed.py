@@ -3,10 +3,6 @@ per-token logprobs, the loss and every parameter's gradient of one plain forward
 on one process (fp32, max relative error 1e-5). The batch splits a group across ranks and
 leaves rank 1 an empty micro-batch; the no-grad recompute equals the training forward."""
 
-import os
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,50 +11,16 @@ import torch
 from tests.learner.builders import tiny_qwen2
 from tests.learner.segment_builders import Result, max_relative_errors, reference
 from tests.learner.segment_fsdp_worker import REDUCTION, batch
+from tests.learner.two_ranks import run_two_ranks
 
-REPO = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).with_name("segment_fsdp_worker.py")
 TOLERANCE = 1e-5
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
 def two_ranks(tmp_path_factory):
     out = tmp_path_factory.mktemp("segment_fsdp")
-    env = {
-        **os.environ,
-        "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(_free_port()),
-        "WORLD_SIZE": "2",
-        "GLOO_SOCKET_IFNAME": "lo",
-        "OMP_NUM_THREADS": "1",
-        "PYTHONPATH": str(REPO),
-    }
-    procs = [
-        subprocess.Popen(
-            [sys.executable, str(WORKER), str(out)],
-            env={**env, "RANK": str(rank), "LOCAL_RANK": str(rank)},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for rank in (0, 1)
-    ]
-    logs = []
-    try:
-        for proc in procs:
-            logs.append(proc.communicate(timeout=600)[0])
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-    for rank, proc in enumerate(procs):
-        assert proc.returncode == 0, f"rank {rank} failed:\n{logs[rank][-4000:]}"
+    run_two_ranks([str(WORKER), str(out)])
     return torch.load(out / "result.pt")
 
 

@@ -10,10 +10,6 @@ micro-batch.
 """
 
 import json
-import os
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -23,8 +19,8 @@ from learner.prefix_plan import plan_pieces
 from learner.trainer import Trainer
 from tests.learner.builders import learner_config, random_samples, tiny_qwen2
 from tests.learner.fsdp_worker import BATCH_1, BATCH_2
+from tests.learner.two_ranks import run_two_ranks
 
-REPO = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).with_name("fsdp_worker.py")
 CONFIG = learner_config(
     micro_batch_tokens=74,
@@ -41,44 +37,10 @@ CONFIG = learner_config(
 )
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def two_ranks(tmp_path_factory):
     out = tmp_path_factory.mktemp("fsdp")
-    env = {
-        **os.environ,
-        "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(_free_port()),
-        "WORLD_SIZE": "2",
-        "GLOO_SOCKET_IFNAME": "lo",
-        "OMP_NUM_THREADS": "1",
-        "PYTHONPATH": str(REPO),
-    }
-    procs = [
-        subprocess.Popen(
-            [sys.executable, str(WORKER), str(out), CONFIG.model_dump_json()],
-            env={**env, "RANK": str(rank), "LOCAL_RANK": str(rank)},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for rank in (0, 1)
-    ]
-    logs = []
-    try:
-        for proc in procs:
-            logs.append(proc.communicate(timeout=600)[0])
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-    for rank, proc in enumerate(procs):
-        assert proc.returncode == 0, f"rank {rank} failed:\n{logs[rank][-4000:]}"
+    run_two_ranks([str(WORKER), str(out), CONFIG.model_dump_json()])
     return json.loads((out / "results.json").read_text()), torch.load(out / "weights.pt")
 
 

@@ -175,12 +175,13 @@ async def bus(url: str, names: BusNames):
 
 @contextlib.asynccontextmanager
 async def running(actors):
-    """Run scripted actors as tasks; cancel them (handing back held tasks) on exit."""
+    """Run scripted actors as tasks; stop and cancel them (handing back held tasks) on exit."""
     tasks = [asyncio.create_task(a.run()) for a in actors]
     try:
         yield tasks
     finally:
-        for t in tasks:
+        for a, t in zip(actors, tasks, strict=True):
+            a.stop()
             t.cancel()
         results = await asyncio.gather(*tasks, return_exceptions=True)
         for r in results:

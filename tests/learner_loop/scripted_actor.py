@@ -60,6 +60,15 @@ class PublishedGroup:
     announced_at_publish: int
     """The KV's version read just before publishing: the learner is at least here."""
     trajectory_ids: tuple[str, ...]
+    published_at: float = 0.0
+    """time.monotonic() when the stream had stored all of it."""
+
+
+RESUMABLE = {"patience_s": 2.0}
+"""For runs that kill the learner: a task the lost run released for a version the resumed
+learner has not reached is handed back after 2 s, as a real replica does after
+`actor.version_wait_s`. Without it, both actors (one task at a time each) can hold such
+tasks while the learner waits for the groups queued behind them: a stall with no end."""
 
 
 @dataclass
@@ -76,8 +85,15 @@ class ScriptedActor:
     published: list[PublishedGroup] = field(default_factory=list)
     handed_back: list[str] = field(default_factory=list)
 
+    def stop(self) -> None:
+        """Make `run` return at its next poll. Cancelling alone is not enough: Python 3.11's
+        `asyncio.wait_for` can swallow a cancellation that lands as the awaited request
+        finishes (nats-py's fetch and KV get use it), and these loops poll every 0.2 s."""
+        self._stopping = True
+
     async def run(self) -> None:
-        """Serve tasks until cancelled."""
+        """Serve tasks until stopped (`stop()`, then cancel)."""
+        self._stopping = False
         self._rng = random.Random(self.seed)
         self.nc = await client.connect(self.url, name=self.actor_id)
         js = self.nc.jetstream()
@@ -88,8 +104,14 @@ class ScriptedActor:
         self._changed = asyncio.Event()
         follower = asyncio.create_task(self._follow())
         try:
-            while True:
-                for received in await puller.fetch(batch=1, timeout_s=0.2):
+            while not self._stopping:
+                # As the real actor: a broker restart is waited out, not fatal.
+                try:
+                    batch = await puller.fetch(batch=1, timeout_s=0.2)
+                except nats.errors.Error:
+                    await asyncio.sleep(0.2)
+                    continue
+                for received in batch:
                     await self._serve(received)
         finally:
             follower.cancel()
@@ -108,7 +130,7 @@ class ScriptedActor:
 
     async def _follow(self) -> None:
         """Track every change of the announced version (a poll: it may also go down)."""
-        while True:
+        while not self._stopping:
             with contextlib.suppress(nats.errors.Error, TimeoutError):
                 announced = await self._read_announced()
                 if announced != self.announced:
@@ -156,9 +178,11 @@ class ScriptedActor:
                     version=version,
                     announced_at_publish=announced,
                     trajectory_ids=tuple(t.trajectory_id for t in group),
+                    published_at=time.monotonic(),
                 )
             )
-            await received.ack()
+            with contextlib.suppress(nats.errors.Error, TimeoutError):
+                await received.ack()  # lost: redelivered, and deduplicated by trajectory id
         except asyncio.CancelledError:
             with contextlib.suppress(nats.errors.Error):
                 await received.nak(0)  # hand it back now, not after the ack wait
@@ -204,3 +228,11 @@ class ScriptedActor:
                 versions=[version if m else -1 for m in mask],
             ),
         )
+
+
+def resumable_pair(url: str, names: BusNames) -> list[ScriptedActor]:
+    """A fast and a slower actor, RESUMABLE: the pair of the runs that kill the learner."""
+    return [
+        ScriptedActor(url, names, actor_id="a", delay_s=0.02, seed=7, **RESUMABLE),
+        ScriptedActor(url, names, actor_id="b", delay_s=0.15, seed=8, **RESUMABLE),
+    ]

@@ -12,7 +12,7 @@ import signal
 
 from common.s3 import ObjectStore
 from tests.learner_loop.conftest import bus, running
-from tests.learner_loop.scripted_actor import ScriptedActor
+from tests.learner_loop.scripted_actor import resumable_pair
 from tests.learner_loop.test_learner_process import (
     TIMEOUT_S,
     _assert_every_trajectory_accounted_for,
@@ -34,10 +34,7 @@ async def test_a_fresh_machine_resumes_from_the_bucket(
     store, layout = ObjectStore(storage), storage.layout(bus_names.namespace)
     run = learner_run(total_steps=8, max_staleness=1, eval_interval=3, snapshot_interval=2)
     run.overrides += overrides(storage)
-    actors = [
-        ScriptedActor(nats_server.url, bus_names, actor_id="a", delay_s=0.02, seed=7),
-        ScriptedActor(nats_server.url, bus_names, actor_id="b", delay_s=0.15, seed=8),
-    ]
+    actors = resumable_pair(nats_server.url, bus_names)
     async with bus(nats_server.url, bus_names) as (js, versions), running(actors):
         await run.start()
         while not versions.versions or versions.versions[-1] < 5:

@@ -1,6 +1,9 @@
 """Group decisions of a training step and the history truncation of a resume, by hand."""
 
+import math
+
 import msgspec
+import pytest
 
 from learner.batching import Group
 from learner.reporting import truncate_lines
@@ -49,9 +52,59 @@ def test_error_samples_are_removed_and_reported_or_sink_the_group():
     group = _group([1], [1], [1], stop_reasons=["stop", "error:env", "length"])
     decision = decide_group(group, version=1, max_staleness=0)
     assert [t.trajectory_id for t in decision.group.trajectories] == ["g-0", "g-2"]
-    assert decision.error_ids == ("g-1",)
+    assert decision.removed == {"errors": ("g-1",)}
     lonely = _group([1], [1], stop_reasons=["stop", "error:env"])
     assert decide_group(lonely, version=1, max_staleness=0).drop_reason == "errors"
+
+
+def _sample(i: int, **fields):
+    """Sample i of a 4-sample group: 2 prompt tokens, 2 loss tokens of version 1."""
+    values = dict(token_ids=[5, 6, 7, 8], loss_mask=[0, 0, 1, 1], versions=[-1, -1, 1, 1])
+    values.update({"reward": float(i), **fields})
+    stop_reason = values.pop("stop_reason", "stop")
+    t = trajectory(trajectory_id=f"s-{i}", group_id="s", group_size=4, sample_index=i, **values)
+    return msgspec.structs.replace(t, stop_reason=stop_reason)
+
+
+@pytest.mark.parametrize(
+    ("fields", "reason"),
+    [
+        ({"reward": math.nan}, "nonfinite_reward"),
+        ({"reward": -math.inf}, "nonfinite_reward"),
+        ({"logprobs": [0.0, 0.0, -0.5, math.nan]}, "nonfinite_logprobs"),
+        ({"logprobs": [0.0, 0.0, -math.inf, -0.5]}, "nonfinite_logprobs"),
+        ({"token_ids": [5, 6, 7, 300]}, "bad_tokens"),  # vocabulary of 300: ids 0..299
+        ({"token_ids": [5, -1, 7, 8]}, "bad_tokens"),
+        ({"loss_mask": [0, 0, 1, 7]}, "bad_loss_mask"),
+    ],
+)
+def test_a_sample_with_impossible_contents_is_removed_under_its_reason(fields, reason):
+    samples = [_sample(0), _sample(1, **fields), _sample(2), _sample(3)]
+    decision = decide_group(Group("s", 0, "calculator", samples), **AT_V1)
+    assert decision.drop_reason is None
+    assert [t.trajectory_id for t in decision.group.trajectories] == ["s-0", "s-2", "s-3"]
+    assert decision.removed == {reason: ("s-1",)}
+    assert decision.group.rewards == [0.0, 2.0, 3.0]  # the advantages never see the bad one
+
+
+def test_a_non_finite_logprob_outside_the_loss_mask_does_not_matter():
+    odd = _sample(1, logprobs=[math.nan, 0.0, -0.5, -0.5])  # a prompt token: never trained
+    decision = decide_group(Group("s", 0, "calculator", [_sample(0), odd]), **AT_V1)
+    assert decision.drop_reason is None and decision.removed == {}
+
+
+def test_a_group_left_with_one_trainable_sample_is_dropped_under_the_commonest_problem():
+    samples = [
+        _sample(0, reward=math.nan),
+        _sample(1, reward=math.inf),
+        _sample(2),
+        _sample(3, stop_reason="error:env_step"),
+    ]
+    decision = decide_group(Group("s", 0, "calculator", samples), **AT_V1)
+    assert (decision.group, decision.drop_reason) == (None, "nonfinite_reward")
+
+
+AT_V1 = {"version": 1, "max_staleness": 0, "vocab_size": 300}
 
 
 def test_staleness_is_counted_from_the_oldest_policy_token():

@@ -20,7 +20,7 @@ import torch
 from weights.buckets import bucketize, pack_bucket, unpack_bucket
 from weights.config import WeightSyncConfig
 from weights.membership import Roster, next_roster, without
-from weights.receiver import receive_round
+from weights.receiver import WeightChannel, receive_round
 from weights.sender import WeightSender
 from weights.subscription import RoundTicket, WeightDtypeMismatch, WeightSubscription
 from weights.vllm_worker import checksum, tied_aliases, with_aliases
@@ -358,6 +358,38 @@ def test_subscription_reconnects_after_a_learner_restart():
     finally:
         second.close()
     assert report["value"].ok and torch.equal(got["w"], torch.ones(2))
+
+
+def test_an_engines_channel_follows_a_learner_restarted_on_the_same_port():
+    """An engine keeps one WeightChannel (store connection and group) across rounds. The
+    learner dies and comes back on the same port at a lower version (resumed from a
+    checkpoint): the channel's old connection is dead, so the first round of the new
+    learner must go out on a new connection and a new group, not fail (each failed round
+    cost the fault suite a transfer timeout per step)."""
+    first = WeightSender(_config())
+    config = first.config
+    subscription, channel = _subscribe(config), WeightChannel()
+    try:
+        thread, ticket = _in_thread(subscription.wait_round, -1, 30.0)
+        _until_members(first, 1)
+        report_thread, report = _in_thread(first.broadcast, 5, [("w", torch.ones(2))])
+        assert dict(channel.receive(_wait(thread, ticket)))["w"].sum() == 2
+        report_thread.join()
+        assert report["value"].ok
+        first.close()  # the learner is killed; its store goes with it
+        second = WeightSender(config)  # resumed on the same port, at version 4
+        try:
+            thread, ticket = _in_thread(subscription.wait_round, -1, 30.0)
+            _until_members(second, 1)  # the subscription registered again
+            report_thread, report = _in_thread(second.broadcast, 4, [("w", torch.full((2,), 4.0))])
+            got = dict(channel.receive(_wait(thread, ticket)))
+            report_thread.join()
+        finally:
+            second.close()
+    finally:
+        channel.shutdown()
+    assert report["value"].ok and report["value"].num_receivers == 1
+    assert torch.equal(got["w"], torch.full((2,), 4.0))
 
 
 def test_sender_forgets_older_rounds(sender):

@@ -1,0 +1,165 @@
+"""Asynchrony's speedup: the same workload for the same number of learner steps with
+`max_staleness = 0` (synchronous: generation of step s waits for update s-1) and with the
+default bound (1), on a multi-turn tool environment with heavy-tailed tool latency.
+
+    workload:  `make run` itself (python -m deploy.local, configs/demo.toml: the shipped
+               warm-started tiny model, calculator rows, 8 prompts x 8 samples, up to 3
+               turns of up to 64 tokens, learner on one torch thread, 2 actor replicas with
+               their engines pinned one per core), with every `add` call first waiting a
+               log-normal latency (median 50 ms, p99 2 s: `[envserver.calculator]`,
+               envservers/latency.py); in-run evals only at v0 and at the end (16
+               prompts). The model calls the tool on about half the episodes at first and
+               more as it learns; its responses run from a few tokens (a guessed answer)
+               to a call, a result and an answer.
+    cores:     as `make run` allots them: engine i pinned to core i (OpenMP), the learner's
+               one torch thread, the env server, nats-server and the actors' Python loops
+               left to the OS on the same two cores. The learner and the engines compete;
+               the synchronous mode gives the learner the machine while engines wait.
+    clock:     steady state: from the first step's record to the last (step 1 waits for
+               the engines to start); learner figures from metrics.jsonl, engine figures
+               from the actors' counters (bench/tether_run.py).
+
+Per mode: seconds per step, learner idle fraction (waiting for data / wall), actor idle
+fraction (1 - engine busy: no generation in flight, averaged over replicas), trained and
+generated tokens/s. `speedup` = synchronous seconds per step / asynchronous. A GPU model
+(separate devices; marked as a model in the output) is computed from the synchronous run's
+parts: see `gpu_model`.
+
+Writes bench/results/async.json (`speedup`, `learner_idle_frac`, `actor_idle_frac` of the
+asynchronous mode; targets: >= 2.5x, both under 0.10).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.common import print_table, write_results  # noqa: E402
+
+BUSY = "tether_actor_engine_busy_seconds_total"
+GENERATED = "tether_actor_generated_tokens_total"
+
+
+def overrides(args, max_staleness: int) -> list[str]:
+    return [
+        f"learner.total_steps={args.steps}",
+        f"learner.max_staleness={max_staleness}",
+        # Evals only at v0 and after the last step, on 16 prompts x 1 sample (the launcher's
+        # summary needs one; neither falls in the measured steady state).
+        f"learner.eval_interval={10 * args.steps}",
+        "learner.eval_samples_per_prompt=1",
+        "local.num_eval_rows=16",
+        f"local.actor_replicas={args.replicas}",
+        f"envserver.calculator.latency_median_s={args.median_ms / 1000}",
+        f"envserver.calculator.latency_p99_s={args.p99_s}",
+        "envserver.calculator.latency_seed=0",
+    ]
+
+
+def mode_figures(run) -> dict[str, float]:
+    """Steady-state figures of one watched run (bench/tether_run.py RunRecord)."""
+    from bench.tether_run import actor_counter_at
+
+    train = run.train
+    first, last = train[0], train[-1]
+    wall = last["wall_s"] - first["wall_s"]  # learner clock
+    later = train[1:]
+    figures = {
+        "s_per_step": wall / len(later),
+        "learner_idle_frac": sum(r["wait_data_s"] for r in later) / wall,
+        "learner_train_frac": sum(r["train_s"] for r in later) / wall,
+        "learner_broadcast_frac": sum(r["broadcast_s"] for r in later) / wall,
+        "wait_data_s_per_step": sum(r["wait_data_s"] for r in later) / len(later),
+        "train_s_per_step": sum(r["train_s"] for r in later) / len(later),
+        "broadcast_s_per_step": sum(r["broadcast_s"] for r in later) / len(later),
+        "trained_tokens_per_s": sum(r["num_tokens"] for r in later) / wall,
+        "max_staleness_seen": last["max_staleness_seen"],
+    }
+    replicas = len(run.actor_samples[-1][1])
+    seen = last["t"] - first["t"]  # watcher clock
+    busy = actor_counter_at(run, BUSY, last["t"]) - actor_counter_at(run, BUSY, first["t"])
+    tokens = actor_counter_at(run, GENERATED, last["t"]) - actor_counter_at(
+        run, GENERATED, first["t"]
+    )
+    figures["actor_idle_frac"] = 1 - busy / replicas / seen
+    figures["engine_busy_s_per_step"] = busy / replicas / len(later)
+    figures["generated_tokens_per_s"] = tokens / seen
+    return figures
+
+
+def gpu_model(sync: dict[str, float]) -> dict[str, float]:
+    """A MODEL, not a measurement: the learner and the engines on separate devices. From
+    the synchronous run: G = the learner's wait for a step's data (generation of the whole
+    batch, tool tails included, while the learner idles), T = its train + broadcast time,
+    E = engine busy seconds per step. Synchronous on GPUs: G + T per step. Asynchronous,
+    with enough staleness to hide the tails: max(T, E), the busier device."""
+    g, t, e = sync["wait_data_s_per_step"], sync["train_s_per_step"], sync["engine_busy_s_per_step"]
+    t += sync["broadcast_s_per_step"]
+    async_step = max(t, e)
+    return {
+        "model_gpu_sync_s_per_step": g + t,
+        "model_gpu_async_s_per_step": async_step,
+        "model_gpu_speedup": (g + t) / async_step,
+        "model_gpu_learner_idle_frac": 1 - t / async_step,
+        "model_gpu_actor_idle_frac": 1 - e / async_step,
+    }
+
+
+def combine(sync: dict, asynchronous: dict, args, loads) -> dict:
+    figures = {
+        "speedup": sync["s_per_step"] / asynchronous["s_per_step"],
+        "learner_idle_frac": asynchronous["learner_idle_frac"],
+        "actor_idle_frac": asynchronous["actor_idle_frac"],
+    }
+    figures.update({f"sync_{k}": v for k, v in sync.items()})
+    figures.update({f"async_{k}": v for k, v in asynchronous.items()})
+    figures.update(gpu_model(sync))
+    figures.update(
+        steps=args.steps,
+        async_max_staleness=args.staleness,
+        actor_replicas=args.replicas,
+        tool_latency_median_ms=args.median_ms,
+        tool_latency_p99_s=args.p99_s,
+        load_avg_1m_before=loads[0],
+        load_avg_1m_after=loads[1],
+    )
+    return figures
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=12, help="learner steps per mode")
+    parser.add_argument("--staleness", type=int, default=1, help="the asynchronous bound")
+    parser.add_argument("--replicas", type=int, default=2, help="actor replicas (engines)")
+    parser.add_argument("--median-ms", type=float, default=50.0, help="tool latency median")
+    parser.add_argument("--p99-s", type=float, default=2.0, help="tool latency p99")
+    parser.add_argument("--work-dir", type=Path, help="keep the runs here (default: temp)")
+    args = parser.parse_args()
+
+    from bench.tether_run import watch_run
+
+    loads = [os.getloadavg()[0]]
+    with tempfile.TemporaryDirectory(prefix="bench-async-") as tmp:
+        work = args.work_dir or Path(tmp)
+        measured = {}
+        for name, bound in (("sync", 0), ("async", args.staleness)):
+            print(f"{name}: max_staleness = {bound}, {args.steps} steps ...", flush=True)
+            (work / name).mkdir(parents=True, exist_ok=True)
+            run = watch_run(overrides(args, bound), work / name)
+            measured[name] = mode_figures(run)
+    loads.append(os.getloadavg()[0])
+    figures = combine(measured["sync"], measured["async"], args, loads)
+    print_table(
+        "asynchrony: same workload, max_staleness 0 vs the default bound (model_gpu_*: a MODEL)",
+        [(name, figures[name]) for name in sorted(figures)],
+    )
+    write_results("async", figures)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,340 @@
+"""Weight sync: broadcast bytes/s from the learner's sender to K = 1 and 2 vLLM engines,
+against single-stream TCP loopback in the same run, and the generation stall per update.
+
+Written against the public weight API only, so it keeps measuring whatever the transport
+becomes: `weights.sender.WeightSender.broadcast` (in a process of its own, as the learner's
+rank 0), `weights.follower.BroadcastFollower` around each `actors.vllm_engine.VllmEngine`
+(which receives with `update_weights`: pause with the KV cache kept, receive and load in
+the engine worker, resume).
+
+    model:     a random-weight Qwen2 with the tiny tokenizer, `--hidden` x `--layers`
+               (default 768 x 4: 28M parameters, 113 MB in fp32), so that bytes, not round
+               trips, dominate; `--model` takes any HF directory instead.
+    loopback:  the sender process writes the same number of bytes into one TCP connection
+               on 127.0.0.1 (sendall of 64 MiB chunks); this process reads them
+               (recv_into); bytes / seconds from accept to the last byte.
+    broadcast: `--rounds` rounds to engine 0 alone (K = 1), then as many to both engines
+               (K = 2); bytes / the sender's transfer time (forming the round's group and
+               sending every bucket; joining is not counted). Engines are pinned one per
+               core (the machine's two), the sender and this process float.
+    stall:     during each round every receiving engine decodes one long request
+               (DELTA outputs, one token per engine step); the stall is the longest gap
+               between two tokens that overlaps the update, the decode step the median gap
+               before it. Also the engine's own account (`WeightUpdate`: the whole stall
+               and its parts: pausing, receiving the buckets, loading them).
+
+Medians over rounds. Writes bench/results/weightsync.json: `ratio_vs_loopback` (the
+smaller of K = 1 and K = 2; target >= 0.5), `stall_ms`, `decode_step_ms` (target: stall
+<= two decode steps).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import multiprocessing as mp
+import socket
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from statistics import median
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.common import print_table, write_results  # noqa: E402
+
+CHUNK = 64 * 2**20
+MAX_MODEL_LEN = 4096
+
+
+def build_model(out: Path, *, hidden: int, layers: int) -> Path:
+    """A random Qwen2 of the given width and depth with the demo's tokenizer (head_dim 64:
+    vLLM's CPU attention needs >= 32)."""
+    import shutil
+
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from demo.tinymodel import shipped_model_dir
+
+    tokenizer_dir = shipped_model_dir()
+    vocab = Qwen2ForCausalLM.from_pretrained(tokenizer_dir).config.vocab_size
+    config = Qwen2Config(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=hidden * 8 // 3,
+        num_hidden_layers=layers,
+        num_attention_heads=hidden // 64,
+        num_key_value_heads=hidden // 64,
+        max_position_embeddings=4096,
+        tie_word_embeddings=True,
+    )
+    torch.manual_seed(0)
+    Qwen2ForCausalLM(config).to(torch.float32).save_pretrained(out)
+    for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+        shutil.copy(tokenizer_dir / name, out / name)
+    return out
+
+
+# ---- the sender process (the learner's rank 0) ----------------------------------------------
+
+
+def sender_main(conn, model_dir: str) -> None:
+    """Serve the weight store; then on command: ("round", v) broadcasts version v and
+    answers its report; ("loopback", port, nbytes) writes nbytes to 127.0.0.1:port;
+    ("members",) answers the member states; ("stop",) ends."""
+    import torch
+
+    from weights.config import WeightSyncConfig
+    from weights.sender import WeightSender
+    from weights.snapshot import safetensors_weights
+
+    torch.set_num_threads(1)
+    named = list(safetensors_weights(model_dir))
+    sender = WeightSender(
+        WeightSyncConfig(store_port=0, backend="gloo", join_timeout_s=60, transfer_timeout_s=300)
+    )
+    conn.send(sender.config.store_port)
+    while True:
+        command, *rest = conn.recv()
+        if command == "round":
+            report = sender.broadcast(rest[0], named)
+            conn.send({k: getattr(report, k) for k in ("num_receivers", "num_bytes", "transfer_s")})
+        elif command == "loopback":
+            port, nbytes = rest
+            payload = bytearray(min(nbytes, CHUNK))
+            with socket.create_connection(("127.0.0.1", port)) as s:
+                s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                sent = 0
+                while sent < nbytes:
+                    view = memoryview(payload)[: min(len(payload), nbytes - sent)]
+                    s.sendall(view)
+                    sent += len(view)
+            conn.send(sent)
+        elif command == "members":
+            conn.send(sender.members())
+        else:
+            sender.close()
+            conn.send("stopped")
+            return
+
+
+def loopback_bytes_per_s(conn, nbytes: int) -> float:
+    """One TCP stream on 127.0.0.1 from the sender process to this one."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    elapsed = []
+
+    def receive() -> None:
+        connection, _ = listener.accept()
+        started = time.perf_counter()
+        buffer = bytearray(CHUNK)
+        received = 0
+        with connection:
+            while received < nbytes:
+                count = connection.recv_into(buffer)
+                if count == 0:
+                    break
+                received += count
+        elapsed.append((time.perf_counter() - started, received))
+
+    thread = threading.Thread(target=receive)
+    thread.start()
+    conn.send(("loopback", listener.getsockname()[1], nbytes))
+    conn.recv()
+    thread.join()
+    listener.close()
+    seconds, received = elapsed[0]
+    assert received == nbytes, (received, nbytes)
+    return nbytes / seconds
+
+
+# ---- the engines ------------------------------------------------------------------------------
+
+
+async def decode_arrivals(engine, stop: asyncio.Event, arrivals: list[float]) -> None:
+    """Decode one long request on `engine`, recording each token's arrival, until `stop`."""
+    import uuid
+
+    from vllm.sampling_params import RequestOutputKind, SamplingParams
+
+    params = SamplingParams(
+        max_tokens=MAX_MODEL_LEN - 8,
+        ignore_eos=True,
+        detokenize=False,
+        output_kind=RequestOutputKind.DELTA,
+    )
+    async for output in engine.llm.generate(
+        {"prompt_token_ids": [1, 2, 3]}, params, uuid.uuid4().hex
+    ):
+        arrivals += [time.monotonic()] * len(output.outputs[0].token_ids)
+        if stop.is_set() or output.finished:
+            return  # closing the generator aborts the request
+
+
+def stall_of(arrivals: list[float], update_start: float, update_end: float) -> tuple[float, float]:
+    """(longest gap between tokens overlapping [update_start, update_end], median gap of the
+    tokens before the update) in seconds."""
+    gaps = [(b - a, a, b) for a, b in zip(arrivals, arrivals[1:], strict=False)]
+    during = [g for g, a, b in gaps if b >= update_start and a <= update_end]
+    before = [g for g, a, b in gaps[2:] if b < update_start]
+    return max(during, default=update_end - update_start), median(before) if before else 0.0
+
+
+async def one_round(conn, version: int, engines, updates: dict) -> dict:
+    """Broadcast `version` while each engine in `engines` decodes; the round's figures."""
+    stop = asyncio.Event()
+    arrivals = {i: [] for i in engines}
+    decoding = [
+        asyncio.create_task(decode_arrivals(e, stop, arrivals[i])) for i, e in engines.items()
+    ]
+    while any(len(a) < 20 for a in arrivals.values()):  # decoding at a steady pace
+        await asyncio.sleep(0.05)
+    conn.send(("round", version))
+    report = await asyncio.to_thread(conn.recv)
+    while any(updates.get((i, version)) is None for i in engines):
+        await asyncio.sleep(0.01)
+    await asyncio.sleep(0.5)  # a few tokens after the resume
+    stop.set()
+    await asyncio.gather(*decoding)
+    figures = {"bytes_per_s": report["num_bytes"] / report["transfer_s"], **report}
+    stalls, steps, parts = [], [], []
+    for i in engines:
+        update, ended = updates[(i, version)]
+        stall, step = stall_of(arrivals[i], ended - update.stall_s, ended)
+        stalls.append(stall)
+        steps.append(step)
+        parts.append(update)
+    assert report["num_receivers"] == len(engines), report
+    slowest = max(parts, key=lambda u: u.stall_s)
+    return {
+        **figures,
+        "stall_s": max(stalls),
+        "decode_step_s": median(steps),
+        "engine_stall_s": slowest.stall_s,
+        "engine_pause_s": slowest.pause_s,
+        "engine_receive_s": slowest.receive_s,
+        "engine_load_s": slowest.load_s,
+    }
+
+
+async def start_engines(model_dir: Path):
+    from actors.vllm_engine import VllmEngine, VllmEngineConfig
+
+    configs = [
+        VllmEngineConfig(
+            model=str(model_dir), max_model_len=MAX_MODEL_LEN, max_num_seqs=4, cpu_threads_bind=core
+        )
+        for core in ("0", "1")
+    ]
+    return await asyncio.gather(*(VllmEngine.start(c) for c in configs))
+
+
+async def follow(engines, address: str, updates: dict, conn, count: int):
+    """A BroadcastFollower per engine in `engines` ({index: engine}); returns them once the
+    sender counts `count` alive members."""
+    from weights.follower import BroadcastFollower
+
+    followers = []
+    for i, engine in engines.items():
+
+        def on_update(update, i=i) -> None:
+            updates[(i, update.version)] = (update, time.monotonic())
+
+        follower = BroadcastFollower(engine, address, on_update=on_update)
+        followers.append((follower, asyncio.create_task(follower.run())))
+    while True:
+        conn.send(("members",))
+        states = await asyncio.to_thread(conn.recv)
+        if sum(s == "alive" for s in states.values()) >= count:
+            return followers
+        await asyncio.sleep(0.1)
+
+
+async def measure(conn, model_dir: Path, nbytes: int, args) -> dict:
+    address = f"127.0.0.1:{conn.recv()}"
+    engines = await start_engines(model_dir)
+    updates: dict = {}
+    rounds = {1: [], 2: []}
+    followers = []
+    try:
+        loopback = [loopback_bytes_per_s(conn, nbytes) for _ in range(args.rounds)]
+        version = 0
+        for k in (1, 2):
+            chosen = {i: engines[i] for i in range(k)}
+            followers += await follow(
+                {i: e for i, e in chosen.items() if i >= k - 1}, address, updates, conn, k
+            )
+            for _ in range(args.rounds):
+                version += 1
+                rounds[k].append(await one_round(conn, version, chosen, updates))
+    finally:
+        for follower, task in followers:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            await follower.leave()
+        for engine in engines:
+            engine.shutdown()
+    return summarize(loopback, rounds, nbytes)
+
+
+def summarize(loopback: list[float], rounds: dict[int, list[dict]], nbytes: int) -> dict:
+    loop = median(loopback)
+    figures = {"loopback_bytes_per_s": loop, "weight_bytes": nbytes}
+    for k, measured in rounds.items():
+        rate = median(r["bytes_per_s"] for r in measured)
+        figures[f"broadcast_bytes_per_s_k{k}"] = rate
+        figures[f"ratio_vs_loopback_k{k}"] = rate / loop
+        figures[f"transfer_ms_k{k}"] = 1e3 * median(r["transfer_s"] for r in measured)
+        figures[f"stall_ms_k{k}"] = 1e3 * median(r["stall_s"] for r in measured)
+        for part in ("stall", "pause", "receive", "load"):
+            values = [r[f"engine_{part}_s"] for r in measured]
+            figures[f"engine_{part}_ms_k{k}"] = 1e3 * median(values)
+        figures[f"decode_step_ms_k{k}"] = 1e3 * median(r["decode_step_s"] for r in measured)
+    figures["ratio_vs_loopback"] = min(
+        figures["ratio_vs_loopback_k1"], figures["ratio_vs_loopback_k2"]
+    )
+    figures["stall_ms"] = max(figures["stall_ms_k1"], figures["stall_ms_k2"])
+    figures["decode_step_ms"] = median([figures["decode_step_ms_k1"], figures["decode_step_ms_k2"]])
+    figures["stall_in_decode_steps"] = figures["stall_ms"] / figures["decode_step_ms"]
+    return figures
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--hidden", type=int, default=768)
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--model", type=Path, help="an HF model directory instead")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds per K (median)")
+    args = parser.parse_args()
+
+    from weights.snapshot import safetensors_weights
+
+    with tempfile.TemporaryDirectory(prefix="weightsync-") as tmp:
+        model_dir = args.model or build_model(
+            Path(tmp) / "model", hidden=args.hidden, layers=args.layers
+        )
+        nbytes = sum(t.numel() * t.element_size() for _, t in safetensors_weights(model_dir))
+        context = mp.get_context("spawn")
+        conn, child_conn = context.Pipe()
+        sender = context.Process(target=sender_main, args=(child_conn, str(model_dir)))
+        sender.start()
+        try:
+            figures = asyncio.run(measure(conn, model_dir, nbytes, args))
+            conn.send(("stop",))
+            conn.recv()
+        finally:
+            sender.join(timeout=30)
+            if sender.is_alive():
+                sender.kill()
+    figures.update(rounds=args.rounds, model_params=nbytes // 4)
+    print_table(
+        "weight sync: broadcast to K engines vs TCP loopback; generation stall per update",
+        [(name, figures[name]) for name in sorted(figures)],
+    )
+    write_results("weightsync", figures)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,64 @@
+"""When to restart a process that died: exponential backoff and a restart budget, the way
+Kubernetes (CrashLoopBackOff) and Ray (`max_restarts`) decide it.
+
+    exit ─► ran >= healthy_after_s? reset the crash streak
+        ─► restarts in the last window_s >= budget? give up (None)
+        ─► restart at exit + min(initial_backoff_s * 2**streak, max_backoff_s)
+
+Pure: no clock, no processes. The supervisors feed it times (deploy/supervisor.py for the
+launcher's roles, actors/replicas.py for actor replicas) and act on the answer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pydantic
+
+from common.config import StrictModel
+
+
+class RestartPolicy(StrictModel):
+    """How a supervisor restarts a process that exits without being asked to."""
+
+    initial_backoff_s: float = pydantic.Field(default=1.0, ge=0)
+    """Wait before the first restart of a crash streak; doubles with each further crash."""
+    max_backoff_s: float = pydantic.Field(default=30.0, ge=0)
+    """Longest wait between a crash and its restart."""
+    budget: int = pydantic.Field(default=10, ge=0)
+    """Restarts allowed within `window_s`; the next crash is final (the supervisor gives up
+    and the run fails). 0: never restart."""
+    window_s: float = pydantic.Field(default=600.0, gt=0)
+    """The sliding window over which `budget` counts restarts."""
+    healthy_after_s: float = pydantic.Field(default=60.0, ge=0)
+    """A process that ran this long before it died starts a new crash streak (the first
+    backoff again): it was healthy, not crash-looping."""
+
+
+@dataclass
+class RestartTracker:
+    """One supervised process's restart history under a policy."""
+
+    policy: RestartPolicy
+    restarts: list[float] = field(default_factory=list)
+    """When each restart within the window was decided (the exit times)."""
+    crash_streak: int = 0
+    """Crashes since the process last ran for `healthy_after_s`."""
+
+    def on_exit(self, *, started_at: float, exited_at: float) -> float | None:
+        """The process started at `started_at` died at `exited_at`: the time to start it
+        again, or None when the restart budget is spent."""
+        if exited_at - started_at >= self.policy.healthy_after_s:
+            self.crash_streak = 0
+        self.restarts = [t for t in self.restarts if exited_at - t < self.policy.window_s]
+        if len(self.restarts) >= self.policy.budget:
+            return None
+        delay = min(self.policy.initial_backoff_s * 2**self.crash_streak, self.policy.max_backoff_s)
+        self.crash_streak += 1
+        self.restarts.append(exited_at)
+        return exited_at + delay
+
+    @property
+    def num_restarts(self) -> int:
+        """Restarts decided within the current window."""
+        return len(self.restarts)

@@ -1,0 +1,58 @@
+"""Heavy-tailed tool latency: each tool call waits a log-normal time before it runs, as real
+tools do (a search API, a sandbox, a web page: mostly fast, sometimes very slow). For
+benchmarks of asynchrony (bench/async.py) and for tests of straggler handling; off unless
+configured (`[envserver.calculator] latency_median_s`).
+
+A log-normal is fixed by its median and one upper quantile: median = exp(mu), and the q-th
+quantile is exp(mu + z_q sigma), z_q the standard normal quantile (z_0.99 = 2.326). A median
+of 50 ms and a p99 of 2 s give sigma = ln(40) / 2.326 = 1.586: the mean is 175 ms, one call
+in ten waits over 380 ms. The wait is an `asyncio.sleep`: it costs the server no CPU, like
+a tool waiting on someone else's machine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import random
+from statistics import NormalDist
+
+from envservers.tool_parsing import ToolCall
+from envservers.tools import ToolGroup
+
+
+def lognormal_params(median_s: float, quantile_s: float, q: float = 0.99) -> tuple[float, float]:
+    """(mu, sigma) of the log-normal whose median is `median_s` and q-quantile `quantile_s`."""
+    if median_s <= 0 or quantile_s < median_s:
+        raise ValueError(f"need 0 < median ({median_s}) <= quantile ({quantile_s})")
+    if not 0.5 < q < 1:
+        raise ValueError(f"q must be in (0.5, 1), got {q}")
+    z = NormalDist().inv_cdf(q)
+    return math.log(median_s), math.log(quantile_s / median_s) / z
+
+
+class ToolLatency:
+    """Draws tool-call latencies: log-normal with the given median and p99, seeded."""
+
+    def __init__(self, median_s: float, p99_s: float, seed: int | None = None) -> None:
+        self.mu, self.sigma = lognormal_params(median_s, p99_s)
+        self._rng = random.Random(seed)
+
+    def sample(self) -> float:
+        """One latency in seconds."""
+        return self._rng.lognormvariate(self.mu, self.sigma)
+
+
+class DelayedTools(ToolGroup):
+    """A tool group whose every call first waits a latency drawn from `latency`."""
+
+    def __init__(self, group: ToolGroup, latency: ToolLatency) -> None:
+        super().__init__(list(group.tools.values()))
+        self.latency = latency
+
+    def subset(self, names: list[str]) -> DelayedTools:
+        return DelayedTools(super().subset(names), self.latency)
+
+    async def call(self, call: ToolCall) -> tuple[str, bool]:
+        await asyncio.sleep(self.latency.sample())
+        return await super().call(call)
