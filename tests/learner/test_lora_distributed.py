@@ -5,9 +5,6 @@ process does from the same start, and a 2-rank LoRA checkpoint resumes bit-ident
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,9 +14,8 @@ from learner.lora import add_lora
 from learner.trainer import Trainer
 from tests.learner.builders import learner_config, tiny_qwen2
 from tests.learner.lora_fsdp_worker import batch
-from tests.learner.test_trainer_distributed import _free_port
+from tests.learner.two_ranks import run_two_ranks
 
-REPO = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).with_name("lora_fsdp_worker.py")
 CONFIG = learner_config(
     micro_batch_tokens=60,  # group a does not fit: split across micro-batches and ranks
@@ -39,36 +35,7 @@ def model_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def two_ranks(tmp_path_factory, model_dir):
     out = tmp_path_factory.mktemp("lora_fsdp")
-    env = {
-        **os.environ,
-        "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(_free_port()),
-        "WORLD_SIZE": "2",
-        "GLOO_SOCKET_IFNAME": "lo",
-        "OMP_NUM_THREADS": "1",
-        "PYTHONPATH": str(REPO),
-    }
-    procs = [
-        subprocess.Popen(
-            [sys.executable, str(WORKER), str(model_dir), str(out), CONFIG.model_dump_json()],
-            env={**env, "RANK": str(rank), "LOCAL_RANK": str(rank)},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            cwd=REPO,
-        )
-        for rank in (0, 1)
-    ]
-    logs = []
-    try:
-        for proc in procs:
-            logs.append(proc.communicate(timeout=600)[0])
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-    for rank, proc in enumerate(procs):
-        assert proc.returncode == 0, f"rank {rank} failed:\n{logs[rank][-4000:]}"
+    run_two_ranks([str(WORKER), str(model_dir), str(out), CONFIG.model_dump_json()])
     return json.loads((out / "results.json").read_text()), torch.load(out / "weights.pt")
 
 
