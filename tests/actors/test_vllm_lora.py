@@ -3,8 +3,9 @@ an adapter round, greedy generation equals transformers + PEFT with the same ada
 for token, on an engine with vLLM's LoRA (`enable_lora`: the adapter loaded into one slot in
 place) and on one without it (the adapter merged into the base weights). A request running
 across an update continues on the new adapter from the version switch on, over the KV the
-old one computed; a late joiner loads an adapter snapshot. The rounds carry the adapter's
-bytes only."""
+old one computed; a late joiner loads an adapter snapshot, and an engine rolled back to a
+full-weights snapshot (a LoRA run's version 0) drops its adapter. The rounds carry the
+adapter's bytes only."""
 
 from __future__ import annotations
 
@@ -216,6 +217,23 @@ async def test_late_joiner_loads_an_adapter_snapshot(
     assert engine.version == version
     await _assert_greedy_equals(engine, model, prompts, tokenizer.eos_token_id, version)
     print(f"\n{mode}: adapter snapshot load stall {stall_s * 1e3:.0f} ms")
+
+
+@vllm
+async def test_a_full_weights_snapshot_drops_the_adapter(
+    engine, tiny_model_dir, hf_tiny_model, prompts, tokenizer, tmp_path
+):
+    """A LoRA run announces its base model as version 0's snapshot (the learner's rollback
+    point before its first checkpoint): an engine rolled back to it generates with the base
+    alone, not with the base plus the adapter it held."""
+    model = _adapted(tiny_model_dir, seed=31)
+    writer = AdapterSnapshotWriter(tmp_path, 7, adapter_config(FINETUNE, str(tiny_model_dir)))
+    for name, tensor in adapter_parameters(model):
+        writer.add(name, tensor)
+    await engine.load_snapshot(writer.finish(), engine.version + 7)
+    await _assert_greedy_equals(engine, model, prompts, tokenizer.eos_token_id, engine.version)
+    await engine.load_snapshot(str(tiny_model_dir), 0)
+    await _assert_greedy_equals(engine, hf_tiny_model, prompts, tokenizer.eos_token_id, 0)
 
 
 def test_an_engine_whose_max_lora_rank_is_too_small_is_refused(tiny_model_dir):
