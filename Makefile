@@ -79,7 +79,8 @@ lint: install
 
 # Every benchmark script in bench/ (not the modules they share: common, *_support, *_worker,
 # and the helpers named in BENCH_HELPERS), in name order; `make bench` prints each one's time.
-BENCH_HELPERS := __init__ common dense_packing pass_at_1 peer_breakdown tether_run
+# lora_parity is left out: it checks a LoRA run's adapter (docs/lora.md), it needs the run.
+BENCH_HELPERS := __init__ common dense_packing lora_parity pass_at_1 peer_breakdown tether_run
 bench: install
 	@mkdir -p bench/results
 	@set -e; for script in bench/*.py; do \

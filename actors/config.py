@@ -163,6 +163,16 @@ class VllmEngineConfig(StrictModel):
     the engine stops generating until the next whole round or snapshot. None: staged for
     an engine of one GPU, streamed for tensor or pipeline parallel engines (each of their
     workers would stage the whole model; True is refused there)."""
+    enable_lora: bool = False
+    """For a learner that trains a LoRA adapter (`learner.finetune.mode = "lora"`): load
+    each version's adapter as a vLLM LoRA adapter (one slot, reloaded in place; generation
+    runs base + adapter). False: merge every adapter into the base weights in the engine
+    worker and reload them (the stall of a full update, no LoRA kernels while generating).
+    Either way only the adapter travels (docs/weights.md, LoRA)."""
+    max_lora_rank: Literal[1, 8, 16, 32, 64, 128, 256, 320, 512] = 16
+    """With `enable_lora`: the largest adapter rank the engine accepts (vLLM sizes its
+    adapter buffers by it); at least `learner.finetune.rank`, else the engine is refused
+    when it subscribes to the weight broadcast."""
     track_weights_checksum: bool = False
     """Fingerprint every loaded weight set (`weights_checksum()`), for tests and debugging;
     costs a float64 pass over the weights per update."""

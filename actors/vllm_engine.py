@@ -87,6 +87,9 @@ class VllmEngine:
         # weights are in, so a request admitted afterwards never reuses KV blocks that older
         # weights computed (vLLM cannot drop cached blocks while kept requests hold some).
         self._cache_epoch = 0
+        self.max_lora_rank = config.max_lora_rank if config.enable_lora else None
+        """The largest LoRA adapter this engine loads natively; None: it merges adapters."""
+        self._lora_request = None  # the adapter version every new request generates with
 
     @classmethod
     async def start(cls, config: VllmEngineConfig) -> VllmEngine:
@@ -115,6 +118,12 @@ class VllmEngine:
             gpu_memory_utilization=config.gpu_memory_utilization,
             worker_extension_cls=WORKER_EXTENSION,
             disable_log_stats=True,
+            # One adapter slot, reloaded in place per version (weights/lora.py).
+            **(
+                {"enable_lora": True, "max_lora_rank": config.max_lora_rank, "max_loras": 1}
+                if config.enable_lora
+                else {}
+            ),
         )
         # No local name for the AsyncLLM: something in vLLM keeps this frame alive, and a
         # local would keep the AsyncLLM alive past shutdown() until interpreter exit.
@@ -154,6 +163,7 @@ class VllmEngine:
             {"prompt_token_ids": list(prompt_token_ids), "cache_salt": f"w{self._cache_epoch}"},
             params,
             request_id,
+            lora_request=self._lora_request,
         ):
             completion = output.outputs[0]
             if completion.finish_reason not in (None, "stop", "length"):
@@ -238,6 +248,7 @@ class VllmEngine:
                         f"{failed[0]['error']}"
                         + ("; weights mixed, generation paused" if self.weights_mixed else "")
                     )
+                adapter_s = await self._use_adapter(results[0].get("adapter_path"), ticket.version)
                 await self.llm.update_weight_version(str(ticket.version))
                 self.version = ticket.version
                 self._cache_epoch += 1  # from here on: blocks of the new weights only
@@ -250,9 +261,27 @@ class VllmEngine:
             stall_s=stall_s,
             pause_s=pause_s,
             receive_s=max(r["receive_s"] for r in results),
-            load_s=max(r["load_s"] for r in results),
+            load_s=max(r["load_s"] for r in results) + adapter_s,
             num_bytes=results[0]["num_bytes"],
         )
+
+    async def _use_adapter(self, path: str | None, version: int) -> float:
+        """A LoRA adapter the workers received (or a snapshot's): load it into the engine's
+        slot in place, and let every later request generate with it. Returns the seconds
+        it took (0 without an adapter)."""
+        if not path:
+            return 0.0
+        from weights.lora import adapter_request
+
+        started = time.monotonic()
+        try:
+            await self.llm.add_lora(adapter_request(version, path, reload=True))
+        except Exception as e:  # vLLM re-raises the engine core's error as a bare Exception
+            if self.llm.errored:
+                raise
+            raise WeightUpdateError(f"LoRA adapter v{version} not loaded: {e}") from e
+        self._lora_request = adapter_request(version, path, reload=False)
+        return time.monotonic() - started
 
     async def close_weight_channel(self) -> None:
         """Leave the weight broadcast's group cleanly (before the engine stops); nothing to
@@ -270,9 +299,7 @@ class VllmEngine:
             await self.llm.pause_generation(mode="keep", clear_cache=True)
             staged = self.config.stages_weights
             try:
-                await self._worker_call(
-                    "load_weights_from_path", str(path), self.config.track_weights_checksum, staged
-                )
+                await self._load_snapshot_files(str(path), version, staged)
                 await self.llm.update_weight_version(str(version))
                 self.version = version
                 self.weights_mixed = False
@@ -285,6 +312,22 @@ class VllmEngine:
                 if not self.weights_mixed:
                     await self.llm.resume_generation()
             return time.monotonic() - started
+
+    async def _load_snapshot_files(self, path: str, version: int, staged: bool) -> None:
+        """Full weights, or a LoRA adapter's directory: into the slot (vLLM's LoRA on) or
+        merged into the base weights by the workers."""
+        from weights.lora import is_adapter_dir
+
+        track = self.config.track_weights_checksum
+        if not is_adapter_dir(path):
+            await self._worker_call("load_weights_from_path", path, track, staged)
+            # Full weights hold the whole policy (a LoRA run's version 0 is its base model,
+            # the learner's announced rollback point): no adapter on top of them.
+            self._lora_request = None
+        elif self.config.enable_lora:
+            await self._use_adapter(path, version)
+        else:
+            await self._worker_call("merge_adapter_from_path", path, version, track)
 
     async def weights_checksum(self) -> dict[str, float] | None:
         """Fingerprint of the weights loaded last (see `track_weights_checksum`)."""

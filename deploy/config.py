@@ -23,6 +23,7 @@ from deploy.prepare import PrepareConfig
 from envservers.config import EnvServerConfig
 from learner.config import LearnerConfig
 from weights.dtypes import dtype_mismatch, resolve_engine_dtype, resolve_learner_dtype
+from weights.lora import adapter_mismatch
 
 
 class LocalRunConfig(StrictModel):
@@ -158,9 +159,23 @@ class RunConfig(StrictModel):
             problems += _actor_and_broker(self.actor, self.broker)
         if self.actor is not None and self.envserver is not None:
             problems += _actor_and_envserver(self.actor, self.envserver)
+        if self.actor is not None and self.learner is not None:
+            problems += _learner_and_actor(self.learner, self.actor)
         if problems:
             raise ValueError("; ".join(problems))
         return self
+
+
+def _learner_and_actor(learner: LearnerConfig, actor: ActorConfig) -> list[str]:
+    """A LoRA run's adapter rank against the engines' max_lora_rank, before anything
+    starts (the engines would be refused when they subscribe)."""
+    if learner.finetune.mode != "lora":
+        return []
+    engine = actor.engine
+    problem = adapter_mismatch(
+        {"r": learner.finetune.rank}, engine.max_lora_rank if engine.enable_lora else None
+    )
+    return [problem] if problem else []
 
 
 def _actor_and_broker(actor: ActorConfig, broker: BrokerConfig) -> list[str]:

@@ -6,6 +6,11 @@ checkpoint loads on a different number of ranks) and `state.json` (`TrainingStat
 version, dataset cursor, consumer position, trained trajectory ids). `state.json` is
 written last, atomically, by rank 0: a directory without it is an interrupted save and is
 ignored by `latest_checkpoint`.
+
+A LoRA run (`trainable_only`) saves the trainable parameters (the adapter) and their
+optimizer state, never the frozen base weights, which the run's `model_path` holds; its
+`adapter_config.json` (written before `state.json`) names that base model, so
+`learner merge-adapter` can make a full model of it.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
 STATE_FILE = "state.json"
 
@@ -66,10 +71,14 @@ def save_checkpoint(
     optimizer: torch.optim.Optimizer,
     scheduler: torch.optim.lr_scheduler.LRScheduler,
     state: TrainingState,
+    trainable_only: bool = False,
+    extra_files: dict[str, str] | None = None,
 ) -> Path:
-    """Collective: every rank calls it. Returns the checkpoint directory."""
+    """Collective: every rank calls it. Returns the checkpoint directory. `trainable_only`
+    leaves frozen parameters out; rank 0 writes `extra_files` ({name: text}) before the
+    completeness marker."""
     path = checkpoint_dir(root, state.step)
-    model_state, optim_state = get_state_dict(model, optimizer)
+    model_state, optim_state = _state(model, optimizer, trainable_only)
     with _single_process_quiet():
         dcp.save(
             {"model": model_state, "optim": optim_state, "scheduler": scheduler.state_dict()},
@@ -79,6 +88,8 @@ def save_checkpoint(
     if dist.is_initialized():
         dist.barrier()
     if _is_rank0():
+        for name, text in (extra_files or {}).items():
+            (path / name).write_text(text)
         tmp = path / (STATE_FILE + ".tmp")
         tmp.write_text(json.dumps(asdict(state)))
         os.replace(tmp, path / STATE_FILE)
@@ -93,20 +104,44 @@ def load_checkpoint(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
     scheduler: torch.optim.lr_scheduler.LRScheduler,
+    trainable_only: bool = False,
 ) -> TrainingState:
-    """Collective: restore model, optimizer and scheduler in place; return the state."""
+    """Collective: restore model, optimizer and scheduler in place; return the state.
+    `trainable_only`: the checkpoint holds the trainable parameters only (frozen ones keep
+    the values they were built with); DCP still refuses one that lacks any of them."""
     path = Path(path)
     if not (path / STATE_FILE).is_file():
         raise ValueError(f"{path} is not a complete checkpoint (no {STATE_FILE})")
-    model_state, optim_state = get_state_dict(model, optimizer)
+    options = _options(trainable_only)
+    model_state, optim_state = _state(model, optimizer, trainable_only)
     loaded = {"model": model_state, "optim": optim_state, "scheduler": scheduler.state_dict()}
     with _single_process_quiet():
         dcp.load(loaded, checkpoint_id=path, no_dist=not dist.is_initialized())
     set_state_dict(
-        model, optimizer, model_state_dict=loaded["model"], optim_state_dict=loaded["optim"]
+        model,
+        optimizer,
+        model_state_dict=loaded["model"],
+        optim_state_dict=loaded["optim"],
+        options=options,
     )
     scheduler.load_state_dict(loaded["scheduler"])
     return read_training_state(path)
+
+
+def _state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, trainable_only: bool):
+    """(model state, optimizer state) as DCP saves them. `ignore_frozen_params` keeps a
+    tied weight's second name (`lm_head.weight` of a tied embedding: `named_parameters`
+    lists it once, under the embedding), so frozen names are dropped here as well."""
+    model_state, optim_state = get_state_dict(model, optimizer, options=_options(trainable_only))
+    if trainable_only:
+        trainable = {name for name, p in model.named_parameters() if p.requires_grad}
+        model_state = {k: v for k, v in model_state.items() if k in trainable}
+    return model_state, optim_state
+
+
+def _options(trainable_only: bool) -> StateDictOptions:
+    # Loading a state without the frozen parameters must not be strict about them.
+    return StateDictOptions(ignore_frozen_params=trainable_only, strict=not trainable_only)
 
 
 def read_training_state(path: str | Path) -> TrainingState:

@@ -134,6 +134,48 @@ class CheckpointConfig(StrictModel):
     """Continue from the newest complete checkpoint in `dir` if there is one."""
 
 
+DECODER_LINEAR_MODULES = [
+    "q_proj",
+    "k_proj",
+    "v_proj",
+    "o_proj",
+    "gate_proj",
+    "up_proj",
+    "down_proj",
+]
+"""Every linear layer of a Qwen2 / Llama decoder layer (not the LM head, not embeddings)."""
+
+
+class FinetuneConfig(StrictModel):
+    """What the learner trains: every weight, or a LoRA adapter on frozen base weights
+    (PEFT's LoRA; names as in PEFT's `LoraConfig`)."""
+
+    mode: Literal["full", "lora"] = "full"
+    """`full`: every parameter is trained, checkpointed and sent to the engines. `lora`: the
+    base model is frozen and only a LoRA adapter is trained; checkpoints, snapshots and the
+    weight broadcast carry the adapter alone (docs/learner.md, LoRA)."""
+    rank: int = pydantic.Field(default=16, ge=1)
+    """LoRA rank (PEFT's `r`). An engine loading adapters natively needs
+    `actor.engine.max_lora_rank` >= this."""
+    alpha: int = pydantic.Field(default=32, ge=1)
+    """LoRA alpha (PEFT's `lora_alpha`): the adapter's product is scaled by alpha / rank."""
+    dropout: float = pydantic.Field(default=0.0, ge=0, lt=1)
+    """Dropout on the adapter's input while training (PEFT's `lora_dropout`). Keep 0 for RL:
+    the engines sample without dropout, so any dropout makes the trainer's logprobs differ
+    from the behaviour policy's and shows up as ratio noise."""
+    target_modules: list[str] = DECODER_LINEAR_MODULES
+    """Modules that get an adapter (PEFT's `target_modules`, matched against the end of each
+    module's name). The default adapts every linear layer of the decoder; vLLM adapts linear
+    layers, so keep to those."""
+
+    @pydantic.field_validator("target_modules")
+    @classmethod
+    def _some_modules(cls, modules: list[str]) -> list[str]:
+        if not modules:
+            raise ValueError("name at least one target module (e.g. q_proj, v_proj)")
+        return modules
+
+
 class LearnerConfig(StrictModel):
     """The `[learner]` section."""
 
@@ -227,6 +269,8 @@ class LearnerConfig(StrictModel):
     """Advantages and losses."""
     checkpoint: CheckpointConfig = CheckpointConfig()
     """Checkpointing."""
+    finetune: FinetuneConfig = FinetuneConfig()
+    """Full fine-tuning or a LoRA adapter (`[learner.finetune]`)."""
 
     @pydantic.model_validator(mode="after")
     def _check(self) -> LearnerConfig:

@@ -289,6 +289,7 @@ class Learner:
             },
             ledger=self.ledger,
             num_receivers=weights.get("num_receivers", 0),
+            num_bytes=weights.get("num_bytes", 0),
             held_unacked=self.intake.num_held,
         )
         self.reporter.record_train(record, step=step, groups=groups)

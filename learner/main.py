@@ -47,7 +47,7 @@ def _init_distributed(config: LearnerConfig) -> torch.device:
 def _build_trainer(config: LearnerConfig, device: torch.device) -> Trainer:
     """The policy and (with a KL term) the reference model, each loaded sharded."""
     bf16 = resolve_learner_dtype(config.dtype, on_gpu=device.type == "cuda") == "bfloat16"
-    model = load_model(config.model_path, device=device, bf16=bf16)
+    model = load_model(config.model_path, device=device, bf16=bf16, finetune=config.finetune)
     ref_model = None
     if config.algorithm.kl_coef > 0:
         ref_path = config.ref_model_path or config.model_path
@@ -115,7 +115,11 @@ def run(config_path: str, overrides: list[str]) -> int:
     port = serve_metrics(config.metrics_port, config.metrics_host, ready=ready)
     log.info("metrics, /healthz, /readyz on http://%s:%d", config.metrics_host, port)
     dtype = "bfloat16" if trainer.bf16 else "float32"  # engines must run in the same
-    sender = WeightSender(config.weight_sync, dtype=dtype) if config.broadcast_weights else None
+    sender = None
+    if config.broadcast_weights:  # with LoRA, rounds carry the adapter (weights/lora.py)
+        sender = WeightSender(
+            config.weight_sync, dtype=dtype, adapter_config=trainer.adapter_config
+        )
     commands = RankCommands(
         trainer,
         checkpoint_dir=config.checkpoint.dir,

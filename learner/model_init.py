@@ -9,7 +9,10 @@ loaded sharded, never whole on every rank.
 
 So a rank holds its shard of the model (rank 0 also the checkpoint, in host memory) and the
 reference model for the KL term is built the same way: no rank ever deep-copies a whole
-model. Non-persistent buffers (the rotary tables) are not in a checkpoint and the meta
+model. With a LoRA adapter (learner/lora.py) every rank injects it into its meta model
+before sharding, and rank 0 builds the full state it broadcasts from the checkpoint with
+the adapter injected on CPU (PEFT's initialisation), so all ranks start from one adapter.
+Non-persistent buffers (the rotary tables) are not in a checkpoint and the meta
 device leaves them empty: they are recomputed by building their modules afresh.
 """
 
@@ -67,32 +70,55 @@ def is_sharded(model: torch.nn.Module) -> bool:
     return any(isinstance(p, DTensor) for p in model.parameters())
 
 
-def load_model(path: str | Path, *, device: torch.device, bf16: bool = False) -> torch.nn.Module:
+def load_model(
+    path: str | Path, *, device: torch.device, bf16: bool = False, finetune=None
+) -> torch.nn.Module:
     """The HF causal LM at `path`, fp32 master weights: whole on `device` in a single
-    process, sharded over the ranks under torch.distributed (see the module docstring)."""
+    process, sharded over the ranks under torch.distributed (see the module docstring).
+    `finetune` (a `FinetuneConfig` of mode "lora") injects a LoRA adapter."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
+    lora = finetune if finetune is not None and finetune.mode == "lora" else None
     if not dist.is_initialized() or dist.get_world_size() == 1:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-        return model.to(device)
+        return (_with_lora(model, lora) if lora else model).to(device)
     config = AutoConfig.from_pretrained(path)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    if lora:
+        model = _with_lora(model, lora)
     model = shard(model, bf16=bf16, device=device)
     model.to_empty(device=device)
     _rebuild_non_persistent_buffers(model, device)
-    _broadcast_checkpoint(model, path)
+    _broadcast_checkpoint(model, path, lora)
     return model
 
 
-def _broadcast_checkpoint(model: torch.nn.Module, path: str | Path) -> None:
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+def _with_lora(model: torch.nn.Module, finetune) -> torch.nn.Module:
+    from learner.lora import add_lora
 
+    return add_lora(model, finetune)
+
+
+def _rank0_state(path: str | Path, lora) -> dict[str, torch.Tensor]:
+    """What rank 0 broadcasts: the checkpoint's tensors, or with an adapter the state of
+    the checkpoint's model with the adapter injected (base names gain `base_layer`)."""
     from weights.snapshot import safetensors_weights
+
+    if lora is None:
+        return dict(safetensors_weights(path))
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    return dict(_with_lora(model, lora).state_dict())
+
+
+def _broadcast_checkpoint(model: torch.nn.Module, path: str | Path, lora=None) -> None:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
     full: dict[str, torch.Tensor] = {}
     if dist.get_rank() == 0:
-        full = dict(safetensors_weights(path))
+        full = _rank0_state(path, lora)
         # A tied checkpoint holds the embedding once; the model's state dict names both.
         for name, param in model.named_parameters(remove_duplicate=False):
             if name not in full:

@@ -10,6 +10,8 @@
     tether_learner_data_wait_seconds                   waiting for complete groups per step
     tether_learner_step_seconds                        one training step (all ranks)
     tether_learner_broadcast_seconds                   one weight broadcast to the actors
+    tether_learner_broadcast_bytes                     bytes of the last broadcast (gauge; with
+                                                       LoRA the adapter's)
     tether_learner_trained_trajectories_total          trajectories trained on
     tether_learner_dropped_trajectories_total{reason}  trajectories dropped (stale, errors, ...)
     tether_learner_eval_pass_at_1{env}                 last eval's pass@1 (env="all": overall)
@@ -26,6 +28,7 @@ Keys read (each optional; a missing key leaves its metric alone):
     wait_data_s         -> data_wait_seconds
     train_s             -> step_seconds
     broadcast_s         -> broadcast_seconds
+    broadcast_bytes     -> broadcast_bytes
     trained             -> trained_trajectories_total: the run's CUMULATIVE count
     dropped_by_reason   -> dropped_trajectories_total: CUMULATIVE counts {reason: n}
     eval/all/pass_at_1, eval/env/<e>/pass_at_1 -> eval_pass_at_1{env}
@@ -77,6 +80,10 @@ BROADCAST_SECONDS = prometheus_client.Histogram(
     "Time of one weight broadcast to the actors",
     buckets=_SECONDS_BUCKETS,
 )
+BROADCAST_BYTES = prometheus_client.Gauge(
+    "tether_learner_broadcast_bytes",
+    "Bytes of the last weight broadcast to the actors (with LoRA: the adapter's)",
+)
 TRAINED = prometheus_client.Counter(
     "tether_learner_trained_trajectories", "Trajectories trained on"
 )
@@ -94,6 +101,7 @@ _GAUGES = {
     "reward_mean": REWARD_MEAN,
     "tokens_per_s": TOKENS_PER_SECOND,
     "train/prefix_sharing_ratio": PREFIX_SHARING_RATIO,
+    "broadcast_bytes": BROADCAST_BYTES,
 }
 _TIMINGS = {
     "wait_data_s": DATA_WAIT_SECONDS,

@@ -26,6 +26,7 @@ import torch.distributed as dist
 
 from learner.checkpoint import TrainingState, prune_checkpoints
 from learner.trainer import Trainer
+from weights.lora import AdapterSnapshotWriter
 from weights.snapshot import SnapshotWriter
 
 log = logging.getLogger(__name__)
@@ -123,7 +124,7 @@ class RankCommands:
         named = self._weights()
         # The snapshot is written from the same stream as the broadcast, shard by shard:
         # rank 0 never holds the whole model.
-        writer = SnapshotWriter(self.snapshot_dir, version) if snapshot else None
+        writer = self._snapshot_writer(version) if snapshot else None
         if writer is not None:
             named = writer.tee(named)
         report = {"num_receivers": 0}
@@ -134,6 +135,7 @@ class RankCommands:
                 "transfer_s": result.transfer_s,
                 "join_s": result.join_s,
                 "ok": result.ok,
+                "num_bytes": result.num_bytes,  # with LoRA: the adapter's bytes
             }
         for _ in named:  # every rank must exhaust the gather, even with nobody listening
             pass
@@ -149,12 +151,19 @@ class RankCommands:
     def write_snapshot(self, version: int, named) -> Path:
         """Write version `version` for actors that join later, as the tensors arrive; the
         previous snapshot is removed once the new one is in place."""
-        writer = SnapshotWriter(self.snapshot_dir, version)
+        writer = self._snapshot_writer(version)
         for _ in writer.tee(named):
             pass
         final = writer.finish()
         self._keep_snapshot(final, version)
         return final
+
+    def _snapshot_writer(self, version: int) -> SnapshotWriter:
+        """Full weights in HF format, or with LoRA the adapter as a PEFT directory."""
+        adapter_config = self.trainer.adapter_config
+        if adapter_config is not None:
+            return AdapterSnapshotWriter(self.snapshot_dir, version, adapter_config)
+        return SnapshotWriter(self.snapshot_dir, version)
 
     def _keep_snapshot(self, final: Path, version: int) -> None:
         previous, self._snapshot = self._snapshot, (final, version)

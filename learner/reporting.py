@@ -76,11 +76,13 @@ def train_record(
     seconds: dict[str, float],
     ledger,
     num_receivers: int,
+    num_bytes: int,
     held_unacked: int,
 ) -> dict:
     """The `train` record of one step in metrics.jsonl: what it trained on, how long each
     phase took (`seconds`: wall_s, wait_data_s, train_s, broadcast_s), the ledger's running
-    counts, and the trainer's own metrics under `train/`."""
+    counts, and the trainer's own metrics under `train/`. `num_bytes`: the weight update's
+    bytes (with LoRA, the adapter's)."""
     num_tokens = sum(s.num_tokens for s in samples)
     return {
         "kind": "train",
@@ -94,6 +96,7 @@ def train_record(
         "tokens_per_s": num_tokens / max(seconds["train_s"], 1e-9),
         "num_tokens": num_tokens,
         "broadcast_receivers": num_receivers,
+        "broadcast_bytes": num_bytes,
         "released": ledger.num_released,
         "trained": ledger.num_trained,
         "dropped": ledger.num_dropped,

@@ -40,6 +40,7 @@ from learner.batching import Sample
 from learner.checkpoint import TrainingState, load_checkpoint, save_checkpoint
 from learner.config import LearnerConfig
 from learner.health import health_metrics, health_sums, is_degenerate
+from learner.lora import adapter_files, with_adapter, with_adapter_config
 from learner.losses import policy_loss
 from learner.model_init import default_device, is_sharded, shard
 from learner.prefix_plan import plan_pieces
@@ -50,6 +51,7 @@ from learner.segment_forward import forward_loss_tokens, loss_inputs
 from learner.segments import SegmentBatch, collate_segments
 from weights.dtypes import resolve_learner_dtype
 from weights.fsdp import full_parameters
+from weights.lora import adapter_parameters
 
 
 class TooManySkippedSteps(RuntimeError):
@@ -111,7 +113,10 @@ class Trainer:
             ref_model = copy.deepcopy(model)  # one process: one copy
         if self.algorithm.kl_coef == 0:
             ref_model = None
-        model = self._place(model)
+        self.lora = config.finetune.mode == "lora"
+        """Only a LoRA adapter trains (learner/lora.py); the reference stays the base."""
+        self.adapter_config = with_adapter_config(config) if self.lora else None
+        model = self._place(with_adapter(model, config) if self.lora else model)
         if ref_model is not None:
             ref_model = self._place(ref_model).requires_grad_(False)
             ref_model.eval()
@@ -364,21 +369,26 @@ class Trainer:
     # ---- weights and checkpoints ---------------------------------------------------------
 
     def full_weights(self, *, dtype: torch.dtype | None = None):
-        """(name, full tensor) per parameter on rank 0 (every rank must exhaust it)."""
+        """(name, full tensor) per parameter on rank 0 (every rank must exhaust it); with
+        LoRA the adapter's tensors only, named as PEFT saves them."""
+        if self.lora:
+            return adapter_parameters(self.model, dtype=dtype)
         return full_parameters(self.model, dtype=dtype)
+
+    def _parts(self) -> dict:
+        """What a checkpoint holds: with LoRA the adapter (the frozen base is model_path's)."""
+        return {"model": self.model, "optimizer": self.optimizer, "scheduler": self.scheduler,
+                "trainable_only": self.lora}  # fmt: skip
 
     def save(self, root: str | Path, state: TrainingState) -> Path:
         """Collective DCP save; `state.step`/`state.version` are overwritten from the trainer."""
         state.step, state.version = self.step, self.version
-        return save_checkpoint(
-            root, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler, state=state
-        )
+        extra_files = adapter_files(self.adapter_config)
+        return save_checkpoint(root, state=state, extra_files=extra_files, **self._parts())
 
     def load(self, path: str | Path) -> TrainingState:
         """Collective DCP load; restores the step and version counters too."""
-        state = load_checkpoint(
-            path, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler
-        )
+        state = load_checkpoint(path, **self._parts())
         self.step, self.version = state.step, state.version
         self.consecutive_skips = 0
         return state

@@ -195,3 +195,13 @@ def test_config_modules_import_no_runtime_module():
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO
     )
     assert out.stdout.strip() == "[]"
+
+
+def test_a_lora_run_whose_engines_cannot_take_the_adapter_is_refused(tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_text('[learner]\nmodel_path = "m"\n[actor.engine]\nmodel = "m"\n')
+    lora = ["learner.finetune.mode=lora", "learner.finetune.rank=32"]
+    with pytest.raises(ValueError, match="raise actor.engine.max_lora_rank"):
+        load_run_config(path, [*lora, "actor.engine.enable_lora=true"])
+    load_run_config(path, [*lora, "actor.engine.enable_lora=true", "actor.engine.max_lora_rank=32"])
+    assert load_run_config(path, lora).learner.finetune.rank == 32  # merging engines: any rank

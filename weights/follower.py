@@ -119,6 +119,7 @@ class BroadcastFollower:
                     self.port,
                     slots=self.engine.num_weight_slots,
                     dtype=getattr(self.engine, "dtype", None),
+                    max_lora_rank=getattr(self.engine, "max_lora_rank", None),
                 )
                 await follow_weights(self.engine, self.subscription, on_update=self.on_update)
                 return  # left

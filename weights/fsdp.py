@@ -22,13 +22,16 @@ from torch.distributed.tensor import DTensor
 
 
 def full_parameters(
-    model: torch.nn.Module, *, dtype: torch.dtype | None = None
+    model: torch.nn.Module, *, dtype: torch.dtype | None = None, trainable_only: bool = False
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """(name, full tensor) per parameter on rank 0, nothing on the others (each sharded
     tensor is a collective: every rank must exhaust the iterator). `dtype` casts on the
-    way out (bf16 halves the bytes for a bf16 engine)."""
+    way out (bf16 halves the bytes for a bf16 engine). `trainable_only` skips frozen
+    parameters (a LoRA adapter's base model, weights/lora.py)."""
     is_sender = not dist.is_initialized() or dist.get_rank() == 0
     for name, param in model.named_parameters():
+        if trainable_only and not param.requires_grad:
+            continue  # the same on every rank: the gathers stay in step
         tensor = param.detach()
         if isinstance(tensor, DTensor):
             tensor = tensor.full_tensor()

@@ -2,7 +2,8 @@
 Groups and rounds have their own key prefixes, so their process groups neither need nor
 disturb anyone's default group.
 
-    tether/weights/info                   the learner's timeouts, dtype, backend, GPU (JSON)
+    tether/weights/info                   the learner's timeouts, dtype, backend, GPU, payload
+                                          ("full" or "lora") and adapter config (JSON)
     tether/weights/latest                 newest announced version ("closed" at the end)
     tether/weights/members/next_id        member ids are handed out by an atomic add
     tether/weights/members/<id>           alive | evicted | left

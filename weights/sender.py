@@ -90,9 +90,17 @@ class WeightSender:
     `sender.broadcast(version, named_tensors)` (blocking; run it in a thread from async
     code); `close()` at the end. `dtype` is the learner's (engines of another are refused
     when they subscribe); tensors may live on any device and are streamed bucket by bucket.
+    `adapter_config` (a PEFT `adapter_config.json`) says that rounds carry a LoRA adapter
+    instead of full weights (weights/lora.py).
     """
 
-    def __init__(self, config: WeightSyncConfig, *, dtype: str = "float32") -> None:
+    def __init__(
+        self,
+        config: WeightSyncConfig,
+        *,
+        dtype: str = "float32",
+        adapter_config: dict | None = None,
+    ) -> None:
         import torch
 
         self.backend = config.backend
@@ -112,6 +120,8 @@ class WeightSender:
             "dtype": dtype,
             "backend": self.backend,
             "gpu_uuid": _gpu_uuid() if self.backend == "nccl" else "",
+            "payload": "full" if adapter_config is None else "lora",
+            "adapter_config": adapter_config,
         }
         self._store.set(key(INFO_KEY), json.dumps(info))
         self._store.set(key("latest"), "-1")

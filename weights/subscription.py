@@ -18,6 +18,7 @@ from datetime import timedelta
 from typing import Any
 
 from weights.dtypes import dtype_mismatch
+from weights.lora import adapter_mismatch
 from weights.rendezvous import CLOSED, INFO_KEY, NO_GROUP, connect_store, key, roster_key, round_key
 
 log = logging.getLogger(__name__)
@@ -25,6 +26,10 @@ log = logging.getLogger(__name__)
 
 class WeightDtypeMismatch(ValueError):
     """The engine's dtype is not the learner's: refused at start-up, with what to change."""
+
+
+class AdapterMismatch(ValueError):
+    """The engine cannot load the learner's LoRA adapter (rank above its max_lora_rank)."""
 
 
 @dataclass(frozen=True)
@@ -40,6 +45,10 @@ class RoundTicket:
     store_port: int
     join_timeout_s: float
     transfer_timeout_s: float
+    payload: str = "full"
+    """What the round carries: `full` weights, or a `lora` adapter (weights/lora.py)."""
+    adapter_config: dict[str, Any] | None = None
+    """The adapter's PEFT `adapter_config.json` (payload `lora`)."""
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -49,7 +58,9 @@ class WeightSubscription:
     """One actor engine's membership: `wait_round(after_version)` returns the ticket of the
     next round it is seated in; the engine's workers then receive with a `WeightChannel`.
     `slots` is the number of engine workers that each take a rank (tensor x pipeline
-    parallel size); `dtype` the engine's resolved dtype (None: not checked)."""
+    parallel size); `dtype` the engine's resolved dtype (None: not checked);
+    `max_lora_rank` the largest adapter an engine with vLLM's LoRA loads (None: it merges
+    adapters, any rank)."""
 
     def __init__(
         self,
@@ -58,6 +69,7 @@ class WeightSubscription:
         *,
         slots: int = 1,
         dtype: str | None = None,
+        max_lora_rank: int | None = None,
         connect_timeout_s: float = 60.0,
     ) -> None:
         if slots < 1:
@@ -65,6 +77,7 @@ class WeightSubscription:
         self.store_host, self.store_port = host, port
         self.slots = slots
         self.dtype = dtype
+        self.max_lora_rank = max_lora_rank
         # `leave()` may run in another thread while `wait_round` polls: once it returned,
         # this member is marked left and asks for no seat again.
         self._lock = threading.Lock()
@@ -80,6 +93,12 @@ class WeightSubscription:
         mismatch = self.dtype and dtype_mismatch(info["dtype"], self.dtype)
         if mismatch:
             raise WeightDtypeMismatch(mismatch)
+        self.payload = info.get("payload", "full")
+        self.adapter_config = info.get("adapter_config")
+        if self.payload == "lora":
+            refused = adapter_mismatch(self.adapter_config, self.max_lora_rank)
+            if refused:
+                raise AdapterMismatch(refused)
         self.join_timeout_s = float(info["join_timeout_s"])
         self.transfer_timeout_s = float(info["transfer_timeout_s"])
         self._store.set_timeout(timedelta(seconds=self.transfer_timeout_s))
@@ -150,6 +169,8 @@ class WeightSubscription:
             store_port=self.store_port,
             join_timeout_s=self.join_timeout_s,
             transfer_timeout_s=self.transfer_timeout_s,
+            payload=self.payload,
+            adapter_config=self.adapter_config,
         )
 
     @property

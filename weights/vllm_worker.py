@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from weights.lora import apply_adapter, read_adapter_dir
 from weights.receiver import WeightChannel
 from weights.snapshot import safetensors_weights
 from weights.subscription import RoundTicket
@@ -157,7 +158,20 @@ class WeightSyncExtension:
                 # Host copies as buckets arrive: the GPU never holds the model outside vLLM.
                 weights = [(name, tensor.cpu()) for name, tensor in weights]
             received = time.monotonic()
-            num_bytes = self._tether_reload(weights, track_checksum, streamed=not staged)
+            if round_ticket.payload == "lora":  # an adapter: vLLM's LoRA, or merged
+                result.update(
+                    apply_adapter(
+                        self,
+                        weights,
+                        round_ticket.adapter_config,
+                        version=round_ticket.version,
+                        track=track_checksum,
+                    )
+                )
+            else:
+                result["num_bytes"] = self._tether_reload(
+                    weights, track_checksum, streamed=not staged
+                )
         except (RuntimeError, TimeoutError, ValueError) as e:
             # The round failed (a peer died, the learner went away, we were not seated):
             # report it; the engine resumes (staged: old weights) or stays paused (mixed).
@@ -166,7 +180,6 @@ class WeightSyncExtension:
             return result
         loaded = time.monotonic()
         result.update(
-            num_bytes=num_bytes,
             receive_s=received - started,
             load_s=loaded - received,
             weights_mixed=False,
@@ -177,6 +190,8 @@ class WeightSyncExtension:
         """Leave the broadcast's group cleanly (the engine is shutting down)."""
         if hasattr(self, "_tether_weight_channel"):
             self._tether_weight_channel.shutdown()
+        if hasattr(self, "_tether_adapter_dirs"):
+            self._tether_adapter_dirs.remove()
 
     def load_weights_from_path(
         self, path: str, track_checksum: bool = False, staged: bool = True
@@ -190,6 +205,18 @@ class WeightSyncExtension:
         if staged:
             weights = list(weights)
         self._tether_reload(weights, track_checksum, streamed=not staged)
+
+    def merge_adapter_from_path(
+        self, path: str, version: int, track_checksum: bool = False
+    ) -> dict[str, Any]:
+        """Merge an adapter snapshot (a PEFT directory) into the base weights and load them:
+        a late joiner of a LoRA run on an engine without vLLM's LoRA (an engine with it
+        loads the directory with `add_lora` instead). The adapter is read whole first: one
+        that vanished or is cut short leaves the weights as they were."""
+        adapter_config, adapter = read_adapter_dir(path)
+        return apply_adapter(
+            self, adapter.items(), adapter_config, version=version, track=track_checksum
+        )
 
     def weights_checksum(self) -> dict[str, float] | None:
         """`checksum` of the weights loaded last (None before, or when not tracked)."""

@@ -41,3 +41,25 @@ async def vllm_engine(tiny_model_dir):
     )
     yield engine
     engine.shutdown()
+
+
+USER_MESSAGES = ["What is 17 + 25?", "What is 3 * 4?", "Hello"]
+
+
+@pytest.fixture(scope="session")
+def tokenizer(tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_model_dir)
+
+
+@pytest.fixture(scope="session")
+def prompts(tokenizer) -> list[list[int]]:
+    """The chat-templated token ids of `USER_MESSAGES`."""
+    out = []
+    for text in USER_MESSAGES:
+        rendered = tokenizer.apply_chat_template(
+            [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False
+        )
+        out.append(tokenizer.encode(rendered, add_special_tokens=False))
+    return out

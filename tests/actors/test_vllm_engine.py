@@ -25,30 +25,10 @@ from weights.vllm_worker import checksum
 
 vllm = pytest.mark.vllm
 
-USER_MESSAGES = ["What is 17 + 25?", "What is 3 * 4?", "Hello"]
-
 
 def _request(temperature: float, max_tokens: int, seed=None, stop_token_ids=()) -> Turn:
     """One request's turn (at `temperature`, unseeded unless `seed`)."""
     return Turn(SamplingConfig(temperature=temperature), max_tokens, tuple(stop_token_ids), seed)
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tiny_model_dir):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(tiny_model_dir)
-
-
-@pytest.fixture(scope="module")
-def prompts(tokenizer) -> list[list[int]]:
-    out = []
-    for text in USER_MESSAGES:
-        rendered = tokenizer.apply_chat_template(
-            [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False
-        )
-        out.append(tokenizer.encode(rendered, add_special_tokens=False))
-    return out
 
 
 @pytest.fixture

@@ -76,7 +76,10 @@ class Result:
 
 
 def _grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    return {name: p.grad.detach().clone() for name, p in model.named_parameters()}
+    """Every trainable parameter's gradient (a LoRA model's base is frozen)."""
+    return {
+        name: p.grad.detach().clone() for name, p in model.named_parameters() if p.requires_grad
+    }
 
 
 def reference(

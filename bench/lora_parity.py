@@ -1,0 +1,118 @@
+"""A trained adapter in the actors' engine against transformers + PEFT, greedy, token for
+token: the acceptance check of issue 15 on a real run's adapter (the vLLM LoRA tests use
+random adapters on a random model).
+
+The adapter is a LoRA run's snapshot (`runs/<id>/weights/v<N>/`, a PEFT directory) of the
+shipped demo model. The first PROMPTS eval prompts of the run's data are decoded greedily by
+transformers with the adapter (PEFT's `PeftModel.from_pretrained`), then by one vLLM engine
+of each kind that loads the same snapshot (`load_snapshot`): vLLM's LoRA (the adapter in its
+slot) and merged (the adapter merged into the base weights). Prints how many prompts match
+token for token, and writes bench/results/lora_parity.json.
+
+    python bench/lora_parity.py --run runs/latest [--version 30] [--prompts 30]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from bench.common import print_table, write_results  # noqa: E402
+
+MODEL = REPO / "demo" / "tiny_model"
+MAX_TOKENS = 48
+
+
+def _greedy(model, prompt: list[int], eos_id: int) -> list[int]:
+    """The slow obvious greedy decoder: a full forward pass per token."""
+    import torch
+
+    ids, out = list(prompt), []
+    with torch.no_grad():
+        for _ in range(MAX_TOKENS):
+            token = int(model(torch.tensor([ids])).logits[0, -1].argmax())
+            out.append(token)
+            ids.append(token)
+            if token == eos_id:
+                break
+    return out
+
+
+async def _engine_outputs(enable_lora: bool, snapshot: Path, version: int, prompts, rank: int):
+    from actors.config import SamplingConfig, VllmEngineConfig
+    from actors.types import Turn
+    from actors.vllm_engine import VllmEngine
+
+    turn = Turn(SamplingConfig(temperature=0.0), MAX_TOKENS)
+    engine = await VllmEngine.start(
+        VllmEngineConfig(
+            model=str(MODEL),
+            max_model_len=1024,
+            max_num_seqs=8,
+            enable_chunked_prefill=False,
+            enable_lora=enable_lora,
+            max_lora_rank=rank,
+        )
+    )
+    try:
+        await engine.load_snapshot(str(snapshot), version)
+        outputs = [await engine.generate(prompt, turn) for prompt in prompts]
+    finally:
+        engine.shutdown()
+    assert all(o.versions == [version] * len(o.token_ids) for o in outputs)
+    return [o.token_ids for o in outputs]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--run", type=Path, default=REPO / "runs" / "latest")
+    parser.add_argument("--version", type=int, default=30)
+    parser.add_argument("--prompts", type=int, default=30)
+    args = parser.parse_args()
+
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    snapshot = args.run / "weights" / f"v{args.version:06d}"
+    rank = json.loads((snapshot / "adapter_config.json").read_text())["r"]
+    tokenizer = AutoTokenizer.from_pretrained(MODEL)
+    with open(args.run / "data" / "eval.jsonl") as rows:
+        messages = [json.loads(line)["prompt"] for line in rows][: args.prompts]
+    prompts = [
+        tokenizer.encode(
+            tokenizer.apply_chat_template(m, add_generation_prompt=True, tokenize=False),
+            add_special_tokens=False,
+        )
+        for m in messages
+    ]
+    base = AutoModelForCausalLM.from_pretrained(MODEL, dtype=torch.float32).eval()
+    base_outputs = [_greedy(base, p, tokenizer.eos_token_id) for p in prompts]
+    peft = PeftModel.from_pretrained(base, str(snapshot)).eval()
+    reference = [_greedy(peft, p, tokenizer.eos_token_id) for p in prompts]
+    figures = {
+        "snapshot_version": args.version,
+        "adapter_rank": rank,
+        "prompts": len(prompts),
+        "reference_tokens": sum(map(len, reference)),
+        "prompts_the_adapter_changes": sum(
+            a != b for a, b in zip(reference, base_outputs, strict=True)
+        ),
+    }
+    for mode, enable_lora in (("vllm_lora", True), ("merged", False)):
+        outputs = asyncio.run(_engine_outputs(enable_lora, snapshot, args.version, prompts, rank))
+        figures[f"{mode}_prompts_equal"] = sum(
+            a == b for a, b in zip(outputs, reference, strict=True)
+        )
+    print_table("vLLM with the adapter vs transformers + PEFT (greedy)", list(figures.items()))
+    write_results("lora_parity", figures)
+
+
+if __name__ == "__main__":
+    main()
