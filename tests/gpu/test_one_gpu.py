@@ -134,6 +134,36 @@ def test_a_gpu_learners_weights_reach_a_receiver_over_gloo(tiny_model_dir, size)
     })  # fmt: skip
 
 
+def test_a_lora_learner_on_one_gpu_trains_and_sends_only_the_adapter(tiny_model_dir):
+    """LoRA (docs/lora.md) on GPU: bf16 steps move the adapter alone, and the weight round
+    carries the adapter (PEFT names), bit-equal at the receiver."""
+    need_gpus(1)
+    finetune = {"mode": "lora", "rank": 16, "alpha": 32}
+    trainer = _trainer(load_model(tiny_model_dir, device=CUDA), finetune=finetune)
+    assert trainer.lora and trainer.bf16
+    base = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    samples = random_samples(num_samples=16, seed=7, min_len=20, max_len=120)
+    steps = [trainer.train_step(samples) for _ in range(3)]
+    assert all(s["skipped"] == 0.0 for s in steps)
+    moved = {n for n, p in trainer.model.named_parameters() if not torch.equal(p, base[n])}
+    assert moved and all(".lora_B." in n or ".lora_A." in n for n in moved)
+
+    weights = list(trainer.full_weights(dtype=torch.bfloat16))
+    assert weights and all(".lora_" in name for name, _ in weights)
+    config = WeightSyncConfig(store_port=0, backend="gloo", join_timeout_s=30.0)
+    sender = WeightSender(config, dtype="bfloat16")
+    receiver = _start_receiver(sender.config)
+    try:
+        report = sender.broadcast(1, trainer.full_weights(dtype=torch.bfloat16))
+        out, _ = receiver.communicate(timeout=300)
+    finally:
+        receiver.kill()
+        sender.close()
+    assert report.ok and report.num_bytes == sum(t.numel() * 2 for _, t in weights)
+    assert json.loads(out.strip().splitlines()[-1])["checksum"] == checksum(weights)
+    record(lora_gpu_update_bytes=report.num_bytes)
+
+
 def _best_step_s(trainer: Trainer, samples, repeats: int = 3) -> float:
     best = float("inf")
     for _ in range(repeats):
