@@ -24,24 +24,10 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from bench.common import print_table, write_results  # noqa: E402
+from demo.reference import hf_greedy  # noqa: E402
 
 MODEL = REPO / "demo" / "tiny_model"
 MAX_TOKENS = 48
-
-
-def _greedy(model, prompt: list[int], eos_id: int) -> list[int]:
-    """The slow obvious greedy decoder: a full forward pass per token."""
-    import torch
-
-    ids, out = list(prompt), []
-    with torch.no_grad():
-        for _ in range(MAX_TOKENS):
-            token = int(model(torch.tensor([ids])).logits[0, -1].argmax())
-            out.append(token)
-            ids.append(token)
-            if token == eos_id:
-                break
-    return out
 
 
 async def _engine_outputs(enable_lora: bool, snapshot: Path, version: int, prompts, rank: int):
@@ -93,9 +79,9 @@ def main() -> None:
         for m in messages
     ]
     base = AutoModelForCausalLM.from_pretrained(MODEL, dtype=torch.float32).eval()
-    base_outputs = [_greedy(base, p, tokenizer.eos_token_id) for p in prompts]
+    base_outputs = [hf_greedy(base, p, MAX_TOKENS, tokenizer.eos_token_id) for p in prompts]
     peft = PeftModel.from_pretrained(base, str(snapshot)).eval()
-    reference = [_greedy(peft, p, tokenizer.eos_token_id) for p in prompts]
+    reference = [hf_greedy(peft, p, MAX_TOKENS, tokenizer.eos_token_id) for p in prompts]
     figures = {
         "snapshot_version": args.version,
         "adapter_rank": rank,

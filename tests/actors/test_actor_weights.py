@@ -32,6 +32,7 @@ from broker.codec import token_arrays
 from broker.config import BrokerConfig
 from broker.wire import PolicyVersion, PromptTask, Trajectory
 from demo.data import SYSTEM_PROMPT
+from demo.reference import hf_greedy as _hf_greedy
 from envservers.config import EnvServerConfig
 from envservers.server import EnvServer
 from protos.client import EnvClient, GrpcEnvConnector
@@ -249,19 +250,6 @@ def _perturbed(model, *, seed: int, scale: float = 0.05):
         for param in clone.parameters():
             param.add_(torch.randn(param.shape, generator=generator) * scale)
     return clone
-
-
-@torch.no_grad()
-def _hf_greedy(model, prompt: list[int], max_tokens: int, eos_id: int) -> list[int]:
-    """The slow obvious greedy decoder: a full forward pass per token."""
-    ids, out = list(prompt), []
-    for _ in range(max_tokens):
-        token = int(model(torch.tensor([ids])).logits[0, -1].argmax())
-        out.append(token)
-        ids.append(token)
-        if token == eos_id:
-            break
-    return out
 
 
 def _policy_versions(trajectory: Trajectory) -> set[int]:

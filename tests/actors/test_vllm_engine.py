@@ -17,6 +17,7 @@ import torch
 from actors.config import SamplingConfig, VllmEngineConfig
 from actors.types import Turn
 from actors.vllm_engine import _expand_spans
+from demo.reference import hf_greedy as _hf_greedy
 from weights.config import WeightSyncConfig
 from weights.follower import WeightUpdateError, follow_weights
 from weights.sender import WeightSender
@@ -84,19 +85,6 @@ async def _push(engine, channel, model, version: int):
     update = await engine.update_weights(ticket)
     await asyncio.to_thread(thread.join)
     return result["report"], update
-
-
-@torch.no_grad()
-def _hf_greedy(model, prompt: list[int], max_tokens: int, eos_id: int) -> list[int]:
-    """The slow obvious greedy decoder: full forward pass per token."""
-    ids, out = list(prompt), []
-    for _ in range(max_tokens):
-        token = int(model(torch.tensor([ids])).logits[0, -1].argmax())
-        out.append(token)
-        ids.append(token)
-        if token == eos_id:
-            break
-    return out
 
 
 @torch.no_grad()

@@ -92,16 +92,30 @@ def test_the_learner_trains_on_one_gpu_in_bf16(tiny_model_dir):
     assert steps[-1]["loss"] < steps[0]["loss"]
 
 
-def _start_receiver(config: WeightSyncConfig) -> subprocess.Popen:
-    proc = subprocess.Popen(
-        [sys.executable, str(RECEIVER), f"{config.store_host}:{config.store_port}", "1"],
+def _round_to_a_receiver(trainer: Trainer):
+    """One weight round of the trainer's bf16 weights over gloo to a receiver process (as
+    an engine's worker follows rounds): (the sender's report, the receiver's JSON line)."""
+    config = WeightSyncConfig(
+        store_port=0, backend="gloo", join_timeout_s=30.0, transfer_timeout_s=120.0
+    )
+    sender = WeightSender(config, dtype="bfloat16")
+    store = f"{sender.config.store_host}:{sender.config.store_port}"
+    receiver = subprocess.Popen(
+        [sys.executable, str(RECEIVER), store, "1"],
         stdout=subprocess.PIPE,
         text=True,
         env={**os.environ, "PYTHONPATH": str(REPO)},
         cwd=REPO,
     )
-    assert proc.stdout.readline().strip() == "ready"
-    return proc
+    try:
+        assert receiver.stdout.readline().strip() == "ready"
+        report = sender.broadcast(1, trainer.full_weights(dtype=torch.bfloat16))
+        out, _ = receiver.communicate(timeout=300)
+    finally:
+        receiver.kill()
+        sender.close()
+    assert report.ok and report.num_receivers == 1, report
+    return report, json.loads(out.strip().splitlines()[-1])
 
 
 @pytest.mark.parametrize("size", ["tiny", "mid"])
@@ -112,20 +126,7 @@ def test_a_gpu_learners_weights_reach_a_receiver_over_gloo(tiny_model_dir, size)
     if size == "tiny":
         trainer.train_step(random_samples(num_samples=8, seed=5))  # weights no checkpoint has
     expected = checksum(trainer.full_weights(dtype=torch.bfloat16))
-
-    config = WeightSyncConfig(
-        store_port=0, backend="gloo", join_timeout_s=30.0, transfer_timeout_s=120.0
-    )
-    sender = WeightSender(config, dtype="bfloat16")
-    receiver = _start_receiver(sender.config)
-    try:
-        report = sender.broadcast(1, trainer.full_weights(dtype=torch.bfloat16))
-        out, _ = receiver.communicate(timeout=300)
-    finally:
-        receiver.kill()
-        sender.close()
-    assert report.ok and report.num_receivers == 1, report
-    got = json.loads(out.strip().splitlines()[-1])
+    report, got = _round_to_a_receiver(trainer)
     assert got["version"] == 1
     assert got["checksum"] == expected
     record(**{
@@ -150,17 +151,9 @@ def test_a_lora_learner_on_one_gpu_trains_and_sends_only_the_adapter(tiny_model_
 
     weights = list(trainer.full_weights(dtype=torch.bfloat16))
     assert weights and all(".lora_" in name for name, _ in weights)
-    config = WeightSyncConfig(store_port=0, backend="gloo", join_timeout_s=30.0)
-    sender = WeightSender(config, dtype="bfloat16")
-    receiver = _start_receiver(sender.config)
-    try:
-        report = sender.broadcast(1, trainer.full_weights(dtype=torch.bfloat16))
-        out, _ = receiver.communicate(timeout=300)
-    finally:
-        receiver.kill()
-        sender.close()
-    assert report.ok and report.num_bytes == sum(t.numel() * 2 for _, t in weights)
-    assert json.loads(out.strip().splitlines()[-1])["checksum"] == checksum(weights)
+    report, got = _round_to_a_receiver(trainer)
+    assert report.num_bytes == sum(t.numel() * 2 for _, t in weights)
+    assert got["checksum"] == checksum(weights)
     record(lora_gpu_update_bytes=report.num_bytes)
 
 
