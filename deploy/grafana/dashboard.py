@@ -194,6 +194,13 @@ def learner_panels() -> list[dict]:
             stack=True,
         ),
         timeseries(
+            "Weight update size",
+            "Bytes the last weight broadcast carried to the engines: the whole model in its "
+            "engine dtype, or with LoRA the adapter alone (docs/lora.md).",
+            [target("max(tether_learner_broadcast_bytes)", "bytes per update")],
+            unit="bytes",
+        ),
+        timeseries(
             "Trained vs dropped trajectories",
             "Trajectories per second the actors published, the learner trained on, and the "
             "learner dropped by reason (stale: older than max_staleness; errors/error: env "
