@@ -44,6 +44,15 @@ def _varlen_attn():
 
 
 VARLEN_ATTN = _varlen_attn()
+CAUSAL = (
+    {}
+    if VARLEN_ATTN is None
+    else {"window_size": (-1, 0)}
+    if "window_size" in inspect.signature(VARLEN_ATTN).parameters
+    else {"is_causal": True}
+)
+"""Causal in the installed torch's spelling: `window_size=(-1, 0)` (2.10+) or `is_causal=True`
+(2.9); read once, not per layer."""
 
 
 def compute_dtype(query: torch.Tensor) -> torch.dtype:
@@ -108,13 +117,6 @@ def _device_plan(segments: Segments, device: torch.device):
     return cached
 
 
-def _causal_kwargs() -> dict:
-    """Causal in the installed torch's spelling: `window_size=(-1, 0)` (2.10+) or
-    `is_causal=True` (2.9)."""
-    parameters = inspect.signature(VARLEN_ATTN).parameters
-    return {"window_size": (-1, 0)} if "window_size" in parameters else {"is_causal": True}
-
-
 def attend_segments_varlen(
     query: torch.Tensor,
     key: torch.Tensor,
@@ -131,5 +133,5 @@ def attend_segments_varlen(
     rows, cu_q, cu_k, max_q, max_k = _device_plan(segments, query.device)
     if rows is not None:
         k, v = k.index_select(0, rows), v.index_select(0, rows)
-    out = VARLEN_ATTN(q, k, v, cu_q, cu_k, max_q, max_k, scale=scale, **_causal_kwargs())
+    out = VARLEN_ATTN(q, k, v, cu_q, cu_k, max_q, max_k, scale=scale, **CAUSAL)
     return out.transpose(0, 1)[None]  # [1, H, N, D]

@@ -71,10 +71,9 @@ def _perturbed(model, *, seed: int, scale: float = 0.05):
     return clone
 
 
-async def _push(engine, channel, model, version: int):
-    """Broadcast `model`'s parameters as round `version` and apply it in flight."""
-    sender, subscription = channel
-    weights = [(name, param.detach()) for name, param in model.named_parameters()]
+async def push_round(engine, sender, subscription, weights, version: int):
+    """Broadcast `weights` as round `version` (the learner's side, in a thread) while
+    `engine` takes it in flight: (the sender's report, the engine's update, the ticket)."""
     result = {}
     thread = threading.Thread(
         target=lambda: result.setdefault("report", sender.broadcast(version, weights))
@@ -84,7 +83,15 @@ async def _push(engine, channel, model, version: int):
     assert ticket is not None and ticket.version == version
     update = await engine.update_weights(ticket)
     await asyncio.to_thread(thread.join)
-    return result["report"], update
+    return result["report"], update, ticket
+
+
+async def _push(engine, channel, model, version: int):
+    """Broadcast `model`'s parameters as round `version` and apply it in flight."""
+    sender, subscription = channel
+    weights = [(name, param.detach()) for name, param in model.named_parameters()]
+    report, update, _ = await push_round(engine, sender, subscription, weights, version)
+    return report, update
 
 
 @torch.no_grad()

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import statistics
-import threading
 
 import pytest
 import torch
@@ -19,7 +18,7 @@ import torch
 from actors.config import VllmEngineConfig
 from learner.config import FinetuneConfig
 from learner.lora import adapter_config, add_lora
-from tests.actors.test_vllm_engine import _hf_greedy, _request
+from tests.actors.test_vllm_engine import _hf_greedy, _request, push_round
 from weights.config import WeightSyncConfig
 from weights.lora import PEFT_PREFIX, AdapterSnapshotWriter, adapter_parameters
 from weights.sender import WeightSender
@@ -89,19 +88,12 @@ async def _push_adapter(engine, sender, model, version: int):
         max_lora_rank=engine.max_lora_rank,
     )
     adapter = list(adapter_parameters(model))
-    result = {}
-    thread = threading.Thread(
-        target=lambda: result.setdefault("report", sender.broadcast(version, adapter))
-    )
     try:
-        thread.start()
-        ticket = await asyncio.to_thread(subscription.wait_round, engine.version, 30.0)
-        assert ticket is not None and ticket.payload == "lora"
-        update = await engine.update_weights(ticket)
-        await asyncio.to_thread(thread.join)
+        report, update, ticket = await push_round(engine, sender, subscription, adapter, version)
+        assert ticket.payload == "lora"
     finally:
         subscription.leave()
-    return result["report"], update, sum(t.numel() * t.element_size() for _, t in adapter)
+    return report, update, sum(t.numel() * t.element_size() for _, t in adapter)
 
 
 async def _assert_greedy_equals(engine, model, prompts, eos_id: int, version: int):
