@@ -200,21 +200,29 @@ async def test_policy_version_follow_sees_each_new_version(bus):
     assert (await store.get()).version == 3
 
 
+def _follow_until(store, fields, stop):
+    """Follow `store` in a task: (the task, the list of `fields(version)` of every version it
+    yields); the task ends after the first version where `stop(version)`."""
+    seen = []
+
+    async def follow():
+        async for version in store.follow(poll_interval_s=0.2):
+            seen.append(fields(version))
+            if stop(version):
+                return
+
+    return asyncio.create_task(follow()), seen
+
+
 async def test_policy_follow_yields_a_new_lineage_even_below_the_newest_version(bus):
     # A learner that resumed from an older checkpoint announces a lower version under a new
     # lineage: followers must see it (actors roll back); a lower version of the same
     # lineage (an out-of-order read) is not news.
     js, names = bus
     store = client.PolicyStore(js, names)
-    seen = []
-
-    async def follow():
-        async for version in store.follow(poll_interval_s=0.2):
-            seen.append((version.version, version.lineage))
-            if version.lineage == "b" and version.version == 5:
-                return
-
-    follower = asyncio.create_task(follow())
+    follower, seen = _follow_until(
+        store, lambda v: (v.version, v.lineage), lambda v: v.lineage == "b" and v.version == 5
+    )
     for version, lineage in ((6, "a"), (7, "a"), (4, "b"), (5, "b")):
         await store.publish(PolicyVersion(version=version, published_at=0.0, lineage=lineage))
         await asyncio.sleep(0.3)  # the KV keeps only the newest: let each be seen
@@ -228,15 +236,9 @@ async def test_policy_follow_yields_the_same_version_again_with_a_newer_snapshot
     # same announcement again is not news.
     js, names = bus
     store = client.PolicyStore(js, names)
-    seen = []
-
-    async def follow():
-        async for version in store.follow(poll_interval_s=0.2):
-            seen.append((version.version, version.snapshot_version))
-            if version.snapshot_version == 8:
-                return
-
-    follower = asyncio.create_task(follow())
+    follower, seen = _follow_until(
+        store, lambda v: (v.version, v.snapshot_version), lambda v: v.snapshot_version == 8
+    )
     for version, snapshot in ((8, 5), (8, 5), (8, 8)):
         path = f"/runs/weights/v{snapshot}"
         announced = PolicyVersion(
