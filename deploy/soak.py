@@ -40,6 +40,7 @@ KINDS = [
     ("engine", signal.SIGKILL),
 ]
 WORKLOAD = [
+    "local.actor_replicas=2",  # a killed replica's groups are re-played by the other
     "local.num_eval_rows=20",  # the demo's eval set, smaller: evals every 10 steps
     "learner.eval_interval=10",
     "learner.checkpoint.interval=5",

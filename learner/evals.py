@@ -2,8 +2,10 @@
 current version; its groups come back through the intake and are recorded once complete.
 
 Eval tasks carry `min_version = version`, so they run on weights at least that new; they are
-never trained on, and an eval lost in a crash simply runs again (task ids are unique per
-learner process).
+never trained on. An eval in flight when the learner dies runs again only if the successor
+resumes at that very version (from a checkpoint of it); one older than the checkpoint it
+resumes from is lost, its version's weights with it (its groups, redelivered, are ignored:
+task ids are unique per learner process).
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ def test_no_gpus_wires_nothing():
 
 
 def test_one_gpu_runs_learner_and_both_engines_there_over_gloo():
-    run, local = _run("local.learner_gpu_memory_fraction=0.4")  # demo: 2 replicas
+    run, local = _run("local.learner_gpu_memory_fraction=0.4", "local.actor_replicas=2")
     wiring = gpu_wiring(run, local, ["0"])
     assert wiring.learner_env == {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": "0"}
     assert wiring.overrides == [
@@ -44,7 +44,7 @@ def test_one_gpu_runs_learner_and_both_engines_there_over_gloo():
 
 
 def test_three_gpus_give_each_process_its_own():
-    run, local = _run("actor.engine.gpu_memory_utilization=0.85")
+    run, local = _run("actor.engine.gpu_memory_utilization=0.85", "local.actor_replicas=2")
     wiring = gpu_wiring(run, local, ["0", "1", "2"])
     assert wiring.learner_env["CUDA_VISIBLE_DEVICES"] == "0"
     assert wiring.overrides == [
@@ -63,7 +63,7 @@ def test_two_learner_ranks_and_tensor_parallel_engines_on_eight():
 
 
 def test_never_colocate_refuses_a_machine_too_small():
-    run, local = _run("local.colocate=never")
+    run, local = _run("local.colocate=never", "local.actor_replicas=2")
     with pytest.raises(ValueError, match="need 3 GPUs; found 1"):
         gpu_wiring(run, local, ["0"])
 

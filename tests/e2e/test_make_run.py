@@ -39,6 +39,7 @@ OVERRIDES = [
     "local.num_train_rows=64",
     f"local.num_eval_rows={EVAL_ROWS}",
     "local.timeout_s=900",
+    "local.actor_replicas=2",  # the demo runs one; two check the replicas' wiring
     f"learner.total_steps={STEPS}",
     f"learner.max_staleness={MAX_STALENESS}",
     f"learner.prompts_per_step={PROMPTS_PER_STEP}",

@@ -27,6 +27,16 @@ async def _until_in_bucket(store, layout, step: int, run) -> None:
         await asyncio.sleep(0.2)
 
 
+async def _until_evals_in_bucket(store, layout, versions: tuple[int, ...], run) -> None:
+    """Until the eval dumps of `versions` are uploaded: an eval still in flight when the
+    learner is killed is not run again by its successor (learner/evals.py), so the test
+    kills only once the evals due before the kill are done."""
+    wanted = {layout.eval_key(version, "aggregated_results.jsonl") for version in versions}
+    while not wanted <= set(await asyncio.to_thread(store.listing, f"{layout.prefix}/evals/")):
+        assert run.process.returncode is None, run.log_tail()
+        await asyncio.sleep(0.2)
+
+
 async def test_a_fresh_machine_resumes_from_the_bucket(
     learner_run, nats_server, bus_names, s3_storage
 ):
@@ -41,17 +51,20 @@ async def test_a_fresh_machine_resumes_from_the_bucket(
             assert run.process.returncode is None, run.log_tail()
             await asyncio.sleep(0.05)
         await _until_in_bucket(store, layout, 4, run)  # checkpoints every 2 versions
+        await _until_evals_in_bucket(store, layout, (0, 3), run)
         os.kill(run.process.pid, signal.SIGKILL)
         assert await run.wait(30) == -signal.SIGKILL
+        # 4, or 6 if the learner got that far while the evals finished.
+        resumed = (await asyncio.to_thread(store.artifacts, layout, "checkpoint"))[0][-1]
         shutil.rmtree(run.run_dir / "checkpoints")  # the new machine has none of it
         num_announced = len(versions.versions)
         await run.start()
         code = await run.wait(TIMEOUT_S)
     assert code == 0, run.log_tail()
-    assert "downloaded checkpoint 4 from s3://" in run.log_tail(200_000)
+    assert f"downloaded checkpoint {resumed} from s3://" in run.log_tail(200_000)
 
     # The KV went back to the bucket's checkpoint and counted on from there.
-    assert versions.versions[num_announced:] == list(range(4, 9))
+    assert versions.versions[num_announced:] == list(range(resumed, 9))
     trained_lines, _ = _assert_every_trajectory_accounted_for(run, actors)
     assert [line["step"] for line in trained_lines] == list(range(8))
     _assert_trained_within_bound(trained_lines, actors, max_staleness=1)
