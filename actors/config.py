@@ -16,6 +16,25 @@ import pydantic
 from common.config import CertKeyFiles, StrictModel
 from common.restarts import RestartPolicy
 
+VLLM_ENGINE_ARGS = frozenset(
+    {
+        "model",
+        "max_model_len",
+        "max_num_seqs",
+        "seed",
+        "enable_prefix_caching",
+        "enable_chunked_prefill",
+        "max_num_batched_tokens",
+        "enforce_eager",
+        "logprobs_mode",
+        "tensor_parallel_size",
+        "pipeline_parallel_size",
+        "gpu_memory_utilization",
+    }
+)
+"""The `VllmEngineConfig` fields that are vLLM's engine arguments of the same name and
+meaning, handed to `AsyncEngineArgs` as they are (the others Tether reads itself)."""
+
 
 class SamplingConfig(StrictModel):
     """vLLM sampling of every assistant turn."""
@@ -229,6 +248,10 @@ class VllmEngineConfig(StrictModel):
                 "loads for parallel engines)"
             )
         return self
+
+    def vllm_engine_args(self) -> dict:
+        """The fields named in `VLLM_ENGINE_ARGS`, as vLLM's keyword arguments."""
+        return self.model_dump(include=VLLM_ENGINE_ARGS)
 
     @property
     def stages_weights(self) -> bool:

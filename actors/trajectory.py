@@ -13,24 +13,22 @@ def trajectory_id(task_id: str, sample_index: int) -> str:
     return f"{task_id}/{sample_index}"
 
 
+_FROM_TASK = ("group_size", "step", "env_class", "data_source", "is_eval")
+"""The prompt task's fields that every trajectory of its group carries as they are."""
+_FROM_RESULT = ("prompt_len", "reward", "stop_reason", "num_turns", "num_tool_calls")
+"""The episode result's fields that its trajectory carries as they are."""
+
+
 def to_trajectory(
     result: EpisodeResult, *, task: PromptTask, sample_index: int, actor_id: str = ""
 ) -> Trajectory:
     return Trajectory(
         trajectory_id=trajectory_id(task.task_id, sample_index),
         group_id=task.task_id,
-        group_size=task.group_size,
         sample_index=sample_index,
-        step=task.step,
-        env_class=task.env_class,
-        data_source=task.data_source,
         actor_id=actor_id,
-        is_eval=task.is_eval,
-        prompt_len=result.prompt_len,
-        reward=result.reward,
-        stop_reason=result.stop_reason,
-        num_turns=result.num_turns,
-        num_tool_calls=result.num_tool_calls,
+        **{name: getattr(task, name) for name in _FROM_TASK},
+        **{name: getattr(result, name) for name in _FROM_RESULT},
         env_metrics=dict(result.env_metrics),
         timing=dict(result.timing),
         **pack_tokens(

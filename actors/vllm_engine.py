@@ -103,19 +103,8 @@ class VllmEngine:
 
         dtype = resolve_engine_dtype(config.dtype, on_gpu=torch.cuda.is_available())
         args = AsyncEngineArgs(
-            model=config.model,
+            **config.vllm_engine_args(),
             dtype=dtype,
-            max_model_len=config.max_model_len,
-            max_num_seqs=config.max_num_seqs,
-            seed=config.seed,
-            enable_prefix_caching=config.enable_prefix_caching,
-            enable_chunked_prefill=config.enable_chunked_prefill,
-            max_num_batched_tokens=config.max_num_batched_tokens,
-            enforce_eager=config.enforce_eager,
-            logprobs_mode=config.logprobs_mode,
-            tensor_parallel_size=config.tensor_parallel_size,
-            pipeline_parallel_size=config.pipeline_parallel_size,
-            gpu_memory_utilization=config.gpu_memory_utilization,
             worker_extension_cls=WORKER_EXTENSION,
             disable_log_stats=True,
             # One adapter slot, reloaded in place per version (weights/lora.py).

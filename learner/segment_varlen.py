@@ -102,19 +102,18 @@ def _to_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
 
 def _device_plan(segments: Segments, device: torch.device):
     """The plan as device tensors, cached on `segments` for the other layers."""
-    key = ("varlen", device)
-    cached = segments.mask_cache.get(key)
-    if cached is None:
-        rows, cu_q, cu_k = varlen_plan(segments)
-        cached = (
-            None if rows is None else _to_device(rows, device),
-            _to_device(cu_q, device),
-            _to_device(cu_k, device),
-            int(np.diff(cu_q).max()),
-            int(np.diff(cu_k).max()),
-        )
-        segments.mask_cache[key] = cached
-    return cached
+    return segments.cached(("varlen", device), lambda: _plan_on(segments, device))
+
+
+def _plan_on(segments: Segments, device: torch.device):
+    rows, cu_q, cu_k = varlen_plan(segments)
+    return (
+        None if rows is None else _to_device(rows, device),
+        _to_device(cu_q, device),
+        _to_device(cu_k, device),
+        int(np.diff(cu_q).max()),
+        int(np.diff(cu_k).max()),
+    )
 
 
 def attend_segments_varlen(

@@ -29,8 +29,9 @@ one per sample (in `sample_indices` order), or one per step of a step-wise sampl
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -48,8 +49,8 @@ class Segments:
     starts: tuple[int, ...]
     lengths: tuple[int, ...]
     parents: tuple[int, ...]
-    # Attention masks built for these segments, kept for the next layer (segment_attention).
-    mask_cache: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+    # What attention builds for these segments (masks, kernel plans), kept for the next layer.
+    _cache: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         assert len(self.starts) == len(self.lengths) == len(self.parents) > 0
@@ -63,6 +64,13 @@ class Segments:
     @property
     def num_tokens(self) -> int:
         return self.starts[-1] + self.lengths[-1]
+
+    def cached(self, key: Hashable, build: Callable[[], Any]) -> Any:
+        """`build()` the first time `key` is asked for; the same object for every later layer
+        (whose backward keeps it alive anyway)."""
+        if key not in self._cache:
+            self._cache[key] = build()
+        return self._cache[key]
 
 
 @dataclass

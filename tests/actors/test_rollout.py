@@ -396,6 +396,11 @@ async def test_trajectory_carries_the_episode_byte_for_byte(tokenizer, chat):
     )
     assert (trajectory.reward, trajectory.stop_reason, trajectory.num_turns) == (1.0, "stop", 2)
     assert trajectory.num_tool_calls == 1
+    assert (trajectory.env_class, trajectory.data_source, trajectory.is_eval) == (
+        task.env_class,
+        task.data_source,
+        task.is_eval,
+    )
     assert set(trajectory.timing) == {"generate_s", "env_s", "start", "end"}
 
 

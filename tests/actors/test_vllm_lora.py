@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from actors.config import VllmEngineConfig
+from demo.engine import tiny_engine_settings
 from learner.config import FinetuneConfig
 from learner.lora import adapter_config, add_lora
 from tests.actors.test_vllm_engine import _hf_greedy, _request, push_round
@@ -35,14 +36,7 @@ async def lora_engine(tiny_model_dir):
     from actors.vllm_engine import VllmEngine
 
     engine = await VllmEngine.start(
-        VllmEngineConfig(
-            model=str(tiny_model_dir),
-            max_model_len=1024,
-            max_num_seqs=8,
-            enable_chunked_prefill=False,
-            enable_lora=True,
-            max_lora_rank=8,
-        )
+        VllmEngineConfig(**tiny_engine_settings(tiny_model_dir), enable_lora=True, max_lora_rank=8)
     )
     yield engine
     engine.shutdown()

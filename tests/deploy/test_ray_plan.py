@@ -54,6 +54,8 @@ DEMAND = dict(
     cpus_per_envserver=2,
     cpus_nats=1,
 )
+ONE_CPU_EACH = dict(cpus_per_learner_rank=1, cpus_per_actor=1, cpus_per_envserver=1)
+"""A learner rank, an actor and an env server take one CPU each: clusters of a few CPUs."""
 
 
 def test_nats_on_the_head_learner_packed_on_one_gpu_node_actors_on_gpus_envservers_on_cpus():
@@ -131,15 +133,7 @@ def test_a_custom_resource_stands_in_for_gpus():
         Node("h", "127.0.0.1", {"CPU": 2, HEAD_RESOURCE: 1}, is_head=True),
         Node("g", "127.0.0.1", {"CPU": 2, "gpu_node": 2}),
     ]
-    plan = _plan(
-        nodes,
-        gpu_resource="gpu_node",
-        actor_replicas=1,
-        cpus_per_learner_rank=1,
-        cpus_per_actor=1,
-        cpus_per_envserver=1,
-        cpus_nats=0,
-    )
+    plan = _plan(nodes, gpu_resource="gpu_node", actor_replicas=1, cpus_nats=0, **ONE_CPU_EACH)
     assert (plan.nats.node_id, plan.envservers[0].node_id) == ("h", "h")
     assert plan.learner[0].node_id == plan.actors[0].node_id == "g"
     assert plan.actors[0].bundle == {"CPU": 1, "gpu_node": 1}
@@ -183,15 +177,7 @@ def _same_host_plan():
         Node("h", "127.0.0.1", {"CPU": 8, HEAD_RESOURCE: 1}, is_head=True),
         Node("g", "127.0.0.1", {"CPU": 8, "GPU": 4}),
     ]
-    return _plan(
-        nodes,
-        learner_ranks=2,
-        actor_replicas=2,
-        envservers=2,
-        cpus_per_learner_rank=1,
-        cpus_per_actor=1,
-        cpus_per_envserver=1,
-    )
+    return _plan(nodes, learner_ranks=2, actor_replicas=2, envservers=2, **ONE_CPU_EACH)
 
 
 def test_ports_count_up_per_host_from_the_roles_bases():
