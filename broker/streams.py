@@ -49,22 +49,8 @@ async def ensure_streams(
     js: JetStreamContext, names: BusNames, limits: StreamLimits = StreamLimits()
 ) -> None:
     """Create or update the streams, consumers and buckets. Safe to call from every process."""
-    await _ensure_work_queue(
-        js,
-        names.prompts,
-        limits,
-        ack_wait_s=limits.prompt_ack_wait_s,
-        max_ack_pending=limits.prompt_max_ack_pending,
-        max_msgs=limits.max_prompt_msgs,
-    )
-    await _ensure_work_queue(
-        js,
-        names.trajectories,
-        limits,
-        ack_wait_s=limits.trajectory_ack_wait_s,
-        max_ack_pending=limits.trajectory_max_ack_pending,
-        max_bytes=limits.max_trajectory_bytes,
-    )
+    for queue, bounds in _work_queues(names, limits):
+        await _ensure_work_queue(js, queue, limits, bounds)
     await js.create_key_value(
         config=KeyValueConfig(
             bucket=names.policy_bucket,
@@ -79,28 +65,52 @@ async def ensure_streams(
     )
 
 
+@dataclass(frozen=True)
+class _QueueBounds:
+    """One work queue's consumer settings and its stream's bound."""
+
+    ack_wait_s: float
+    max_ack_pending: int
+    stream_bound: dict[str, int]
+    """`max_msgs` or `max_bytes` of the stream."""
+
+
+def _work_queues(names: BusNames, limits: StreamLimits) -> list[tuple[WorkQueue, _QueueBounds]]:
+    prompts = _QueueBounds(
+        limits.prompt_ack_wait_s,
+        limits.prompt_max_ack_pending,
+        {"max_msgs": limits.max_prompt_msgs},
+    )
+    trajectories = _QueueBounds(
+        limits.trajectory_ack_wait_s,
+        limits.trajectory_max_ack_pending,
+        {"max_bytes": limits.max_trajectory_bytes},
+    )
+    return [(names.prompts, prompts), (names.trajectories, trajectories)]
+
+
+# What every work-queue stream is: file-backed, each message removed once acked, refusing
+# new messages when full (DiscardNew: publishers wait, nothing is evicted).
+_WORK_QUEUE_POLICY = {
+    "retention": RetentionPolicy.WORK_QUEUE,
+    "storage": StorageType.FILE,
+    "discard": DiscardPolicy.NEW,
+    "max_msg_size": MAX_PAYLOAD_BYTES,
+}
+
+
 async def _ensure_work_queue(
-    js: JetStreamContext,
-    queue: WorkQueue,
-    limits: StreamLimits,
-    *,
-    ack_wait_s: float,
-    max_ack_pending: int,
-    **bound: int,
+    js: JetStreamContext, queue: WorkQueue, limits: StreamLimits, bounds: _QueueBounds
 ) -> None:
-    """`queue`'s stream: file-backed, refusing new messages when full (DiscardNew:
-    publishers wait, nothing is evicted), deduplicated by Nats-Msg-Id, `bound` its max_msgs
-    or max_bytes; and its durable, explicitly acked consumer."""
+    """`queue`'s stream (`_WORK_QUEUE_POLICY`, deduplicated by Nats-Msg-Id, bounded by
+    `bounds`) and its durable, explicitly acked consumer."""
     stream = StreamConfig(
         name=queue.stream,
         subjects=[queue.subject],
-        retention=RetentionPolicy.WORK_QUEUE,
-        storage=StorageType.FILE,
-        discard=DiscardPolicy.NEW,
-        max_msg_size=MAX_PAYLOAD_BYTES,
         duplicate_window=limits.duplicate_window_s,
         num_replicas=limits.replicas,
-        **bound,
+        **_WORK_QUEUE_POLICY,
+        **bounds.stream_bound,
     )
     try:
         await js.add_stream(config=stream)
@@ -110,8 +120,8 @@ async def _ensure_work_queue(
     consumer = ConsumerConfig(
         durable_name=queue.consumer,
         ack_policy=AckPolicy.EXPLICIT,
-        ack_wait=ack_wait_s,
-        max_ack_pending=max_ack_pending,
+        ack_wait=bounds.ack_wait_s,
+        max_ack_pending=bounds.max_ack_pending,
         filter_subject=queue.subject,
     )
     # Creating a durable consumer with its current configuration is a no-op on the server;
