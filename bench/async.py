@@ -4,8 +4,8 @@ default bound (1), on a multi-turn tool environment with heavy-tailed tool laten
 
     workload:  `make run` itself (python -m deploy.local, configs/demo.toml: the shipped
                warm-started tiny model, calculator rows, 8 prompts x 8 samples, up to 3
-               turns of up to 64 tokens, learner on one torch thread, 2 actor replicas with
-               their engines pinned one per core), with every `add` call first waiting a
+               turns of up to 64 tokens, learner on one torch thread, one actor replica
+               with its engine pinned to the first core), with every `add` call first waiting a
                log-normal latency (median 50 ms, p99 2 s: `[envserver.calculator]`,
                envservers/latency.py); in-run evals only at v0 and at the end (16
                prompts). The model calls the tool on about half the episodes at first and
@@ -133,7 +133,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=12, help="learner steps per mode")
     parser.add_argument("--staleness", type=int, default=1, help="the asynchronous bound")
-    parser.add_argument("--replicas", type=int, default=2, help="actor replicas (engines)")
+    parser.add_argument("--replicas", type=int, default=1, help="actor replicas (engines)")
     parser.add_argument("--median-ms", type=float, default=50.0, help="tool latency median")
     parser.add_argument("--p99-s", type=float, default=2.0, help="tool latency p99")
     parser.add_argument("--work-dir", type=Path, help="keep the runs here (default: temp)")
