@@ -179,6 +179,7 @@ def main() -> None:
         "trajectories": args.trajectories,
         "tokens_per_trajectory": args.tokens,
         "message_bytes": args.tokens * 13,
+        "repeats": args.repeats,
     }
     print_table(
         "transport: publish -> fetch -> decode -> ack, separate processes",
