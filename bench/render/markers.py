@@ -45,11 +45,12 @@ def check_names(doc: str, known: Collection[str]) -> None:
 
 
 def replace_blocks(doc: str, rendered: Mapping[str, str]) -> str:
-    """`doc` with each block's content replaced by `rendered[name]`."""
+    """`doc` with each block's content replaced by `rendered[name]`, set off by blank lines
+    (so that a table right after a marker is still a table)."""
     check_names(doc, rendered)
     pieces, cursor = [], 0
     for name, start, end in blocks(doc):
-        pieces += [doc[cursor:start], "\n" + rendered[name].strip("\n") + "\n"]
+        pieces += [doc[cursor:start], "\n\n" + rendered[name].strip("\n") + "\n\n"]
         cursor = end
     return "".join(pieces) + doc[cursor:]
 
