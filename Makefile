@@ -80,16 +80,26 @@ lint: install
 # Every benchmark script in bench/ (not the modules they share: common, *_support, *_worker,
 # and the helpers named in BENCH_HELPERS), in name order; `make bench` prints each one's time.
 # lora_parity is left out: it checks a LoRA run's adapter (docs/lora.md), it needs the run.
-BENCH_HELPERS := __init__ common dense_packing lora_parity pass_at_1 peer_breakdown tether_run
+# Each script's wall seconds and the 1-minute load before and after it go to a log that
+# bench/make_bench.py turns into bench/results/make_bench.json; bench/render_docs.py then
+# rewrites docs/benchmarks.md's figures from bench/results/.
+BENCH_HELPERS := __init__ common dense_packing lora_parity make_bench pass_at_1 peer_breakdown \
+	render_docs tether_run
 bench: install
 	@mkdir -p bench/results
-	@set -e; for script in bench/*.py; do \
+	@set -e; log=$$(mktemp); trap 'rm -f $$log' EXIT; \
+	for script in bench/*.py; do \
 	  name=$$(basename $$script .py); \
 	  case " $(BENCH_HELPERS) " in *" $$name "*) continue;; esac; \
 	  case $$name in *_support|*_worker) continue;; esac; \
-	  echo "== $$script"; started=$$(date +%s); $(PY) $$script; \
-	  echo "== $$script took $$(( $$(date +%s) - started )) s"; \
-	done
+	  echo "== $$script"; read load_before _ < /proc/loadavg; started=$$(date +%s); \
+	  $(PY) $$script; \
+	  took=$$(( $$(date +%s) - started )); read load_after _ < /proc/loadavg; \
+	  echo "$$name $$took $$load_before $$load_after" >> $$log; \
+	  echo "== $$script took $$took s"; \
+	done; \
+	$(PY) bench/make_bench.py $$log; \
+	$(PY) bench/render_docs.py
 
 # Watch the latest `make run` with Prometheus on 127.0.0.1:9090 (docs/observability.md).
 observe: install-test

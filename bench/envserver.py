@@ -25,7 +25,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.common import print_table, write_results  # noqa: E402
+from bench.common import load_average, print_table, write_results  # noqa: E402
 
 NOOP_CALL = '<tool_call>\n{"name": "noop", "arguments": {}}\n</tool_call>'
 CONCURRENCY = (1, 16, 64)
@@ -129,8 +129,9 @@ def main() -> int:
         asyncio.run(serve_ours(args.port))
         return 0
 
-    echo = measure("echo", args.seconds)
-    ours = measure("ours", args.seconds)
+    with load_average() as loads:
+        echo = measure("echo", args.seconds)
+        ours = measure("ours", args.seconds)
     figures: dict[str, float | int | str] = {}
     rows = []
     for n in CONCURRENCY:
@@ -155,6 +156,7 @@ def main() -> int:
             (f"sessions={n:<3} echo p50 / p99 ms", f"{echo_p50:.2f} / {echo_p99:.2f}"),
         ]
     figures["seconds_per_point"] = args.seconds
+    figures.update(loads)
     print_table("env server: no-op tool step vs bare grpc.aio echo", rows)
     write_results("envserver", figures)
     return 0

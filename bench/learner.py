@@ -36,7 +36,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import print_table, write_results  # noqa: E402
+from bench.common import load_average, print_table, write_results  # noqa: E402
 
 VOCAB_LOW = 5
 
@@ -247,7 +247,11 @@ def main() -> None:
         groups, prompts_per_step=args.prompts_per_step, token_budget=args.micro_batch_tokens
     )
     bare, ours = [], []
-    with tempfile.TemporaryDirectory() as tmp, NatsServer(Path(tmp) / "nats") as server:
+    with (
+        load_average() as loads,
+        tempfile.TemporaryDirectory() as tmp,
+        NatsServer(Path(tmp) / "nats") as server,
+    ):
         for r in range(args.repeats):
             asyncio.run(publish(server.url, f"benchlearner{r}", groups))
         in_worker_thread(bare_torch, model_path, steps[:1], lr=args.lr)  # warm-up
@@ -269,6 +273,7 @@ def main() -> None:
         "tokens_per_step": bare[0][1] / args.steps,
         "micro_batch_tokens": args.micro_batch_tokens,
         "torch_threads": args.torch_threads,
+        **loads,
     }
     print_table(
         "learner: NATS -> decode -> groups -> batches -> train step, vs bare torch",

@@ -23,7 +23,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from bench.common import print_table, write_results  # noqa: E402
+from bench.common import load_average, print_table, write_results  # noqa: E402
 
 MODEL = REPO / "demo" / "tiny_model"
 
@@ -104,8 +104,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--rank", type=int, default=16)
     args = parser.parse_args()
-    native = asyncio.run(_measure(True, args.rank, args.rounds))
-    merged = asyncio.run(_measure(False, args.rank, args.rounds))
+    with load_average() as loads:
+        native = asyncio.run(_measure(True, args.rank, args.rounds))
+        merged = asyncio.run(_measure(False, args.rank, args.rounds))
     figures = {
         "rounds": args.rounds,
         "rank": args.rank,
@@ -118,6 +119,7 @@ def main() -> None:
         "merged_full_stall_ms": merged["full_stall_ms_median"],
         "merged_adapter_stall_ms": merged["adapter_stall_ms_median"],
         "merged_adapter_over_full_stall": merged["adapter_over_full_stall"],
+        **loads,
     }
     print_table("LoRA adapter updates vs full-weight updates (idle engine)", list(figures.items()))
     write_results("lora_sync", figures)

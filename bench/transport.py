@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import print_table, write_results  # noqa: E402
+from bench.common import load_average, print_table, write_results  # noqa: E402
 
 SUBJECT_CORE = "bench.core"
 
@@ -165,7 +165,11 @@ def main() -> None:
 
     from broker.server import NatsServer
 
-    with tempfile.TemporaryDirectory() as store, NatsServer(store) as server:
+    with (
+        load_average() as loads,
+        tempfile.TemporaryDirectory() as store,
+        NatsServer(store) as server,
+    ):
         core, ours = [], []
         for r in range(args.repeats):
             namespace = f"bench{r}"
@@ -179,6 +183,8 @@ def main() -> None:
         "trajectories": args.trajectories,
         "tokens_per_trajectory": args.tokens,
         "message_bytes": args.tokens * 13,
+        "repeats": args.repeats,
+        **loads,
     }
     print_table(
         "transport: publish -> fetch -> decode -> ack, separate processes",

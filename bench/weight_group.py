@@ -23,7 +23,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from bench.common import print_table, write_results  # noqa: E402
+from bench.common import load_average, print_table, write_results  # noqa: E402
 
 RECEIVER = REPO / "tests" / "weights" / "receiver_process.py"
 
@@ -66,9 +66,10 @@ def main() -> None:
         return time.perf_counter() - started
 
     try:
-        round_s(1, fresh=False)  # the first group forms here in both cases
-        kept = [round_s(2 + i, fresh=False) for i in range(args.rounds)]
-        fresh = [round_s(2 + args.rounds + i, fresh=True) for i in range(args.rounds)]
+        with load_average() as loads:
+            round_s(1, fresh=False)  # the first group forms here in both cases
+            kept = [round_s(2 + i, fresh=False) for i in range(args.rounds)]
+            fresh = [round_s(2 + args.rounds + i, fresh=True) for i in range(args.rounds)]
     finally:
         for proc in receivers:
             proc.kill()
@@ -82,6 +83,7 @@ def main() -> None:
         "fresh_group_round_ms_median": round(fresh_ms, 1),
         "saved_per_update_ms": round(fresh_ms - kept_ms, 1),
         "fresh_over_long_lived": round(fresh_ms / kept_ms, 2),
+        **loads,
     }
     print_table(
         "weight rounds on gloo: long-lived group vs a group per version", list(figures.items())

@@ -43,7 +43,7 @@ from statistics import median
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import report  # noqa: E402
+from bench.common import load_average, report  # noqa: E402
 
 CHUNK = 64 * 2**20
 MAX_MODEL_LEN = 4096
@@ -321,14 +321,15 @@ def main() -> None:
         sender = context.Process(target=sender_main, args=(child_conn, str(model_dir)))
         sender.start()
         try:
-            figures = asyncio.run(measure(conn, model_dir, nbytes, args))
+            with load_average() as loads:
+                figures = asyncio.run(measure(conn, model_dir, nbytes, args))
             conn.send(("stop",))
             conn.recv()
         finally:
             sender.join(timeout=30)
             if sender.is_alive():
                 sender.kill()
-    figures.update(rounds=args.rounds, model_params=nbytes // 4)
+    figures.update(rounds=args.rounds, model_params=nbytes // 4, **loads)
     report(
         "weightsync",
         "weight sync: broadcast to K engines vs TCP loopback; generation stall per update",

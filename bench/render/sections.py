@@ -1,0 +1,61 @@
+"""The rendered blocks of docs/benchmarks.md: each marker name, the results file it reads
+and the function that renders it. `render_all` is the pure core of bench/render_docs.py."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from bench.render import actor, costs, parts, peer, prefix, projection, system
+from bench.render.markdown import Figures
+
+NOT_MEASURED = "_Not measured yet: run `{command}`._"
+
+
+@dataclass(frozen=True)
+class Section:
+    results: str | None
+    """bench/results/<results>.json; None for a section computed from constants alone."""
+    render: Callable[[Figures], str]
+    command: str = "make bench"
+    """What writes the results file (shown while it is missing)."""
+    optional: bool = False
+    """Render from an empty dict when the file is missing, instead of "not measured"."""
+
+
+SECTIONS: dict[str, Section] = {
+    "transport": Section("transport", parts.transport),
+    "envserver": Section("envserver", parts.envserver),
+    "learner": Section("learner", parts.learner),
+    "actor": Section("actor", actor.actor),
+    "prefix_sharing": Section("prefix_sharing", prefix.prefix_sharing),
+    "weight_group": Section("weight_group", parts.weight_group),
+    "lora_sync": Section("lora_sync", parts.lora_sync),
+    "lora_parity": Section(
+        "lora_parity", parts.lora_parity, "python bench/lora_parity.py --run runs/latest"
+    ),
+    "peer_trl": Section("peer_trl", peer.peer_trl),
+    "async": Section("async", system.async_speedup),
+    "async-gpu-model": Section("async", system.async_gpu_model),
+    "staleness": Section("staleness", system.staleness),
+    "weightsync": Section("weightsync", system.weightsync),
+    "make_bench": Section("make_bench", costs.make_bench),
+    "projection-weights": Section(None, projection.weights),
+    "projection-staleness": Section("async", projection.staleness, optional=True),
+}
+
+
+def render_section(section: Section, results: Mapping[str, Figures]) -> str:
+    if section.results is None:
+        return section.render({})
+    figures = results.get(section.results)
+    if figures is None:
+        return (
+            section.render({}) if section.optional else NOT_MEASURED.format(command=section.command)
+        )
+    return section.render(figures)
+
+
+def render_all(results: Mapping[str, Figures]) -> dict[str, str]:
+    """Every section's markdown from the results files read so far (name -> figures)."""
+    return {name: render_section(section, results) for name, section in SECTIONS.items()}
