@@ -155,11 +155,13 @@ def _greedy(model, prompt: list[int], num_tokens: int) -> list[int]:
 # `measure` (100 eval questions x 2 samples) on builds of the default recipe (seed 0 at 1
 # and 2 threads: 0.37 / 0.385 / 0.96; seeds 1-3: docs/tinymodel.md). For the shipped model
 # only sampling varies (binomial sd 0.034 at 0.37: the band is > 6 sd wide each side); for a
-# rebuild it admits every measured build that learned to copy (the weakest, seed 3: 0.325 /
-# 0.505 / 0.64) and refuses the two seeds that never did (arguments right in 0-3% of calls).
+# rebuild it admits every measured build that learned to copy (the weakest: seed 0 on a
+# 2-core "Intel Xeon Processor" machine, 0.27 / 0.48 / 0.56; seed 3: 0.325 / 0.505 / 0.64)
+# and refuses the two seeds that never did (arguments right in 0-3% of calls): the threshold
+# sits in that gap, 10x above the one and nearly 2x below the other.
 BAND_PASS_AT_1 = (0.15, 0.75)
 BAND_CALL_RATE = (0.15, 0.85)
-MIN_CALLED_RIGHT = 0.6
+MIN_CALLED_RIGHT = 0.3
 
 
 def _assert_in_band(stats) -> None:
