@@ -93,7 +93,11 @@ async def run(args, model_dir: Path, nats_url: str, env_address: str, meter) -> 
             metrics_port=0,
         )
     )
-    broker = BrokerConfig(url=nats_url, namespace=f"bench{uuid.uuid4().hex[:8]}")
+    # A heartbeat every 10 s (not the default 2: fewer messages beside the measured work)
+    # needs an ack wait above it; the actor refuses a heartbeat at or past the ack wait.
+    broker = BrokerConfig(
+        url=nats_url, namespace=f"bench{uuid.uuid4().hex[:8]}", prompt_ack_wait_s=30.0
+    )
 
     def task(task_id: str, index: int) -> PromptTask:
         return PromptTask(
@@ -108,7 +112,10 @@ async def run(args, model_dir: Path, nats_url: str, env_address: str, meter) -> 
     started = time.monotonic()
     engine = await VllmEngine.start(config.engine)
     startup_s = time.monotonic() - started
-    rounds, timed = await _timed_rounds(args, config, broker, engine, task, env_address, meter)
+    try:  # shut the engine down however the rounds end: its processes outlive an exception
+        rounds, timed = await _timed_rounds(args, config, broker, engine, task, env_address, meter)
+    finally:
+        engine.shutdown()
     return summarize(rounds, timed) | {
         "engine_startup_s": startup_s,
         "max_num_seqs": args.max_num_seqs,
@@ -173,7 +180,6 @@ async def _timed_rounds(args, config, broker, engine, task, env_address: str, me
         await running
         await client.close()
         await nc.close()
-        engine.shutdown()
     return rounds, timed
 
 
