@@ -107,6 +107,7 @@ async def run(args, model_dir: Path, nats_url: str, env_address: str, meter) -> 
             env_class="noop",
             data_source="bench",
             prompt=script(index, 0),
+            reward_spec={"ground_truth": ""},  # a row must have one; the noop env ignores it
         )
 
     started = time.monotonic()

@@ -150,12 +150,21 @@ class CpuMeter:
 # ---- phases -------------------------------------------------------------------------------------
 
 
+def _rejected_tasks() -> float:
+    """Prompt tasks this process's actor refused as malformed (actors/metrics.py's counter)."""
+    import prometheus_client as prom
+
+    value = prom.REGISTRY.get_sample_value("tether_actor_tasks_total", {"outcome": "rejected"})
+    return value or 0.0
+
+
 async def actor_phase(running: asyncio.Task, js, names, tasks, consumer):
     """Publish `tasks`; return the seconds until all their trajectories are stored (the
     actor publishes them), and those trajectories."""
     from broker import client as bus
 
     expected = sum(t.group_size for t in tasks)
+    rejected = _rejected_tasks()
     before = (await js.stream_info(names.trajectories.stream)).state.messages
     started = time.perf_counter()
     await bus.publish_prompts(js, names, tasks)
@@ -163,6 +172,8 @@ async def actor_phase(running: asyncio.Task, js, names, tasks, consumer):
         if running.done():
             running.result()  # the actor failed: raise its error
             raise RuntimeError("the actor stopped before finishing the tasks")
+        if _rejected_tasks() > rejected:  # never retried: waiting would hang the benchmark
+            raise RuntimeError("the actor rejected a task (its reason is in the log above)")
         await asyncio.sleep(0.05)
     elapsed = time.perf_counter() - started
     trajectories = []
