@@ -11,8 +11,8 @@ launch, and the time each takes to reach a target pass@1 (0.8 by default).
             checkpoint every `--save-every` steps.
     Tether: `python -m deploy.local` with configs/demo.toml as `make run` runs it; set on
             the command line: the run directory, the step count, and the learner's
-            `snapshot_interval` = `--save-every` (the demo writes one every 5 steps; a
-            1.3 MB safetensors file, milliseconds) so both sides are scored as often. The
+            `snapshot_interval` = `--save-every` (the demo writes one every 5 steps;
+            1.3 MB of safetensors, milliseconds) so both sides are scored as often. The
             snapshots are kept as they appear (bench/tether_run.py).
     Eval:   afterwards, every checkpoint of both sides and the shared start are scored by
             one evaluator (bench/pass_at_1.py: the rollout code on one vLLM engine, the real
@@ -244,6 +244,11 @@ def main() -> None:
             trl = run_trl(python, work, args)
             print(f"  {trl['wall_s']:.0f} s; Tether `make run` ...", flush=True)
             tether = run_tether(work, args)
+        if not tether.snapshots or not trl["checkpoints"]:  # nothing to score: no ratio
+            raise RuntimeError(
+                f"checkpoints to score: TRL {len(trl['checkpoints'])}, Tether "
+                f"{len(tether.snapshots)} (exit {tether.returncode}; logs in {work})"
+            )
         print(f"  {tether.wall_s:.0f} s; scoring every checkpoint ...", flush=True)
         scores = asyncio.run(score_checkpoints(args.model, trl, tether, args))
         figures = figures_of(args, scores, trl, tether, loads)

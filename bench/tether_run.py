@@ -7,8 +7,9 @@ runs. Nothing in the run is changed to be watched.
 What the watcher records, every `poll_s`, on one clock that starts when the launcher is
 started (`t` in seconds from launch):
 - each `metrics.jsonl` record as it appears (`t` is when it was seen);
-- each weight snapshot the learner writes (`<run>/weights/v<N>/`), hard-linked away before
-  the learner deletes it for the next one (`t` is the file's modification time);
+- each weight snapshot the learner writes (`<run>/weights/v<N>/`, its safetensors shards),
+  hard-linked away before the learner deletes it for the next one (`t` is when its last
+  shard was written);
 - every actor replica's Prometheus counters (engine busy seconds, generated tokens, waits).
 """
 
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -102,18 +104,24 @@ class _Watcher:
         self.run.records += [{**json.loads(line), "t": now} for line in complete.splitlines()]
 
     def _snapshots(self) -> None:
+        # A snapshot directory appears whole (the writer renames it into place), holding
+        # one or more model-NNNNN.safetensors shards.
         seen = {version for version, _, _ in self.run.snapshots}
         for directory in sorted((self.run.run_dir / "weights").glob("v[0-9]*")):
             version = int(directory.name[1:])
-            weights = directory / "model.safetensors"
-            if version in seen or not weights.is_file():
+            if version in seen:
                 continue
             kept = self.keep_dir / f"tether_v{version:04d}"
-            kept.mkdir(parents=True, exist_ok=True)
             try:
-                os.link(weights, kept / weights.name)
-                written = weights.stat().st_mtime - self.started
-            except FileNotFoundError:  # rotated away between the glob and the link
+                shards = sorted(directory.glob("*.safetensors"))
+                if not shards:
+                    continue
+                kept.mkdir(parents=True, exist_ok=True)
+                for shard in shards:
+                    os.link(shard, kept / shard.name)
+                written = max(shard.stat().st_mtime for shard in shards) - self.started
+            except FileNotFoundError:  # rotated away while being kept: an incomplete copy
+                shutil.rmtree(kept, ignore_errors=True)
                 continue
             self.run.snapshots.append((version, written, kept))
 

@@ -113,6 +113,22 @@ def test_time_to_target_is_the_first_checkpoint_at_or_above_it():
     assert peer_trl.time_to_target(points, 0.95) is None
 
 
+def test_the_watcher_keeps_each_snapshot_the_learner_writes_once(tmp_path):
+    import torch
+
+    from weights.snapshot import safetensors_weights, write_snapshot
+
+    run = RunRecord(run_dir=tmp_path / "run")
+    watcher = tether_run._Watcher(run, started=0.0, keep_dir=tmp_path / "kept")
+    watcher.poll()  # nothing written yet
+    write_snapshot(run.run_dir / "weights", 5, [("w", torch.ones(2))])
+    watcher.poll()
+    watcher.poll()
+    [(version, written, kept)] = run.snapshots
+    assert version == 5 and written > 0
+    assert [name for name, _ in safetensors_weights(kept)] == ["w"]
+
+
 def test_peer_curves_share_the_start_and_name_every_checkpoint():
     scores = {"start": 0.4, "trl_2": 0.6, "trl_4": 0.85, "tether_2": 0.7}
     trl = {"checkpoints": [(2, 11.0, "a"), (4, 15.0, "b")]}
