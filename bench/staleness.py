@@ -113,12 +113,14 @@ async def one_run(evaluator, work: Path, args, *, k: int, correction: str, seed:
 
     from demo.data import make_rows
     from learner.batching import samples_from_groups
-    from learner.trainer import Trainer, load_model
+    from learner.model_init import load_model
+    from learner.trainer import Trainer
     from weights.snapshot import write_snapshot
 
     torch.manual_seed(seed)
     config = learner_config(args.model, correction, seed)
-    trainer = Trainer(load_model(str(args.model)), config)
+    cpu = torch.device("cpu")
+    trainer = Trainer(load_model(str(args.model), device=cpu), config, device=cpu)
     rows = make_rows(args.steps * PROMPTS_PER_STEP, seed=1000 + seed, split="train")
     snapshots = {0: args.model}
     for step in range(args.steps):
