@@ -18,7 +18,7 @@ def peer_trl(f: Figures) -> str:
         f"{f.get('steps', MISSING)} steps per side; pass@1 by the shared evaluator on"
         f" {f.get('eval_prompts', MISSING)} prompts x {f.get('eval_samples', MISSING)} samples;"
         f" TRL's torch on {f.get('trl_torch_threads', MISSING)} thread(s), Tether with"
-        f" {f.get('tether_actor_replicas', MISSING)} actor replicas; target pass@1 {target}."
+        f" {f.get('tether_actor_replicas', MISSING)} actor replica(s); target pass@1 {target}."
     )
     ratio = check(
         "**ratio** (Tether's time to target / TRL's, from launch)",

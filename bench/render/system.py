@@ -25,7 +25,7 @@ CORRECTIONS = (("none", "none (PPO vs behaviour)"), ("tis", "TIS"), ("decoupled"
 def async_speedup(f: Figures) -> str:
     setup = (
         f"{f.get('steps', MISSING)} learner steps per mode, {f.get('actor_replicas', MISSING)}"
-        f" actor replicas, asynchronous bound {f.get('async_max_staleness', MISSING)}; every"
+        f" actor replica(s), asynchronous bound {f.get('async_max_staleness', MISSING)}; every"
         f" tool call first waits a log-normal latency of median"
         f" {fixed(f.get('tool_latency_median_ms'), 0)} ms and p99"
         f" {fixed(f.get('tool_latency_p99_s'), 1)} s."

@@ -85,14 +85,26 @@ def test_every_section_renders_from_the_committed_results(name):
 
 
 def test_committed_results_render_the_figures_they_hold():
-    rendered = render_all(render_docs.load_results(RESULTS))
-    assert "| 64 | 2,496 | 2,886 | 0.86 |" in rendered["envserver"]
-    assert "ratio_vs_raw_vllm: 0.93 (target ≥ 0.90): **met**" in rendered["actor"]
+    """The headline figures of whatever run is committed, formatted as the doc shows them
+    (read from the JSON: a new `make bench` run changes the values, not this test)."""
+    results = render_docs.load_results(RESULTS)
+    rendered = render_all(results)
+    env = results["envserver"]
     assert (
-        "speedup (sync s per step / async): 1.27x (target ≥ 2.50x): **missed**"
-        in (rendered["async"])
+        f"| 64 | {env['steps_per_s_64']:,.0f} | {env['echo_steps_per_s_64']:,.0f} |"
+        f" {env['ratio_vs_echo_64']:.2f} |" in rendered["envserver"]
     )
-    assert "| 4 | 0.835 | 22 | 0.775 | 157 | — |" in rendered["peer_trl"]
+    actor = results["actor"]["ratio_vs_raw_vllm"]
+    assert f"ratio_vs_raw_vllm: {actor:.2f} (target ≥ 0.90)" in rendered["actor"]
+    speedup = results["async"]["speedup"]
+    assert f"speedup (sync s per step / async): {speedup:.2f}x" in rendered["async"]
+    peer = results["peer_trl"]
+    row = (
+        f"| 4 | {peer['trl_pass1_step04']:.3f} | {peer['trl_t_step04_s']:.0f} |"
+        f" {peer['tether_pass1_step04']:.3f} | {peer['tether_t_step04_s']:.0f} |"
+    )
+    assert row in rendered["peer_trl"]
+    assert f"from launch): {peer['ratio']:.2f}" in rendered["peer_trl"]
 
 
 def test_a_missing_results_file_renders_as_not_measured():
