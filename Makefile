@@ -79,11 +79,11 @@ lint: install
 
 # Every benchmark script in bench/ (not the modules they share: common, *_support, *_worker,
 # and the helpers named in BENCH_HELPERS), in name order; `make bench` prints each one's time.
-# lora_parity is left out: it checks a LoRA run's adapter (docs/lora.md), it needs the run.
+# lora_parity trains a LoRA demo run first, then checks its adapter (docs/lora.md).
 # Each script's wall seconds and the 1-minute load before and after it go to a log that
 # bench/make_bench.py turns into bench/results/make_bench.json; bench/render_docs.py then
 # rewrites docs/benchmarks.md's figures from bench/results/.
-BENCH_HELPERS := __init__ common dense_packing lora_parity make_bench pass_at_1 peer_breakdown \
+BENCH_HELPERS := __init__ common dense_packing make_bench pass_at_1 peer_breakdown \
 	render_docs tether_run
 bench: install
 	@mkdir -p bench/results

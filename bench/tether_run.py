@@ -149,13 +149,17 @@ def watch_run(
     keep_snapshots: bool = False,
     poll_s: float = 0.5,
     log_name: str = "launcher.log",
+    config: Path | None = None,
 ) -> RunRecord:
-    """Run `python -m deploy.local local.runs_dir=<work_dir>/runs OVERRIDES...` to its end,
-    watching it. The run directory is the newest under `<work_dir>/runs`."""
+    """Run `python -m deploy.local [--config CONFIG] local.runs_dir=<work_dir>/runs
+    OVERRIDES...` (configs/demo.toml by default) to its end, watching it. The run directory
+    is the newest under `<work_dir>/runs`."""
     runs_dir = work_dir / "runs"
     runs_dir.mkdir(parents=True, exist_ok=True)
     before = set(runs_dir.iterdir())
-    command = [sys.executable, "-m", "deploy.local", f"local.runs_dir={runs_dir}", *overrides]
+    command = [sys.executable, "-m", "deploy.local"]
+    command += ["--config", str(config)] if config else []
+    command += [f"local.runs_dir={runs_dir}", *overrides]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     log = (work_dir / log_name).open("w")
     started = time.time()

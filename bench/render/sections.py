@@ -31,9 +31,7 @@ SECTIONS: dict[str, Section] = {
     "prefix_sharing": Section("prefix_sharing", prefix.prefix_sharing),
     "weight_group": Section("weight_group", parts.weight_group),
     "lora_sync": Section("lora_sync", parts.lora_sync),
-    "lora_parity": Section(
-        "lora_parity", parts.lora_parity, "python bench/lora_parity.py --run runs/latest"
-    ),
+    "lora_parity": Section("lora_parity", parts.lora_parity, "python bench/lora_parity.py"),
     "peer_trl": Section("peer_trl", peer.peer_trl),
     "async": Section("async", system.async_speedup),
     "async-gpu-model": Section("async", system.async_gpu_model),
