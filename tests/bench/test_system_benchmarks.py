@@ -125,7 +125,8 @@ def test_the_watcher_keeps_each_snapshot_the_learner_writes_once(tmp_path):
     watcher.poll()
     watcher.poll()
     [(version, written, kept)] = run.snapshots
-    assert version == 5 and written > 0
+    [shard] = (run.run_dir / "weights" / "v000005").glob("*.safetensors")
+    assert version == 5 and written == shard.stat().st_mtime  # started at 0.0
     assert [name for name, _ in safetensors_weights(kept)] == ["w"]
 
 
