@@ -20,8 +20,9 @@ weights computed: each request's prefix-cache salt changes with the weights (RL 
 same prompts, and vLLM cannot drop cached blocks while kept requests hold some).
 
 On CPU the engine is configured through vLLM's environment variables (KV cache size,
-OpenMP binding); on GPU the same code runs with the `vllm` wheel and NCCL. vLLM is imported
-only when an engine starts, so configs stay fast to load.
+OpenMP binding) and runs its one worker inside its engine-core process
+(actors/engine_processes.py); on GPU the same code runs with the `vllm` wheel and NCCL.
+vLLM is imported only when an engine starts, so configs stay fast to load.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from actors.config import VllmEngineConfig
+from actors.engine_processes import environ_set, in_core_worker_env
 from actors.types import Generation, Turn
 from weights.follower import WeightUpdate, WeightUpdateError
 from weights.subscription import RoundTicket
@@ -114,9 +116,16 @@ class VllmEngine:
                 else {}
             ),
         )
+        worker_env = in_core_worker_env(
+            config.cpu_threads_bind,
+            num_workers=config.num_gpus,
+            on_gpu=torch.cuda.is_available(),
+            usable_cores=os.sched_getaffinity(0),
+        )
         # No local name for the AsyncLLM: something in vLLM keeps this frame alive, and a
         # local would keep the AsyncLLM alive past shutdown() until interpreter exit.
-        engine = cls(AsyncLLM.from_engine_args(args), config, dtype)
+        with environ_set(worker_env):  # the engine-core process is spawned in here
+            engine = cls(AsyncLLM.from_engine_args(args), config, dtype)
         await engine.llm.update_weight_version(str(config.initial_version))
         return engine
 
