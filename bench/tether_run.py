@@ -23,6 +23,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -150,20 +151,24 @@ def watch_run(
     poll_s: float = 0.5,
     log_name: str = "launcher.log",
     config: Path | None = None,
+    repo: Path = REPO,
+    on_poll: Callable[[RunRecord, subprocess.Popen, float], None] | None = None,
 ) -> RunRecord:
     """Run `python -m deploy.local [--config CONFIG] local.runs_dir=<work_dir>/runs
     OVERRIDES...` (configs/demo.toml by default) to its end, watching it. The run directory
-    is the newest under `<work_dir>/runs`."""
+    is the newest under `<work_dir>/runs`. `repo`: the checkout whose code runs (another
+    revision's worktree, with this interpreter). `on_poll(run, launcher, t)` is called
+    after every poll, `t` in seconds from launch."""
     runs_dir = work_dir / "runs"
     runs_dir.mkdir(parents=True, exist_ok=True)
     before = set(runs_dir.iterdir())
     command = [sys.executable, "-m", "deploy.local"]
     command += ["--config", str(config)] if config else []
     command += [f"local.runs_dir={runs_dir}", *overrides]
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "PYTHONPATH": str(repo)}
     log = (work_dir / log_name).open("w")
     started = time.time()
-    process = subprocess.Popen(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+    process = subprocess.Popen(command, cwd=repo, env=env, stdout=log, stderr=subprocess.STDOUT)
     run = RunRecord(run_dir=Path())
     watcher = None
     try:
@@ -176,6 +181,8 @@ def watch_run(
                     watcher = _Watcher(run, started, work_dir if keep_snapshots else None)
             if watcher is not None:
                 watcher.poll()
+                if on_poll is not None:
+                    on_poll(run, process, time.time() - started)
             if done:
                 break
             time.sleep(poll_s)

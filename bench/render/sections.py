@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from bench.render import actor, costs, parts, peer, prefix, projection, system
+from bench.render import actor, costs, parts, peer, prefix, profile, projection, system
 from bench.render.markdown import Figures
 
 NOT_MEASURED = "_Not measured yet: run `{command}`._"
@@ -33,6 +33,7 @@ SECTIONS: dict[str, Section] = {
     "lora_sync": Section("lora_sync", parts.lora_sync),
     "lora_parity": Section("lora_parity", parts.lora_parity, "python bench/lora_parity.py"),
     "peer_trl": Section("peer_trl", peer.peer_trl),
+    "profile_steps": Section("profile_steps", profile.profile_steps),
     "async": Section("async", system.async_speedup),
     "async-gpu-model": Section("async", system.async_gpu_model),
     "staleness": Section("staleness", system.staleness),
