@@ -18,9 +18,7 @@ binding keep vLLM's layout.
 
 from __future__ import annotations
 
-import contextlib
-import os
-from collections.abc import Collection, Iterator
+from collections.abc import Collection
 
 
 def parse_core_list(cores: str) -> list[int]:
@@ -54,19 +52,3 @@ def in_core_worker_env(
         "OMP_PLACES": "{" + ",".join(map(str, cores)) + "}",
         "OMP_PROC_BIND": "true",
     }
-
-
-@contextlib.contextmanager
-def environ_set(env: dict[str, str] | None) -> Iterator[None]:
-    """os.environ with `env` set while the body runs (a child spawned then inherits it),
-    restored afterwards."""
-    saved = {key: os.environ.get(key) for key in env or {}}
-    os.environ.update(env or {})
-    try:
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value

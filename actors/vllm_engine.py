@@ -38,8 +38,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from actors.config import VllmEngineConfig
-from actors.engine_processes import environ_set, in_core_worker_env
+from actors.engine_processes import in_core_worker_env
 from actors.types import Generation, Turn
+from common.environ import environ_set
 from weights.follower import WeightUpdate, WeightUpdateError
 from weights.subscription import RoundTicket
 

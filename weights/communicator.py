@@ -29,6 +29,7 @@ import time
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
+from common.environ import environ_set
 from weights.rendezvous import PREFIX, is_loopback
 
 if TYPE_CHECKING:
@@ -41,22 +42,6 @@ WATCHDOG_GRACE_S = 60.0
 class TransferTimeout(RuntimeError):
     """A collective of the weight broadcast made no progress in time; the communicator was
     aborted (a peer died or hung)."""
-
-
-@contextlib.contextmanager
-def _environ(**values: str):
-    """Set environment variables for the duration (ProcessGroupNCCL reads its error
-    handling mode from the environment in its constructor, per group)."""
-    old = {key: os.environ.get(key) for key in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for key, value in old.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
 
 
 def _new_backend(store, host: str, group_id: int, rank: int, world_size: int, backend: str,
@@ -84,7 +69,9 @@ def _new_backend(store, host: str, group_id: int, rank: int, world_size: int, ba
         # process, so set it only if nobody did).
         options.config.blocking = 0
         os.environ.setdefault("TORCH_NCCL_NONBLOCKING_TIMEOUT", str(int(timeout_s)))
-        with _environ(TORCH_NCCL_ASYNC_ERROR_HANDLING="2"):
+        # ProcessGroupNCCL reads its error handling mode from the environment in its
+        # constructor, per group.
+        with environ_set({"TORCH_NCCL_ASYNC_ERROR_HANDLING": "2"}):
             return dist.ProcessGroupNCCL(prefixed, rank, world_size, options)
     raise ValueError(f"unknown backend {backend!r}")
 

@@ -1,11 +1,9 @@
 """The CPU engine's process layout: which environment makes the engine-core process run
 the one worker itself, with the threads placed as vLLM's worker process had them."""
 
-import os
-
 import pytest
 
-from actors.engine_processes import environ_set, in_core_worker_env, parse_core_list
+from actors.engine_processes import in_core_worker_env, parse_core_list
 
 
 def test_core_lists_parse_like_vllms_bind_variable():
@@ -40,13 +38,3 @@ def test_gpu_multi_worker_and_auto_bound_engines_keep_vllms_layout(bind, num_wor
         in_core_worker_env(bind, num_workers=num_workers, on_gpu=on_gpu, usable_cores={0, 1})
         is None
     )
-
-
-def test_the_environment_is_restored_after_the_spawn(monkeypatch):
-    monkeypatch.setenv("OMP_NUM_THREADS", "7")
-    monkeypatch.delenv("OMP_PLACES", raising=False)
-    with environ_set({"OMP_NUM_THREADS": "1", "OMP_PLACES": "{0}"}):
-        assert os.environ["OMP_NUM_THREADS"] == "1" and os.environ["OMP_PLACES"] == "{0}"
-    assert os.environ["OMP_NUM_THREADS"] == "7" and "OMP_PLACES" not in os.environ
-    with environ_set(None):
-        assert os.environ["OMP_NUM_THREADS"] == "7"
