@@ -17,11 +17,12 @@ weight broadcast meet.
 Durability: a trajectory is acked only after a checkpoint that includes its effect
 (trained, dropped or eval). On start the consumer is re-created (every unacked trajectory
 comes at once) and the ids the checkpoint covers are acked and skipped; releases are
-written ahead (`dispatcher.json`), so a resumed learner waits for every group the lost run
-released. Each learner process announces its own lineage (actors ahead of it roll back);
-bus calls that must not be lost wait out a broker restart (`broker.retry`); waiting for
-data, it snapshots the current version for engines that missed its broadcast. Other ranks
-follow commands (`learner/ranks.py`; docs/reliability.md).
+written ahead (`dispatcher.json`) and a resumed learner publishes again (stored once, by
+task id) what the lost run wrote ahead beyond its checkpoint, then waits for every group
+the lost run released. Each learner process announces its own lineage (actors ahead of it
+roll back); bus calls that must not be lost wait out a broker restart (`broker.retry`);
+waiting for data, it snapshots the current version for engines that missed its broadcast.
+Other ranks follow commands (`learner/ranks.py`; docs/reliability.md).
 """
 
 from __future__ import annotations
@@ -78,6 +79,7 @@ class Learner:
         self.dispatch_path = Path(config.checkpoint.dir) / DISPATCH_FILE
         self.window_ids: list[str] = []  # taken since the last checkpoint
         self.ledger = Ledger()
+        self.published = 0  # prompts below this index are on the bus; above: written ahead
         self.checkpointed_version = -1
         self.malformed_before = 0  # counted by earlier learner processes (the checkpoint)
         self.lineage = uuid.uuid4().hex[:12]
@@ -104,6 +106,7 @@ class Learner:
             self.checkpointed_version = state.version
             covered = set(state.trained_ids)
             log.info("resumed from %s at version %d", self.resume_from, state.version)
+        self.published = self.ledger.num_released  # the rest may be written ahead only
         if self.config.checkpoint.resume and self.dispatch_path.is_file():
             released = json.loads(self.dispatch_path.read_text())["num_released"]
             self.ledger.num_released = max(self.ledger.num_released, released)
@@ -177,15 +180,16 @@ class Learner:
             max_staleness=cfg.max_staleness,
             total_steps=cfg.total_steps,
         )
-        if count == 0:
-            return
-        first = self.ledger.num_released
-        self.ledger.num_released += count
-        write_atomically(self.dispatch_path, json.dumps({"num_released": self.ledger.num_released}))
-        if self.artifacts is not None:  # a fresh machine resuming from the bucket needs it
-            await asyncio.to_thread(self.artifacts.dispatcher_written, self.dispatch_path)
-        tasks = [self.stream.task(i, version=self.version) for i in range(first, first + count)]
-        await client.publish_prompts(self.js, self.names, tasks)
+        if count > 0:  # written ahead, then published
+            self.ledger.num_released += count
+            ahead = json.dumps({"num_released": self.ledger.num_released})
+            write_atomically(self.dispatch_path, ahead)
+            if self.artifacts is not None:  # a fresh machine resuming from the bucket needs it
+                await asyncio.to_thread(self.artifacts.dispatcher_written, self.dispatch_path)
+        unpublished = range(self.published, self.ledger.num_released)
+        tasks = [self.stream.task(i, version=self.version) for i in unpublished]
+        await client.publish_prompts(self.js, self.names, tasks)  # by task id: stored once
+        self.published = self.ledger.num_released
 
     async def _next_group(self, timeout_s: float | None = None) -> Group | None:
         """The next complete training group (None after `timeout_s`); re-raises if the
@@ -365,11 +369,8 @@ class Learner:
         while self.ledger.num_outstanding_groups > 0:
             group = await self._next_group(timeout_s=max(0.0, deadline - time.monotonic()))
             if group is None:
-                log.warning(
-                    "%d released groups did not arrive within %.0fs",
-                    self.ledger.num_outstanding_groups,
-                    self.config.drain_timeout_s,
-                )
+                left, timeout_s = self.ledger.num_outstanding_groups, self.config.drain_timeout_s
+                log.warning("%d released groups did not arrive within %.0fs", left, timeout_s)
                 return
             self._take(group, "unused")
 

@@ -213,3 +213,24 @@ async def test_killed_learner_resumes_without_gap_repeat_or_loss(
         assert line["reason"] in ("stale", "future", "unused"), line
     # The books balance across the kill: every stored message counted once.
     assert RunLedger.read(run.run_dir).problems() == []
+
+
+async def test_a_release_written_ahead_but_never_published_is_published_on_resume(
+    learner_run, nats_server, bus_names
+):
+    """The lost learner died between writing a release ahead (`dispatcher.json`) and
+    publishing its prompts: the successor, which waits for every group released, must
+    publish them itself (once: the stream stores a task id once) or wait for ever."""
+    run = learner_run(total_steps=3, max_staleness=1, eval_interval=None)
+    checkpoints = run.run_dir / "checkpoints"
+    checkpoints.mkdir(parents=True)
+    (checkpoints / "dispatcher.json").write_text('{"num_released": 4}')  # steps 0 and 1
+    actors = resumable_pair(nats_server.url, bus_names)
+    async with bus(nats_server.url, bus_names) as (js, versions), running(actors):
+        await run.start()
+        code = await run.wait(TIMEOUT_S)
+    assert code == 0, run.log_tail()
+    trained_lines, _ = _assert_every_trajectory_accounted_for(run, actors)
+    assert [line["step"] for line in trained_lines] == [0, 1, 2]
+    seen = Counter(t.task_id for a in actors for t in a.seen if not t.is_eval)
+    assert sorted(seen) == [f"{bus_names.namespace}-{i}" for i in range(6)]
