@@ -4,7 +4,8 @@ On CPU vLLM's AsyncLLM spawns an engine-core process and, to bind the model's Op
 threads, always gives that process a multiprocessing executor that spawns the one worker as
 a third process. Each of the two spawns imports vllm and torch again: on a 2-core machine
 with a learner starting beside it, the third process alone costs about 10 s of start-up
-(measured: engine start 31.4 s -> 20.6 s, generation tokens/s unchanged).
+(measured back to back: engine start 28.2 s -> 17.3-18.6 s, generation 4,300 -> 4,700
+tokens/s; docs/actors.md).
 
 vLLM keeps the worker inside the engine-core process (its uni-process executor) when
 `VLLM_ENABLE_V1_MULTIPROCESSING=0`; what it would lose is the thread binding the worker

@@ -30,7 +30,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import load_average, print_table, write_results  # noqa: E402
-from bench.profile_support import parse_raw, per_step, profile  # noqa: E402
+from bench.profile_support import mean_step_s, parse_raw, per_step, profile  # noqa: E402
 from bench.tether_run import REPO, RunRecord, watch_run  # noqa: E402
 
 ROLES_SHOWN = ("learner", "actor", "engine")
@@ -73,15 +73,6 @@ class WindowSampler:
         steps = self.window_s / step_s
         seconds = per_step(profile(parse_raw(self.out.open())), rate_hz=self.rate, steps=steps)
         return {"steps_in_window": steps, "s_per_step": step_s, "roles": seconds}
-
-
-def mean_step_s(records: list[dict]) -> float:
-    """The mean time between the learner's step records, on its own clock (`wall_s`) where
-    every record has it, else on the watcher's: a window holds a fraction of a step too."""
-    if len(records) < 2:
-        raise RuntimeError("fewer than two steps inside the window: make it longer")
-    clock = "wall_s" if all("wall_s" in r for r in records) else "t"
-    return (records[-1][clock] - records[0][clock]) / (len(records) - 1)
 
 
 def profile_revision(repo: Path, work: Path, args: argparse.Namespace) -> dict:
@@ -137,6 +128,7 @@ def main() -> None:
     parser.add_argument("--raw-dir", type=Path, help="keep py-spy's raw samples here")
     args = parser.parse_args()
     figures: dict = {"before_rev": args.before, "rate_hz": args.rate, "window_s": args.window_s}
+    figures["from_step"] = args.from_step
     figures["after_rev"] = subprocess.run(
         ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
     ).stdout.strip()

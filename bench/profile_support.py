@@ -27,6 +27,9 @@ WAIT_LEAVES = (
 )
 """Innermost frames that mean the thread was waiting (matched on the innermost frame only:
 a pool thread running work has `_worker` further out)."""
+SPIN = "spin-waiting for the next step (shm queue)"
+"""vLLM's multiprocessing executor: the worker polls a shared-memory queue for the
+scheduler's next step, yielding the core but never sleeping (work, not a wait)."""
 
 # (role, what its command line holds), first match wins: the innermost process frame is
 # matched first, then its parents (a replica is a spawned child of the actor launcher).
@@ -65,9 +68,7 @@ CATEGORIES: dict[str, tuple[tuple[str, tuple[str, ...]], ...]] = {
         ("episode logic", ("actors/episode.py", "actors/trajectory.py", "actors/actor.py")),
     ),
     "engine": (
-        # vLLM's multiprocessing executor: the worker polls a shared-memory queue for the
-        # scheduler's next step, yielding the core but never sleeping.
-        ("spin-waiting for the next step (shm queue)", ("SpinCondition", "acquire_read")),
+        (SPIN, ("SpinCondition", "acquire_read")),
         ("weight receive and reload", ("weights/", "reload_weights", "model_loader/reload/")),
         ("model forward", ("model_executor/", "forward (")),
         ("sampling", ("v1/sample/",)),
@@ -126,3 +127,12 @@ def per_step(
         role: {category: n / rate_hz / steps for category, n in categories.items()}
         for role, categories in table.items()
     }
+
+
+def mean_step_s(records: list[dict]) -> float:
+    """The mean time between the learner's step records, on its own clock (`wall_s`) where
+    every record has it, else on the watcher's: a window holds a fraction of a step too."""
+    if len(records) < 2:
+        raise RuntimeError("fewer than two steps inside the window: make it longer")
+    clock = "wall_s" if all("wall_s" in r for r in records) else "t"
+    return (records[-1][clock] - records[0][clock]) / (len(records) - 1)

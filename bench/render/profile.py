@@ -4,7 +4,7 @@ engine, by category (keys `<label>|<role>|<category>`)."""
 
 from __future__ import annotations
 
-from bench.profile_support import WAITING
+from bench.profile_support import SPIN, WAITING
 from bench.render.markdown import MISSING, Figures, fixed, join, provenance, table
 
 LABELS = ("before", "after")
@@ -15,7 +15,8 @@ def profile_steps(f: Figures) -> str:
     revisions = ", ".join(f"{label} = `{f.get(f'{label}_rev', MISSING)}`" for label in LABELS)
     setup = (
         f"py-spy at {f.get('rate_hz', MISSING)} Hz over {fixed(f.get('window_s'), 0)} s of a"
-        f" `make run` from its step 3, each revision's own demo config; {revisions}. Seconds"
+        f" `make run` from its step {f.get('from_step', 3)}, each revision's own demo config;"
+        f" {revisions}. Seconds"
         " per training step that each role's Python threads spent running, by what they ran"
         " (a role waits the rest of the step)."
     )
@@ -36,9 +37,6 @@ def profile_steps(f: Figures) -> str:
         _highlights(f),
         provenance(f),
     )
-
-
-SPIN = "spin-waiting for the next step (shm queue)"
 
 
 def _work(f: Figures, label: str, role: str) -> float:

@@ -3,7 +3,16 @@ categories from the frames, seconds per step."""
 
 import pytest
 
-from bench.profile_support import WAITING, category_of, parse_raw, per_step, profile, role_of
+from bench.profile_support import (
+    SPIN,
+    WAITING,
+    category_of,
+    mean_step_s,
+    parse_raw,
+    per_step,
+    profile,
+    role_of,
+)
 
 LAUNCHER = 'process 10:"python -m deploy.local"'
 LEARNER = f'{LAUNCHER};process 11:"python -m learner.cli --config configs/demo.toml"'
@@ -72,6 +81,12 @@ def test_a_thread_blocked_in_a_wait_is_waiting_only_by_its_innermost_frame():
     assert category_of("actor", working) == "weight update"
     # vLLM's worker process polling its shared-memory queue burns a core: work, not a wait
     spin = ["SpinCondition.wait (vllm/distributed/device_communicators/shm_broadcast.py:9)"]
-    assert category_of("engine", [*spin, "sched_yield (vllm/distributed/utils.py:46)"]) == (
-        "spin-waiting for the next step (shm queue)"
-    )
+    assert category_of("engine", [*spin, "sched_yield (vllm/distributed/utils.py:46)"]) == SPIN
+
+
+def test_a_step_lasts_the_mean_gap_between_step_records_on_the_learners_clock():
+    records = [{"t": 10.0, "wall_s": 4.0}, {"t": 11.0, "wall_s": 6.0}, {"t": 13.5, "wall_s": 7.0}]
+    assert mean_step_s(records) == 1.5
+    assert mean_step_s([{"t": 1.0}, {"t": 2.0, "wall_s": 9.0}, {"t": 4.0}]) == 1.5  # watcher's
+    with pytest.raises(RuntimeError, match="fewer than two steps"):
+        mean_step_s([{"t": 1.0}])
