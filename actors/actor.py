@@ -9,15 +9,15 @@ Delivery rules (the bus is at-least-once; trajectory ids make it exactly-once in
   the task comes back after the broker's ack wait.
 - Trajectory ids are `<task_id>/<sample_index>` and go out as `Nats-Msg-Id`: a group
   re-played by another replica stores only the samples the first one had not published.
-- Weights: before generating, a new replica loads the newest snapshot the learner
-  announced; then it joins every broadcast round (`weights.follower.BroadcastFollower`). A
-  task runs only once the engine's version is at least the task's `min_version`.
+- Weights: a new replica loads the newest snapshot the learner announced, then joins
+  every broadcast round (`weights.follower.BroadcastFollower`), or loads a snapshot of one
+  it missed. A task runs once the engine's version is at least its `min_version`.
 - Rollback: a learner that restarts announces a new lineage at its checkpoint's version.
   An engine holding newer weights (from the history the crash undid) reloads the announced
   snapshot: generating on it would tag tokens with versions the learner has not reached,
   and every group would be dropped as `future` until it had (a stall).
 
-Engine and env connector are parameters: tests run the loop on fakes (tests/fakes.py);
+Engine and env connector are parameters: tests run the loop on fakes (tests/fakes.py),
 `actors.replica.replica_main` builds the real ones."""
 
 from __future__ import annotations
@@ -89,9 +89,9 @@ class Actor:
 
     @property
     def ready(self) -> bool:
-        """What /readyz reports (read from the metrics server's thread): the engine runs,
-        its start-up weights are settled, and it is current: it holds the newest announced
-        version or is joined to the learner's broadcast. False while stopping."""
+        """What /readyz reports (from the metrics server's thread): the engine runs, its
+        start-up weights are settled, and it holds the newest announced version or follows
+        the learner's broadcast. False while stopping."""
         if not self._weights_started or self._stop.is_set():
             return False
         return self._follower is not None or self.engine.version >= self.newest_version
@@ -270,8 +270,8 @@ class Actor:
             if rolled_back:
                 await self._roll_back(announced)
         self.newest_version = max(self.newest_version, announced.version)
-        # While broadcast rounds keep the engine current, a snapshot load could race a
-        # round and go back a version; snapshots serve only replicas without a broadcast.
+        # While rounds keep the engine current, a snapshot load could race one and go back
+        # a version: snapshots here serve replicas without a broadcast (and see `_missed`).
         if (
             self._broadcast is None
             and announced.snapshot_path
@@ -299,14 +299,9 @@ class Actor:
         """The learner resumed below our weights' version: go back to its snapshot. The
         broadcast follower then joins the rounds after that version."""
         self.num_rollbacks += 1
-        log.warning(
-            "the learner resumed at v%d (lineage %s), below this engine's v%d: reloading "
-            "snapshot v%d",
-            announced.version,
-            announced.lineage,
-            self.engine.version,
-            announced.snapshot_version,
-        )
+        log.warning("the learner resumed at v%d (lineage %s), below this engine's v%d: "
+                    "reloading snapshot v%d", announced.version, announced.lineage,
+                    self.engine.version, announced.snapshot_version)  # fmt: skip
         if not announced.snapshot_path or announced.snapshot_version > announced.version:
             log.error("no snapshot at or below v%d to roll back to", announced.version)
             return
@@ -350,14 +345,16 @@ class Actor:
 
     async def _wait_for_version(self, min_version: int) -> None:
         """Wait (measured) until the engine's weights may generate a task of min_version.
-        The learner announced that version before releasing the task, so a wait past
-        `version_wait_s` means the usual way is broken (this replica missed its broadcast
-        rounds): catch up from the announced snapshot if it is new enough, else raise
-        WeightsBehind (the task goes to another replica) rather than wait for ever."""
+        The learner announced that version before releasing the task, so a broadcast
+        normally brings it. When one did without a seat for us, only the learner's next
+        round would, after data that may be ours: catch up from the announced snapshot
+        once it is new enough. A wait past `version_wait_s` means the usual way is broken:
+        catch up, or raise WeightsBehind (the task goes to another replica)."""
         started = time.monotonic()
         try:
             while self.engine.version < min_version:
-                if time.monotonic() - started > self.config.version_wait_s:
+                waited_s = time.monotonic() - started
+                if waited_s > self.config.version_wait_s or self._missed(min_version):
                     await self._catch_up_from_snapshot(min_version)
                     continue
                 self._version_changed.clear()
@@ -366,6 +363,12 @@ class Actor:
                     await asyncio.wait_for(self._version_changed.wait(), timeout=0.5)
         finally:
             metrics.WAIT_SECONDS.labels("weights").inc(time.monotonic() - started)
+
+    def _missed(self, min_version: int) -> bool:
+        """A round of min_version or later went out without us, and a snapshot has it."""
+        missed = self._follower.missed_version if self._follower else -1
+        snapshot = self._announced.snapshot_version if self._announced else -1
+        return min(missed, snapshot) >= min_version
 
     async def _catch_up_from_snapshot(self, min_version: int) -> None:
         snapshot = self._announced
@@ -378,11 +381,8 @@ class Actor:
         async with self._catch_up_lock:  # one load for all the tasks that wait
             if self.engine.version >= min_version:
                 return
-            log.warning(
-                "weights stuck at v%d: loading snapshot v%d",
-                self.engine.version,
-                snapshot.snapshot_version,
-            )
+            log.warning("weights at v%d, v%d needed: loading snapshot v%d",
+                        self.engine.version, min_version, snapshot.snapshot_version)  # fmt: skip
             try:
                 await self.engine.load_snapshot(snapshot.snapshot_path, snapshot.snapshot_version)
             except WeightUpdateError as e:

@@ -48,12 +48,13 @@ from learner.evals import Evals
 from learner.intake import Intake
 from learner.ledger import Ledger
 from learner.ranks import RankCommands
-from learner.reporting import Reporter, train_record
+from learner.reporting import Reporter, done_record, train_record
 from learner.steps import decide_group, staleness_of
 
 log = logging.getLogger(__name__)
 
 DISPATCH_FILE = "dispatcher.json"
+ENGINES_CHECK_S = 1.0  # waiting for data, how often to ask whether an engine missed v
 
 
 class Learner:
@@ -222,13 +223,16 @@ class Learner:
 
     async def _take_groups(self, num_groups: int) -> tuple[list[Group], float]:
         """The next `num_groups` trainable groups, dropping (and counting) the others."""
-        started = time.monotonic()
+        started = idle_since = time.monotonic()
         taken: list[Group] = []
         while len(taken) < num_groups:
-            group = await self._next_group(timeout_s=self.config.stall_snapshot_s)
+            group = await self._next_group(timeout_s=ENGINES_CHECK_S)
             if group is None:
-                await self._snapshot_if_behind()
+                stalled = time.monotonic() - idle_since >= self.config.stall_snapshot_s
+                if stalled or await asyncio.to_thread(self.commands.engines_behind):
+                    await self._snapshot_if_behind()  # nothing to do if it is current
                 continue
+            idle_since = time.monotonic()
             decision = decide_group(group, version=self.version, **self.group_rules)
             self._take(group, decision.drop_reason)
             if decision.drop_reason is not None:
@@ -299,7 +303,8 @@ class Learner:
         self.reporter.record_train(record, step=step, groups=groups)
 
     async def _snapshot_if_behind(self) -> None:
-        """No data for a while: engines that missed a broadcast may wait for this version."""
+        """No data for a while, or an engine missed this version's round: it may wait for
+        this version, which only our next round (after its data) would bring."""
         snapshot = self.commands.snapshot
         # Version 0 needs none: every engine starts from the model the learner started from.
         if self.version > 0 and (snapshot is None or snapshot[1] < self.version):
@@ -369,8 +374,8 @@ class Learner:
         while self.ledger.num_outstanding_groups > 0:
             group = await self._next_group(timeout_s=max(0.0, deadline - time.monotonic()))
             if group is None:
-                left, timeout_s = self.ledger.num_outstanding_groups, self.config.drain_timeout_s
-                log.warning("%d released groups did not arrive within %.0fs", left, timeout_s)
+                left = self.ledger.num_outstanding_groups
+                log.warning("%d released groups did not arrive in time", left)
                 return
             self._take(group, "unused")
 
@@ -378,19 +383,11 @@ class Learner:
         info = await until_done(
             lambda: self.js.stream_info(self.names.trajectories.stream), "stream info"
         )
-        summary = {
-            "kind": "done",
-            "run_id": self.names.namespace,
-            "lineage": self.lineage,
-            "wall_s": time.monotonic() - self.started,
-            "version": self.version,
-            **self.ledger.totals(),
-            "invalid": self.intake.num_invalid,
-            "redelivered": self.intake.num_redelivered,
-            "malformed": self.malformed_before + self.intake.num_malformed,
-            "stream_messages_stored": info.state.last_seq,
-            "stream_messages_left": info.state.messages,
-        }
+        malformed = self.malformed_before + self.intake.num_malformed
+        summary = done_record(run_id=self.names.namespace, lineage=self.lineage,
+                              wall_s=time.monotonic() - self.started, version=self.version,
+                              ledger=self.ledger, intake=self.intake, malformed=malformed,
+                              stream_state=info.state)  # fmt: skip
         self.reporter.record_done(summary)
         return summary
 

@@ -143,6 +143,10 @@ class RankCommands:
             self._keep_snapshot(writer.finish(), version)
         return report
 
+    def engines_behind(self) -> bool:
+        """Whether an engine of the broadcast did not get the current version's round."""
+        return self.sender is not None and self.sender.members_behind()
+
     def snapshot_current(self) -> Path:
         """Write a snapshot of the current weights (all ranks gather them)."""
         self._command("weights")

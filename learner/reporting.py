@@ -106,6 +106,33 @@ def train_record(
     }
 
 
+def done_record(
+    *,
+    run_id: str,
+    lineage: str,
+    wall_s: float,
+    version: int,
+    ledger,
+    intake,
+    malformed: int,
+    stream_state,
+) -> dict:
+    """The run's closing record: the books, and what the trajectory stream still holds."""
+    return {
+        "kind": "done",
+        "run_id": run_id,
+        "lineage": lineage,
+        "wall_s": wall_s,
+        "version": version,
+        **ledger.totals(),
+        "invalid": intake.num_invalid,
+        "redelivered": intake.num_redelivered,
+        "malformed": malformed,
+        "stream_messages_stored": stream_state.last_seq,
+        "stream_messages_left": stream_state.messages,
+    }
+
+
 class Reporter:
     def __init__(
         self,

@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
@@ -86,16 +87,29 @@ def buffer_device(backend: str) -> torch.device:
     return torch.device("cpu")
 
 
+PEER_CHECK_S = 1.0
+"""How often a wait asks `peer_alive` (one store round trip)."""
+
+
+class PeerGone(RuntimeError):
+    """The peer this group waits on is known dead (its store stopped answering); the
+    communicator was aborted without waiting out the timeout."""
+
+
 class WeightGroup:
     """The communicator of group `group_id` at `rank` (0: the learner). Forming it blocks
     (gloo: until every rank connected, at most `timeout_s`; NCCL: lazily, at the first
-    collective)."""
+    collective). `peer_alive`, when given, is asked every PEER_CHECK_S while a collective
+    is unfinished: a receiver's sender that died ends the wait at once (gloo notices a
+    closed connection itself; NCCL would wait out the timeout)."""
 
     def __init__(self, store, host: str, group_id: int, rank: int, world_size: int,
-                 backend: str, timeout_s: float) -> None:  # fmt: skip
+                 backend: str, timeout_s: float,
+                 peer_alive: Callable[[], bool] | None = None) -> None:  # fmt: skip
         self.group_id, self.rank, self.world_size = group_id, rank, world_size
         self.backend = backend
         self.timeout_s = timeout_s
+        self.peer_alive = peer_alive
         self.device = buffer_device(backend)
         self._pending: list = []
         self._backend = _new_backend(store, host, group_id, rank, world_size, backend, timeout_s)
@@ -112,15 +126,25 @@ class WeightGroup:
         """Until `work` completes; on the deadline, abort the group and raise
         TransferTimeout. A failed work raises its error (RuntimeError)."""
         timeout_s = self.timeout_s if timeout_s is None else timeout_s
-        deadline = time.monotonic() + timeout_s
+        started = time.monotonic()
+        deadline, next_check = started + timeout_s, started + PEER_CHECK_S
         pause = 1e-4
         while not work.is_completed():
-            if time.monotonic() >= deadline:
+            now = time.monotonic()
+            if now >= deadline:
                 self.abort()
                 raise TransferTimeout(
                     f"weight group {self.group_id}: {what} made no progress in "
                     f"{timeout_s:.0f}s (a peer died or hung); communicator aborted"
                 )
+            if self.peer_alive is not None and now >= next_check:
+                next_check = now + PEER_CHECK_S
+                if not self.peer_alive():
+                    self.abort()
+                    raise PeerGone(
+                        f"weight group {self.group_id}: the sender is gone (its store stopped "
+                        f"answering) while waiting for {what}; communicator aborted"
+                    )
             time.sleep(pause)
             pause = min(pause * 2, 0.005)
         self._pending = [(w, t) for w, t in self._pending if w is not work]

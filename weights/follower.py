@@ -67,13 +67,13 @@ async def follow_weights(
     """Keep `engine` current: join every weight round after its version, until the task is
     cancelled or the subscription left. `on_update(WeightUpdate)` is called after each
     successful update."""
-    failed = -1
+    failed: RoundTicket | None = None
     while not subscription.left:
-        # Never the failed round again: its roster still seats us, but the sender gave up on
-        # it, and joining it would pause generation for another transfer timeout, again and
-        # again, while the learner waits for the trajectories we do not generate.
-        after = max(engine.version, failed)
-        ticket = await asyncio.to_thread(subscription.wait_round, after, poll_s)
+        # Never the failed round again: joining it would pause generation for another
+        # transfer timeout, again and again, while the learner waits for the trajectories
+        # we do not generate. A restarted learner's round of the same version is another
+        # round, and ours to take (the subscription tells them apart).
+        ticket = await asyncio.to_thread(subscription.wait_round, engine.version, poll_s, failed)
         if ticket is None:
             continue
         try:
@@ -82,7 +82,7 @@ async def follow_weights(
             # The round failed (the learner or a peer died mid-broadcast); weights are the
             # old ones when staged. Join the next round.
             log.warning("weight update to version %d failed: %s", ticket.version, e)
-            failed = ticket.version
+            failed = ticket
             continue
         if on_update is not None:
             on_update(update)
@@ -129,6 +129,12 @@ class BroadcastFollower:
                 log.warning("weight broadcast at %s unavailable (%s); retrying", self.address, e)
                 self.subscription = None
                 await asyncio.sleep(self.retry_s)
+
+    @property
+    def missed_version(self) -> int:
+        """The newest round of the current store that did not seat this engine (-1: none):
+        until the next round, only a snapshot brings that version."""
+        return self.subscription.missed_version if self.subscription is not None else -1
 
     async def leave(self) -> None:
         subscription, self.subscription = self.subscription, None

@@ -2,24 +2,40 @@
 weights/vllm_worker.py): one store connection and the long-lived group the worker sits in,
 kept from round to round.
 
-    receive(ticket): the group changed since the last round? close ours
+    receive(ticket): the ticket's store is not the one we hold? close ours, connect to it
                      round/v/ready/<id> += 1; wait for round/v/go (the group it is sent on)
                      form that group if we do not hold it; yield tensors as buckets arrive
                      round/v/done/<id> += 1
     any failure: our group is aborted; the next round seats us in a fresh one
+
+A ticket belongs to one store, i.e. one learner process (`RoundTicket.store_id`). When that
+learner dies the round is over for us at once: the store's errors end every wait, and a
+learner restarted on the same address serves another store, which never says go for a
+round it did not plan (waiting there paused the engine for join + transfer timeout).
 """
 
 from __future__ import annotations
 
 import json
+import socket
 import time
 from collections.abc import Iterator
+from datetime import timedelta
 from typing import TYPE_CHECKING
 
 from weights.collective import receive_buckets
 from weights.communicator import WeightGroup
 from weights.membership import Roster
-from weights.rendezvous import INFO_KEY, POLL_S, SKIP, connect_store, key, roster_key, round_key
+from weights.rendezvous import (
+    INFO_KEY,
+    POLL_S,
+    SKIP,
+    connect_store,
+    key,
+    roster_key,
+    round_key,
+    store_id_of,
+)
 from weights.subscription import RoundTicket
 
 if TYPE_CHECKING:
@@ -28,7 +44,13 @@ if TYPE_CHECKING:
 
 class RoundMissed(RuntimeError):
     """This member was not seated in the group the round went out on (it got ready too
-    late and was evicted, or the round was skipped); it takes a later round."""
+    late and was evicted, or the round was skipped), or the learner that planned the round
+    is gone; it takes a later round."""
+
+
+CONNECT_TIMEOUT_S = 5.0
+"""Longest a worker tries to reach the store its ticket came from (moments ago): a live
+store answers in milliseconds; one that refuses or stays silent is gone."""
 
 
 class WeightChannel:
@@ -37,20 +59,32 @@ class WeightChannel:
     def __init__(self, worker_rank: int = 0) -> None:
         self.worker_rank = worker_rank
         self._store = None
-        self._address: tuple[str, int] | None = None
+        self._store_id: str | None = None
         self.group: WeightGroup | None = None
 
     def _connect(self, ticket: RoundTicket):
-        address = (ticket.store_host, ticket.store_port)
-        if self._store is not None and (self._address != address or not _answers(self._store)):
-            # A restarted learner serves a new store, on a new address or on the same one
-            # (the connection to the old one is dead): a new connection, and a new group.
+        """Our connection to the ticket's store. A ticket of another store (a restarted
+        learner, on a new address or the same one) closes the old connection and group.
+        The connection we hold to the ticket's own store may be dead (its learner died
+        since): the first store call then raises, which ends the round."""
+        if self._store is not None and self._store_id != ticket.store_id:
             self.shutdown()
         if self._store is None:
-            self._store = connect_store(
-                *address, is_master=False, timeout_s=ticket.transfer_timeout_s
+            address = (ticket.store_host, ticket.store_port)
+            _refuse_silent_store(*address, ticket.version)
+            store = connect_store(
+                *address,
+                is_master=False,
+                timeout_s=min(CONNECT_TIMEOUT_S, ticket.transfer_timeout_s),
             )
-            self._address = address
+            store.set_timeout(timedelta(seconds=ticket.transfer_timeout_s))
+            found = store_id_of(store)
+            if found != ticket.store_id:
+                raise RoundMissed(
+                    f"round {ticket.version}: the learner that planned it is gone (the store "
+                    f"at {address[0]}:{address[1]} is {found!r} now, not {ticket.store_id!r})"
+                )
+            self._store, self._store_id = store, found
         return self._store
 
     def receive(self, ticket: RoundTicket) -> Iterator[tuple[str, torch.Tensor]]:
@@ -98,6 +132,7 @@ class WeightChannel:
             roster.world_size,
             roster.backend,
             ticket.transfer_timeout_s,
+            peer_alive=lambda: _answers(store),  # the sender is the store's learner
         )
         return self.group
 
@@ -116,7 +151,7 @@ class WeightChannel:
         """Close the group and the store connection (the engine is stopping, or the learner
         it was connected to is gone)."""
         self.close()
-        self._store, self._address = None, None
+        self._store, self._store_id = None, None
 
 
 def _answers(store) -> bool:
@@ -126,6 +161,18 @@ def _answers(store) -> bool:
     except RuntimeError:  # DistNetworkError, DistStoreError: the server went away
         return False
     return True
+
+
+def _refuse_silent_store(host: str, port: int, version: int) -> None:
+    """RoundMissed at once when nothing listens at the store's address: its learner died
+    after handing out the ticket (torch's client would retry the refused connection until
+    its timeout, with the engine paused)."""
+    try:
+        socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S).close()
+    except OSError as e:
+        raise RoundMissed(
+            f"round {version}: the learner's store at {host}:{port} is gone ({e})"
+        ) from e
 
 
 def _refuse_learner_gpu(learner_uuid: str) -> None:

@@ -2,7 +2,8 @@
 Groups and rounds have their own key prefixes, so their process groups neither need nor
 disturb anyone's default group.
 
-    tether/weights/info                   the learner's timeouts, dtype, backend, GPU, payload
+    tether/weights/info                   the store's id (new in every learner process), the
+                                          learner's timeouts, dtype, backend, GPU, payload
                                           ("full" or "lora") and adapter config (JSON)
     tether/weights/latest                 newest announced version ("closed" at the end)
     tether/weights/members/next_id        member ids are handed out by an atomic add
@@ -21,6 +22,7 @@ torch is imported inside functions so that configs importing this package stay f
 
 from __future__ import annotations
 
+import json
 import socket
 from datetime import timedelta
 
@@ -42,6 +44,11 @@ def round_key(version: int, name: str) -> str:
 
 def roster_key(group_id: int) -> str:
     return key(f"group/{group_id}/roster")
+
+
+def store_id_of(store) -> str:
+    """The id of the learner process serving `store` (its info's `store_id`)."""
+    return json.loads(store.get(key(INFO_KEY))).get("store_id", "")
 
 
 def connect_store(host: str, port: int, *, is_master: bool, timeout_s: float):

@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+import uuid
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -114,7 +115,11 @@ class WeightSender:
         )
         # store_port 0 picks a free port; the config then says which one actors must use.
         self.config = config.model_copy(update={"store_port": self._store.port})
+        # A learner restarted on the same address serves another store: tickets of this
+        # one name it, so no receiver waits there for a round this process planned.
+        self.store_id = uuid.uuid4().hex[:12]
         info = {
+            "store_id": self.store_id,
             "join_timeout_s": config.join_timeout_s,
             "transfer_timeout_s": config.transfer_timeout_s,
             "dtype": dtype,
@@ -142,6 +147,13 @@ class WeightSender:
             return {}
         values = self._store.multi_get([key(f"members/{i}") for i in ids])
         return {i: v.decode() for i, v in zip(ids, values, strict=True)}
+
+    def members_behind(self) -> bool:
+        """Whether a live member did not get the last round: it registered (or asked for a
+        seat again) after its group was formed, or the round failed. Until the next round
+        it can catch up only from a snapshot."""
+        seated = self._roster.slots if self._roster is not None and not self._broken else {}
+        return any(s == "alive" and i not in seated for i, s in self.members().items())
 
     def _alive_slots(self) -> dict[int, int]:
         alive = [i for i, state in self.members().items() if state == "alive"]

@@ -4,7 +4,8 @@ engine's weights, a ticket its workers receive with (weights/receiver.py).
 
     register: members/id = alive, members/id/slots  ──►  seated in the next group formed
     wait_round: latest = v > ours; round/v/group = g; seated in g?  ──►  RoundTicket
-                not seated (new, or evicted): ask again (alive), take a later round
+                not seated (new, or evicted): ask again (alive), take a later round;
+                missed_version = v (until that round, only a snapshot brings v)
 """
 
 from __future__ import annotations
@@ -45,6 +46,9 @@ class RoundTicket:
     store_port: int
     join_timeout_s: float
     transfer_timeout_s: float
+    store_id: str = ""
+    """The store (learner process) that planned the round: a receiver never takes part in
+    it on another store, such as a restarted learner's on the same address."""
     payload: str = "full"
     """What the round carries: `full` weights, or a `lora` adapter (weights/lora.py)."""
     adapter_config: dict[str, Any] | None = None
@@ -93,6 +97,7 @@ class WeightSubscription:
         mismatch = self.dtype and dtype_mismatch(info["dtype"], self.dtype)
         if mismatch:
             raise WeightDtypeMismatch(mismatch)
+        self.store_id = info.get("store_id", "")
         self.payload = info.get("payload", "full")
         self.adapter_config = info.get("adapter_config")
         if self.payload == "lora":
@@ -103,6 +108,7 @@ class WeightSubscription:
         self.transfer_timeout_s = float(info["transfer_timeout_s"])
         self._store.set_timeout(timedelta(seconds=self.transfer_timeout_s))
         self.member_id = self._store.add(key("members/next_id"), 1)
+        self.missed_version = -1  # the newest round of this store that did not seat us
         self._store.set(key(f"members/{self.member_id}/slots"), str(self.slots))
         self._store.set(key(f"members/{self.member_id}"), "alive")
 
@@ -111,18 +117,26 @@ class WeightSubscription:
         value = self._store.get(key("latest")).decode()
         return None if value == CLOSED or int(value) < 0 else int(value)
 
-    def wait_round(self, after_version: int, timeout_s: float) -> RoundTicket | None:
+    def wait_round(
+        self, after_version: int, timeout_s: float, failed: RoundTicket | None = None
+    ) -> RoundTicket | None:
         """The ticket of the first round newer than `after_version` that seats us; None if
         none did within `timeout_s`, or after `leave()`. A new member is seated in the first
-        group formed after it registered: it joins at the next version. Survives a learner
-        restart (reconnects and registers anew). Blocking: run it in a thread."""
+        group formed after it registered: it joins at the next version. Never a round that
+        did not seat us, nor the `failed` one (its roster still seats us, but the sender
+        gave up on it), unless it was another store's: a restarted learner's round of the
+        same version is another round. Survives a learner restart (reconnects and
+        registers anew). Blocking: run it in a thread."""
         import torch.distributed as dist
 
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline and not self._left:
+            after = max(after_version, self.missed_version)
+            if failed is not None and failed.store_id == self.store_id:
+                after = max(after, failed.version)
             try:
                 version = self.latest()
-                if version is None or version <= after_version:
+                if version is None or version <= after:
                     time.sleep(0.02)
                     continue
                 ticket = self._seat(version)
@@ -139,7 +153,9 @@ class WeightSubscription:
                 continue
             if ticket is not None:
                 return ticket
-            after_version = version  # not seated in this one: take a later round
+            # Not seated in this one: take a later round. Until it comes the engine can
+            # reach `version` only from a snapshot (the learner may wait for our data).
+            self.missed_version = max(self.missed_version, version)
         return None
 
     def _seat(self, version: int) -> RoundTicket | None:
@@ -169,6 +185,7 @@ class WeightSubscription:
             store_port=self.store_port,
             join_timeout_s=self.join_timeout_s,
             transfer_timeout_s=self.transfer_timeout_s,
+            store_id=self.store_id,
             payload=self.payload,
             adapter_config=self.adapter_config,
         )

@@ -284,7 +284,9 @@ async def test_engine_ahead_of_a_resumed_learner_rolls_back_to_its_snapshot(toke
 
 
 class _SilentFollower:
-    """A weight broadcast that never delivers a round."""
+    """A weight broadcast that never delivers a round (and seated us in every one)."""
+
+    missed_version = -1
 
     def __init__(self, engine, address, *, on_update=None) -> None:
         pass
@@ -350,6 +352,53 @@ async def test_weights_that_do_not_come_are_caught_up_from_a_snapshot_or_the_tas
     for t, version in ((caught_up, 5), (later, 6)):
         arrays = token_arrays(t)
         assert set(arrays.versions[arrays.loss_mask == 1].tolist()) == {version}
+
+
+class _LateFollower(_SilentFollower):
+    """A broadcast this engine registered with too late: round 5 went out without it, and
+    the next round comes only after the learner's next step (which waits for our data)."""
+
+    missed_version = 5
+
+
+async def test_a_missed_round_is_caught_up_from_its_snapshot_at_once(
+    tokenizer, broker, js, monkeypatch
+):
+    # A restarted learner's first rounds went out before this replica registered again:
+    # waiting out version_wait_s (30 s by default) for round 6 stalled the fault suite.
+    monkeypatch.setattr("weights.follower.BroadcastFollower", _LateFollower)
+    names = broker.names
+    policy = bus.PolicyStore(js, names)
+
+    async def announce(version: int, snapshot_version: int) -> None:
+        await policy.publish(
+            PolicyVersion(
+                version=version,
+                published_at=0.0,
+                broadcast_addr="127.0.0.1:9",
+                snapshot_path=f"/snap/v{snapshot_version}",
+                snapshot_version=snapshot_version,
+            )  # fmt: skip
+        )
+
+    await announce(4, 4)
+    engine = ScriptedEngine(tokenizer, by_turn(ANSWER))
+    actor = _actor(tokenizer, broker, engine=engine, config=_config(version_wait_s=600.0))
+
+    async def at_v4():
+        return engine.version == 4
+
+    async with _running(actor):
+        await _until(at_v4)
+        await announce(5, 4)  # missed, but no snapshot of v5 yet: the task waits
+        await bus.publish_prompts(js, names, [_task("needs-5", group_size=1, min_version=5)])
+        await asyncio.sleep(1.5)
+        assert engine.snapshots_loaded == [("/snap/v4", 4)] and actor.num_published == 0
+        await announce(5, 5)  # the learner, waiting for data, snapshots the version
+        (trajectory,) = await _trajectories(js, broker, 1)  # within 20 s, not 600
+    assert engine.snapshots_loaded == [("/snap/v4", 4), ("/snap/v5", 5)]
+    arrays = token_arrays(trajectory)
+    assert set(arrays.versions[arrays.loss_mask == 1].tolist()) == {5}
 
 
 async def test_stopped_replica_hands_its_group_to_another(tokenizer, broker, js):
