@@ -17,7 +17,6 @@ round it did not plan (waiting there paused the engine for join + transfer timeo
 from __future__ import annotations
 
 import json
-import socket
 import time
 from collections.abc import Iterator
 from datetime import timedelta
@@ -31,6 +30,7 @@ from weights.rendezvous import (
     POLL_S,
     SKIP,
     connect_store,
+    is_listening,
     key,
     roster_key,
     round_key,
@@ -167,12 +167,8 @@ def _refuse_silent_store(host: str, port: int, version: int) -> None:
     """RoundMissed at once when nothing listens at the store's address: its learner died
     after handing out the ticket (torch's client would retry the refused connection until
     its timeout, with the engine paused)."""
-    try:
-        socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S).close()
-    except OSError as e:
-        raise RoundMissed(
-            f"round {version}: the learner's store at {host}:{port} is gone ({e})"
-        ) from e
+    if not is_listening(host, port, CONNECT_TIMEOUT_S):
+        raise RoundMissed(f"round {version}: the learner's store at {host}:{port} is gone")
 
 
 def _refuse_learner_gpu(learner_uuid: str) -> None:

@@ -71,5 +71,17 @@ def connect_store(host: str, port: int, *, is_master: bool, timeout_s: float):
     )
 
 
+def is_listening(host: str, port: int, timeout_s: float) -> bool:
+    """Whether something accepts connections at host:port (one plain connect). Asked before
+    a TCPStore client connects where a learner may be gone or restarting: torch's client
+    retries a refused connection with a backoff that grew past 7 s, long after the
+    restarted learner's store was up."""
+    try:
+        socket.create_connection((host, port), timeout=timeout_s).close()
+    except OSError:
+        return False
+    return True
+
+
 def is_loopback(host: str) -> bool:
     return host in ("localhost", "::1") or host.startswith("127.")

@@ -20,9 +20,21 @@ from typing import Any
 
 from weights.dtypes import dtype_mismatch
 from weights.lora import adapter_mismatch
-from weights.rendezvous import CLOSED, INFO_KEY, NO_GROUP, connect_store, key, roster_key, round_key
+from weights.rendezvous import (
+    CLOSED,
+    INFO_KEY,
+    NO_GROUP,
+    connect_store,
+    is_listening,
+    key,
+    roster_key,
+    round_key,
+)
 
 log = logging.getLogger(__name__)
+
+RECONNECT_S = 5.0
+"""Longest one reconnection to a learner's store that accepts connections may take."""
 
 
 class WeightDtypeMismatch(ValueError):
@@ -146,10 +158,12 @@ class WeightSubscription:
                 time.sleep(0.5)
                 if self._left:
                     return None
+                if not is_listening(self.store_host, self.store_port, RECONNECT_S):
+                    continue  # still down: ask again shortly while time remains
                 try:
-                    self._register(max(0.5, deadline - time.monotonic()))
+                    self._register(min(RECONNECT_S, max(0.5, deadline - time.monotonic())))
                 except dist.DistError:
-                    pass  # still down: try again while time remains
+                    pass  # not up after all: try again while time remains
                 continue
             if ticket is not None:
                 return ticket

@@ -1,6 +1,7 @@
 """The vLLM engine against transformers on the same weights: weights broadcast over gloo,
 greedy outputs, sampled-token logprobs, an update in the middle of a request, a failed
-round, and a late joiner loading a snapshot. One real engine for the session."""
+round, a round whose learner dies, and a late joiner loading a snapshot. One real engine
+for the session."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from actors.config import SamplingConfig, VllmEngineConfig
 from actors.types import Turn
 from actors.vllm_engine import _expand_spans
 from demo.reference import hf_greedy as _hf_greedy
+from tests.weights.dying_learner import ENDS_WITHIN_S, exited_at, kill, seat, start_sender
 from weights.config import WeightSyncConfig
 from weights.follower import WeightUpdateError, follow_weights
 from weights.sender import WeightSender
@@ -281,6 +283,7 @@ async def test_failed_round_leaves_weights_version_and_generation_intact(
         store_port=sender.config.store_port,
         join_timeout_s=1.0,
         transfer_timeout_s=1.0,
+        store_id=sender.store_id,
     )
     started = time.monotonic()
     with pytest.raises(WeightUpdateError):
@@ -291,6 +294,38 @@ async def test_failed_round_leaves_weights_version_and_generation_intact(
     after = await vllm_engine.generate(prompts[1], spec)
     assert after.token_ids == before.token_ids
     assert after.versions == [before_version] * len(after.token_ids)
+
+
+@vllm
+@pytest.mark.parametrize("when", ["before_go", "after_go"])
+async def test_a_round_whose_learner_dies_ends_at_once_and_generation_resumes(
+    vllm_engine, prompts, when
+):
+    # Issue 26: killed before "go" (while the engine paused; the launcher restarts it on the
+    # same port within a second or two), the engines waited 36 s, paused, for a round the
+    # new learner never planned. Killed mid-transfer, gloo notices at once.
+    spec = _request(temperature=0.0, max_tokens=12)
+    before_version = vllm_engine.version
+    before = await vllm_engine.generate(prompts[1], spec)
+    mode = "hold" if when == "before_go" else "die_after_go"
+    proc, _, ticket = await asyncio.to_thread(seat, mode)
+    restart = None
+    try:
+        if when == "before_go":
+            kill(proc)
+            restart = (await asyncio.to_thread(start_sender, ticket.store_port, "idle"))[0]
+        started = time.time()
+        with pytest.raises(WeightUpdateError):
+            await vllm_engine.update_weights(ticket)
+        ended = time.time()
+        died = started if when == "before_go" else await asyncio.to_thread(exited_at, proc)
+    finally:
+        kill(proc)
+        kill(restart)
+    assert ended - died < ENDS_WITHIN_S
+    assert vllm_engine.version == before_version and not vllm_engine.weights_mixed
+    after = await asyncio.wait_for(vllm_engine.generate(prompts[1], spec), timeout=60)
+    assert after.token_ids == before.token_ids  # unpaused, on the weights it had
 
 
 @vllm

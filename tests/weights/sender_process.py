@@ -10,7 +10,10 @@ Serves the store on 127.0.0.1:PORT (0: a free one) and prints "listening <port>"
   and runs round VERSION: the round waits (join_timeout_s) for the phantom, so "go" is
   never said before the test kills this process.
 - `die_after_go`: once a member registered, runs round VERSION and exits (os._exit, as a
-  SIGKILL would end it) after its first bucket left, mid-transfer.
+  SIGKILL would end it) after its first bucket left, mid-transfer, printing "exiting
+  <time.time()>" just before.
+
+tests/weights/dying_learner.py starts and kills it.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ def _tensors(version: int, *, die_after: int | None):
     for i in range(NUM_TENSORS):
         if die_after is not None and i == die_after:
             time.sleep(0.2)  # the first bucket is on its way to the receiver
+            print(f"exiting {time.time()}", flush=True)
             os._exit(9)
         yield f"w{i}", torch.full((64,), float(version + i))
 
