@@ -12,8 +12,8 @@ random-weight model — and one process SIGKILLed (or SIGSTOPped: hung) mid-run.
 Each run must finish (exit 0), its books must balance exactly (deploy/run_ledger.py:
 every released prompt trained or dropped once, every stored trajectory counted once,
 nothing trained twice, versions 1..N), the processes restarted must be exactly the ones
-hurt, nothing may be left running, and the run may take at most 60 s longer than the
-baseline, counted from the first training step (engine start-up varies by a minute or more
+hurt, nothing may be left running, and the run may take at most 60 s (a learner kill: 30 s)
+longer than the baseline, counted from the first training step (engine start-up varies by a minute or more
 between runs on a shared 2-core machine, with or without a fault).
 """
 
@@ -42,6 +42,9 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 TOTAL_STEPS, EVAL_INTERVAL = 10, 5
 SLACK_S = 60.0
+LEARNER_SLACK_S = 30.0
+"""A learner's death is news to every engine at once (issue 26: the engines sat out a dead
+round and version_wait_s, +33 to +70 s); what is left is its restart and resume."""
 ARGS = [
     "local.warm_start=false",  # random weights: the plumbing, not the learning
     "local.num_train_rows=64",
@@ -158,4 +161,4 @@ def test_learner_killed_mid_step_resumes_from_its_checkpoint(baseline, tmp_path)
     _assert_whole(outcome, restarted=["learner"])
     learner_log = (outcome.run_dir / "logs" / "learner.log").read_text()
     assert re.search(r"resumed from .* at version [24]\b", learner_log), learner_log[-2000:]
-    assert outcome.run_s <= baseline.run_s + SLACK_S
+    assert outcome.run_s <= baseline.run_s + LEARNER_SLACK_S
