@@ -22,8 +22,8 @@ import nats.errors
 from nats.aio.client import Client
 
 from broker.config import BrokerTlsConfig
+from broker.limits import MAX_PAYLOAD_BYTES
 from broker.security import BrokerRefused, InsecureBroker, NatsAuth, client_tls_context
-from broker.server import MAX_PAYLOAD_BYTES
 
 log = logging.getLogger(__name__)
 

@@ -23,11 +23,9 @@ import urllib.request
 from pathlib import Path
 
 from broker.config import BrokerTlsConfig
+from broker.limits import MAX_PAYLOAD_BYTES
 from broker.security import NatsAuth, server_tls_block
 from common.procs import die_with_parent, free_port, stop_on_signals
-
-MAX_PAYLOAD_BYTES = 8 * 1024 * 1024
-"""8 MB: the largest payload NATS documents as sensible; larger trajectories are spilled."""
 
 
 def nats_server_binary() -> str:

@@ -22,8 +22,8 @@ from nats.js.api import (
     StreamConfig,
 )
 
+from broker.limits import MAX_PAYLOAD_BYTES
 from broker.names import BusNames, WorkQueue
-from broker.server import MAX_PAYLOAD_BYTES
 
 
 @dataclass(frozen=True)

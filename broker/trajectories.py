@@ -23,9 +23,9 @@ from nats.js import JetStreamContext
 from nats.js.object_store import ObjectStore
 
 from broker.codec import WireDecodeError, decode, encode
+from broker.limits import MAX_PAYLOAD_BYTES
 from broker.names import BusNames
 from broker.pull import DurablePull, Redeliverable
-from broker.server import MAX_PAYLOAD_BYTES
 from broker.wire import Trajectory
 
 log = logging.getLogger(__name__)

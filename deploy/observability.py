@@ -130,8 +130,9 @@ def run_rules(max_staleness: int) -> dict:
 
     Staleness is an integer, so "at the bound" is exactly 1 - P(staleness <= bound - 1), read
     from the histogram's `le` bucket (histogram_quantile would interpolate inside a bucket)."""
-    if max_staleness < 0:
-        raise ValueError(f"max_staleness must be >= 0, got {max_staleness}")
+    from learner.staleness import check_max_staleness
+
+    check_max_staleness(max_staleness)
     bound = {"record": "tether:learner_max_staleness", "expr": f"vector({max_staleness})"}
     rules: list[dict] = [bound]
     if 1 <= max_staleness <= STALENESS_BUCKETS:

@@ -4,12 +4,12 @@ Training prompts form an endless, deterministic stream: epoch e visits the datas
 permutation seeded by (seed, e); the i-th prompt released gets task id `<run>-<i>`, so a
 restarted learner re-releases the same ids and JetStream's deduplication stores them once.
 
-Admission: the prompts meant for step s are released only once the policy version
-v >= s - max_staleness. With P prompts per step that allows (v + max_staleness + 1) * P
-releases (never past the run's last step), plus one replacement for every group the learner
-dropped (otherwise drops would starve the learner). Each task carries
-`min_version = step - max_staleness`, the oldest weights allowed to generate it, so
-max_staleness = 0 is the synchronous baseline.
+Admission (the rule itself: `learner/staleness.py`): the prompts meant for step s are
+released only once the policy version v >= s - max_staleness. With P prompts per step that
+allows (v + max_staleness + 1) * P releases (never past the run's last step), plus one
+replacement for every group the learner dropped (otherwise drops would starve the
+learner). Each task carries `min_version = step - max_staleness`, the oldest weights allowed
+to generate it, so max_staleness = 0 is the synchronous baseline.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import random
 from dataclasses import dataclass
 
 from broker.wire import PromptTask
+from learner.staleness import oldest_allowed_version, release_horizon
 
 
 def num_releasable(
@@ -31,7 +32,7 @@ def num_releasable(
 ) -> int:
     """How many more training prompts may be released at policy version `version`; with
     `total_steps`, none meant for a step past the run's last (steps 0 .. total_steps - 1)."""
-    horizon = version + max_staleness + 1
+    horizon = release_horizon(version, max_staleness)
     if total_steps is not None:
         horizon = min(horizon, total_steps)
     allowed = horizon * prompts_per_step + num_dropped_groups
@@ -44,7 +45,7 @@ def step_of_release(index: int, *, version: int, prompts_per_step: int, max_stal
     Normally index // P; replacements for dropped groups run past the admitted horizon and
     are clamped to the newest admitted step, v + max_staleness.
     """
-    return min(index // prompts_per_step, version + max_staleness)
+    return min(index // prompts_per_step, release_horizon(version, max_staleness) - 1)
 
 
 def dataset_order(num_rows: int, epoch: int, seed: int) -> list[int]:
@@ -84,7 +85,7 @@ class PromptStream:
             row,
             task_id=f"{self.run_id}-{index}",
             step=step,
-            min_version=max(0, step - self.max_staleness),
+            min_version=oldest_allowed_version(step, self.max_staleness),
             group_size=self.group_size,
         )
 

@@ -23,15 +23,29 @@ from collections.abc import Iterable
 import numpy as np
 
 
-def _check_max_staleness(max_staleness: int) -> None:
+def check_max_staleness(max_staleness: int) -> None:
+    """The one check of the bound (the config's field says `ge=0` as well, for its error)."""
     if max_staleness < 0:
         raise ValueError(f"max_staleness must be >= 0, got {max_staleness}")
 
 
+def release_horizon(version: int, max_staleness: int) -> int:
+    """The first training step whose prompts may not be released yet at `version`: steps
+    `s < version + max_staleness + 1` satisfy `version >= s - max_staleness`."""
+    check_max_staleness(max_staleness)
+    return version + max_staleness + 1
+
+
 def may_release(step: int, version: int, max_staleness: int) -> bool:
     """May the dispatcher release the prompts meant for training step `step` now?"""
-    _check_max_staleness(max_staleness)
-    return version >= step - max_staleness
+    return step < release_horizon(version, max_staleness)
+
+
+def oldest_allowed_version(step: int, max_staleness: int) -> int:
+    """The oldest policy version that may generate a prompt meant for step `step` (its
+    task's `min_version`): tokens older than that would be dropped as stale at step `step`."""
+    check_max_staleness(max_staleness)
+    return max(0, step - max_staleness)
 
 
 def oldest_version(versions: Iterable[np.ndarray]) -> int | None:
@@ -49,7 +63,7 @@ def oldest_version(versions: Iterable[np.ndarray]) -> int | None:
 def is_too_stale(oldest: int | None, version: int, max_staleness: int) -> bool:
     """Must a group whose oldest policy token has version `oldest` be dropped at `version`?
     A group without policy tokens (`oldest is None`) is never stale."""
-    _check_max_staleness(max_staleness)
+    check_max_staleness(max_staleness)
     return oldest is not None and oldest < version - max_staleness
 
 

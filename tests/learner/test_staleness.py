@@ -1,13 +1,45 @@
 import numpy as np
 import pytest
 
-from learner.staleness import is_too_stale, may_release, oldest_version, staleness_histogram
+from learner.dispatcher import num_releasable, step_of_release
+from learner.staleness import (
+    is_too_stale,
+    may_release,
+    oldest_allowed_version,
+    oldest_version,
+    release_horizon,
+    staleness_histogram,
+)
 
 
 def test_admission():
     assert may_release(step=3, version=1, max_staleness=2)
     assert not may_release(step=3, version=0, max_staleness=2)
     assert may_release(step=0, version=0, max_staleness=0)
+
+
+def test_the_dispatcher_releases_exactly_the_steps_the_rule_admits():
+    # By hand: at v2 with bound 1, steps 0..3 are admitted (2 >= 3 - 1), step 4 is not.
+    assert release_horizon(2, 1) == 4
+    assert oldest_allowed_version(step=3, max_staleness=1) == 2
+    assert oldest_allowed_version(step=0, max_staleness=3) == 0  # never below the first
+    for version in range(6):
+        for bound in range(3):
+            admitted = [s for s in range(20) if may_release(s, version, bound)]
+            released = num_releasable(
+                version=version,
+                num_released=0,
+                num_dropped_groups=0,
+                prompts_per_step=2,
+                max_staleness=bound,
+            )
+            assert released == 2 * len(admitted)
+            newest = step_of_release(
+                10**6, version=version, prompts_per_step=2, max_staleness=bound
+            )
+            assert newest == max(admitted)  # replacements go to the newest admitted step
+    with pytest.raises(ValueError):
+        release_horizon(0, -1)
 
 
 def test_consumption():
