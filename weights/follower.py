@@ -61,12 +61,15 @@ async def follow_weights(
     engine: WeightReceiver,
     subscription: WeightSubscription,
     *,
-    poll_s: float = 5.0,
+    poll_s: float = 1.0,
     on_update: Callable[[WeightUpdate], None] | None = None,
 ) -> None:
     """Keep `engine` current: join every weight round after its version, until the task is
     cancelled or the subscription left. `on_update(WeightUpdate)` is called after each
-    successful update."""
+    successful update. Each wait for a round lasts at most `poll_s`: it goes on from the
+    engine's version as it was, so a rollback (a snapshot load back to a resumed learner's
+    version) takes effect at the next wait (with 5 s, the resumed learner's first round
+    waited up to 4 s for the engines)."""
     failed: RoundTicket | None = None
     while not subscription.left:
         # Never the failed round again: joining it would pause generation for another

@@ -119,6 +119,7 @@ class WeightSubscription:
         self.join_timeout_s = float(info["join_timeout_s"])
         self.transfer_timeout_s = float(info["transfer_timeout_s"])
         self._store.set_timeout(timedelta(seconds=self.transfer_timeout_s))
+        self._lost = False  # the store stopped answering: register anew before asking it
         self.member_id = self._store.add(key("members/next_id"), 1)
         self.missed_version = -1  # the newest round of this store that did not seat us
         self._store.set(key(f"members/{self.member_id}/slots"), str(self.slots))
@@ -146,6 +147,9 @@ class WeightSubscription:
             after = max(after_version, self.missed_version)
             if failed is not None and failed.store_id == self.store_id:
                 after = max(after, failed.version)
+            if self._lost:
+                self._reconnect(deadline)
+                continue
             try:
                 version = self.latest()
                 if version is None or version <= after:
@@ -153,17 +157,10 @@ class WeightSubscription:
                     continue
                 ticket = self._seat(version)
             except dist.DistError as e:
-                # The learner's store is gone (restart, crash): reconnect until the deadline.
+                # The learner's store is gone (restart, crash): reconnect until the deadline
+                # (this wait's and the next ones': the dead connection is not asked again).
                 log.warning("weight store unreachable (%s); reconnecting", e)
-                time.sleep(0.5)
-                if self._left:
-                    return None
-                if not is_listening(self.store_host, self.store_port, RECONNECT_S):
-                    continue  # still down: ask again shortly while time remains
-                try:
-                    self._register(min(RECONNECT_S, max(0.5, deadline - time.monotonic())))
-                except dist.DistError:
-                    pass  # not up after all: try again while time remains
+                self._lost = True
                 continue
             if ticket is not None:
                 return ticket
@@ -171,6 +168,22 @@ class WeightSubscription:
             # reach `version` only from a snapshot (the learner may wait for our data).
             self.missed_version = max(self.missed_version, version)
         return None
+
+    def _reconnect(self, deadline: float) -> None:
+        """Register anew as soon as something listens at the store's address again (a
+        restarted learner), or give up at `deadline` or on `leave()`. A plain connect asks
+        first: torch's client backs off (7.9 s seen) past the new store's start."""
+        import torch.distributed as dist
+
+        while time.monotonic() < deadline and not self._left:
+            time.sleep(0.2)
+            if not is_listening(self.store_host, self.store_port, RECONNECT_S):
+                continue
+            try:
+                self._register(min(RECONNECT_S, max(0.5, deadline - time.monotonic())))
+                return
+            except dist.DistError:
+                pass  # not up after all: try again while time remains
 
     def _seat(self, version: int) -> RoundTicket | None:
         """Our ticket for round `version`, or None (and a request to be seated) if its

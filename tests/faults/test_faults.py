@@ -13,8 +13,8 @@ Each run must finish (exit 0), its books must balance exactly (deploy/run_ledger
 every released prompt trained or dropped once, every stored trajectory counted once,
 nothing trained twice, versions 1..N), the processes restarted must be exactly the ones
 hurt, nothing may be left running, and the run may take at most 60 s (a learner kill: 30 s)
-longer than the baseline, counted from the first training step (engine start-up varies by a minute or more
-between runs on a shared 2-core machine, with or without a fault).
+longer than the baseline, counted from the first training step (engine start-up varies by
+a minute or more between runs on a shared 2-core machine, with or without a fault).
 """
 
 from __future__ import annotations
