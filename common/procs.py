@@ -5,10 +5,12 @@ die with their parent.
 from __future__ import annotations
 
 import ctypes
+import secrets
 import signal
 import socket
 import sys
 import threading
+from pathlib import Path
 
 PR_SET_PDEATHSIG = 1
 
@@ -21,12 +23,39 @@ def die_with_parent() -> None:
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
+EPHEMERAL_RANGE_FILE = "/proc/sys/net/ipv4/ip_local_port_range"
+NUM_TRIES = 64
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A port nobody listens on right now (the OS picks it; a race with another process
-    binding it before the caller is possible but rare)."""
-    with socket.socket() as s:
+    """A port nobody uses right now, for a server that binds it a little later. It is chosen
+    below the kernel's ephemeral range: a port from that range (what binding port 0 gives)
+    can meanwhile become the local port of any outgoing connection on the machine, and stays
+    taken while that connection lives (an env server's metrics port was, through ten
+    restarts of the fault suite's run). A race with another process that binds the same
+    port first is possible but rare."""
+    low = ephemeral_range()[0]
+    first = max(1024, low - 16384)
+    for _ in range(NUM_TRIES if low > first else 0):
+        port = first + secrets.randbelow(low - first)
+        with socket.socket() as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue  # in use: another one
+        return port
+    with socket.socket() as s:  # all taken (unlikely): let the kernel pick
         s.bind((host, 0))
         return s.getsockname()[1]
+
+
+def ephemeral_range() -> tuple[int, int]:
+    """The ports the kernel gives outgoing connections (Linux's default where unknown)."""
+    try:
+        low, high = Path(EPHEMERAL_RANGE_FILE).read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
 
 
 def stop_on_signals() -> threading.Event:
