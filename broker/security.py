@@ -17,6 +17,7 @@ environment, so the file written into a run directory holds no secret.
 from __future__ import annotations
 
 import os
+import secrets
 import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -93,6 +94,18 @@ class NatsAuth:
             SERVER_VARIABLES["user"]: _config_string(self.user),
             SERVER_VARIABLES["password"]: _config_string(self.password),
         }
+
+
+def new_secret(num_bytes: int = 24) -> str:
+    """A random password or token (urlsafe) that starts with a letter. A Kubernetes nats.conf
+    takes the Secret's value as an unquoted variable (`password: $NATS_PASSWORD`), and
+    nats-server parses that value as config: one that starts with a digit or '-' can read as
+    a number, a size ("10M") or a date, and the server does not start (a smoke run did not,
+    about one try in twenty)."""
+    while True:
+        value = secrets.token_urlsafe(num_bytes)
+        if value[0].isalpha():
+            return value
 
 
 def _secret(environ: Mapping[str, str], name: str) -> str:

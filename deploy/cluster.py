@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import secrets
 import shutil
 import subprocess
 import sys
@@ -31,6 +30,8 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import yaml
+
+from broker.security import new_secret
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 OVERLAYS_DIR = REPO_ROOT / "deploy" / "k8s"
@@ -136,7 +137,7 @@ def k8s(action: str, overlay: str, *, purge: bool) -> int:
             subprocess.run(
                 ["kubectl", "-n", NAMESPACE, "create", "secret", "generic", NATS_SECRET]
                 + ["--from-literal=NATS_USER=tether"]
-                + [f"--from-literal=NATS_PASSWORD={secrets.token_urlsafe(24)}"],
+                + [f"--from-literal=NATS_PASSWORD={new_secret()}"],
                 check=True,
                 stdout=subprocess.DEVNULL,
             )

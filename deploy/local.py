@@ -19,13 +19,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import secrets
 import socket
 import sys
 import time
 from pathlib import Path
 
-from broker.security import NatsAuth
+from broker.security import NatsAuth, new_secret
 from broker.server import NatsServer
 from common.config import load_section
 from common.placement import visible_gpus
@@ -109,7 +108,7 @@ def bus_credentials(environ=os.environ) -> tuple[NatsAuth, dict[str, str]]:
     auth = NatsAuth.from_environment(environ)
     if auth is not None:
         return auth, {}
-    child_env = {"NATS_TOKEN": secrets.token_urlsafe(24)}
+    child_env = {"NATS_TOKEN": new_secret()}
     return NatsAuth.from_environment(child_env), child_env
 
 

@@ -1,9 +1,12 @@
 """broker/security.py NatsAuth: NATS credentials come from the environment or from files
 only, never show in a repr, and reach nats-server's config only as variable names."""
 
+import os
+import subprocess
+
 import pytest
 
-from broker.security import NatsAuth
+from broker.security import NatsAuth, new_secret
 
 
 def test_credentials_from_the_environment():
@@ -52,3 +55,30 @@ def test_server_variables_are_quoted_for_the_nats_config_parser():
         "TETHER_NATS_USER": '"alice"',
         "TETHER_NATS_PASSWORD": '"a b\\"c\\\\d\\xc3\\xbc"',
     }
+
+
+def _server_accepts_password(value: str, tmp_path) -> bool:
+    """Whether the real nats-server starts with `password: $PASSWORD`, the value unquoted,
+    as the Kubernetes manifests' nats.conf takes it from the Secret."""
+    from broker.server import nats_server_binary
+
+    conf = tmp_path / "nats.conf"
+    conf.write_text("authorization {\n  user: tether\n  password: $PASSWORD\n}\n")
+    check = subprocess.run(
+        [nats_server_binary(), "-c", str(conf), "-t"],
+        env={**os.environ, "PASSWORD": value},
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    return check.returncode == 0
+
+
+def test_generated_secrets_start_the_server_where_it_reads_them_unquoted(tmp_path):
+    # Why new_secret exists: a value nats-server parses as a size or a date stops it.
+    assert not _server_accepts_password("10M", tmp_path)
+    assert not _server_accepts_password("12-ab", tmp_path)
+    values = [new_secret() for _ in range(40)]
+    assert all(value[0].isalpha() and len(value) >= 32 for value in values)
+    assert len(set(values)) == len(values)
+    assert all(_server_accepts_password(value, tmp_path) for value in values)

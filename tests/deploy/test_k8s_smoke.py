@@ -25,7 +25,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import secrets
 import shutil
 import sys
 import time
@@ -39,6 +38,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from broker.security import new_secret
 from broker.server import free_port, nats_server_binary
 from deploy import cluster
 from deploy.processes import ProcessGroup
@@ -318,7 +318,7 @@ def _listeners() -> str:
 @pytest.mark.skipif(shutil.which("kubectl") is None, reason="needs kubectl (kustomize)")
 def test_dev_overlay_trains_end_to_end_as_local_processes(tmp_path):
     objects = cluster.render("dev")
-    nats_secret = {"NATS_USER": "tether", "NATS_PASSWORD": secrets.token_urlsafe(16)}
+    nats_secret = {"NATS_USER": "tether", "NATS_PASSWORD": new_secret(16)}
     smoke = SmokeCluster(objects, tmp_path, nats_secret)
     before = set(_command_lines())
     probes = smoke.probes()
