@@ -100,8 +100,8 @@ def new_secret(num_bytes: int = 24) -> str:
     """A random password or token (urlsafe) that starts with a letter. A Kubernetes nats.conf
     takes the Secret's value as an unquoted variable (`password: $NATS_PASSWORD`), and
     nats-server parses that value as config: one that starts with a digit or '-' can read as
-    a number, a size ("10M") or a date, and the server does not start (a smoke run did not,
-    about one try in twenty)."""
+    a number, a size ("10M") or a date, and the server does not start (a manifest smoke
+    run did not)."""
     while True:
         value = secrets.token_urlsafe(num_bytes)
         if value[0].isalpha():

@@ -374,8 +374,8 @@ class Learner:
         while self.ledger.num_outstanding_groups > 0:
             group = await self._next_group(timeout_s=max(0.0, deadline - time.monotonic()))
             if group is None:
-                left = self.ledger.num_outstanding_groups
-                log.warning("%d released groups did not arrive in time", left)
+                left, timeout_s = self.ledger.num_outstanding_groups, self.config.drain_timeout_s
+                log.warning("%d released groups did not arrive within %.0fs", left, timeout_s)
                 return
             self._take(group, "unused")
 

@@ -144,12 +144,12 @@ class WeightSubscription:
 
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline and not self._left:
-            after = max(after_version, self.missed_version)
-            if failed is not None and failed.store_id == self.store_id:
-                after = max(after, failed.version)
             if self._lost:
                 self._reconnect(deadline)
                 continue
+            after = max(after_version, self.missed_version)
+            if failed is not None and failed.store_id == self.store_id:
+                after = max(after, failed.version)
             try:
                 version = self.latest()
                 if version is None or version <= after:
