@@ -15,6 +15,8 @@ import time
 
 from ray.exceptions import RayError
 
+from deploy.ray_records import actor_name, pg_name
+
 
 def _say(text: str = "") -> None:
     print(text, flush=True)
@@ -40,7 +42,7 @@ def run_placement_groups(ray, namespace: str, run_id: str) -> dict[str, str]:
     """Placement group id -> name, for the run's groups not yet removed."""
     from ray.util.placement_group import placement_group_table
 
-    prefix = f"{namespace}/{run_id}/"
+    prefix = pg_name(namespace, run_id, "")
     return {
         pg_id: info["name"]
         for pg_id, info in placement_group_table().items()
@@ -53,7 +55,7 @@ def _down_run(ray, namespace: str, run_id: str) -> bool:
     from ray.util.placement_group import PlacementGroup
 
     names = run_actors(ray, namespace, run_id).get(run_id, [])
-    supervisor_name = f"{run_id}/supervisor"
+    supervisor_name = actor_name(run_id, "supervisor")
     if supervisor_name in names:
         try:
             handle = ray.get_actor(supervisor_name, namespace=namespace)
@@ -107,7 +109,7 @@ def status(ray, namespace: str) -> int:
         _say(f"no Tether run on this Ray cluster (namespace {namespace})")
     for rid in sorted(runs):
         try:
-            handle = ray.get_actor(f"{rid}/supervisor", namespace=namespace)
+            handle = ray.get_actor(actor_name(rid, "supervisor"), namespace=namespace)
             info = ray.get(handle.status.remote(), timeout=30)
             _say(json.dumps(info, indent=2))
         except (RayError, ValueError) as e:  # no supervisor: say what is there

@@ -15,8 +15,7 @@ from pathlib import Path
 from ray.exceptions import RayError
 
 from deploy import progress
-
-EVENTS_FILE = "events.jsonl"
+from deploy.ray_records import EVENTS_FILE
 
 
 def _say(text: str = "") -> None:

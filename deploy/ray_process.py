@@ -210,11 +210,3 @@ def free_ports_on_node(count: int) -> list[int]:
         if port not in ports:
             ports.append(port)
     return ports
-
-
-def pg_name(namespace: str, run_id: str, what: str) -> str:
-    return f"{namespace}/{run_id}/{what}"
-
-
-def actor_name(run_id: str, what: str) -> str:
-    return f"{run_id}/{what}"

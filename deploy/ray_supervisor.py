@@ -32,7 +32,8 @@ from ray.util.scheduling_strategies import (
 
 from deploy.ray_commands import learner_env
 from deploy.ray_plan import Plan, Slot
-from deploy.ray_process import RoleProcess, actor_name, append_event, pg_name
+from deploy.ray_process import RoleProcess, append_event
+from deploy.ray_records import actor_name, pg_name
 
 LABEL_NODE_ID = "ray.io/node-id"
 """Ray's label of every node with its id: bundles are pinned to the planned nodes by it."""

@@ -1,6 +1,7 @@
 """The Ray driver's placement plan (deploy/ray_plan.py), pure: nodes with resources in, an
 assignment out; ports per host; each process's command line and the learner ranks'
-torch.distributed environment. No Ray needed."""
+torch.distributed environment; the prepared run's records (deploy/ray_records.py). No Ray
+needed."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from deploy.ray_commands import (
     ports_per_host,
 )
 from deploy.ray_plan import HEAD_RESOURCE, Node, PlanError, gpus_per_actor, make_plan, plan_run
+from deploy.ray_records import Prepared, launch_spec, metrics_ports, pg_names, run_state
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -282,3 +284,24 @@ def test_the_plan_of_a_run_config():
     assert (len(plan.learner), len(plan.actors)) == (4, 3)
     assert plan.actors[0].bundle == {"CPU": 4.0, "GPU": 2.0}
     assert gpus_per_actor(load_run_config(None, ["ray.gpus_per_actor=0.5"])) == 0.5
+
+
+def test_records_of_a_prepared_run_name_its_actors_groups_and_passed_environment(tmp_path):
+    plan = _same_host_plan()  # both learner ranks on one node: one learner group
+    ports = fixed_ports(plan, BASES)
+    run = load_run_config(None, ["ray.namespace=ns", "ray.max_restarts=5"])
+    run_dir = tmp_path / "20250101-000000"
+    prepared = Prepared(run, plan, [], run_dir, ports, {"nats": ["python"]})
+    assert pg_names(plan) == ["envservers", "learner-0", "actors"]
+    state = run_state(prepared, "10.0.0.1:6379")
+    assert state["supervisor"] == "20250101-000000/supervisor"
+    assert state["actors"][0] == "20250101-000000/nats"
+    assert state["placement_groups"][1] == "ns/20250101-000000/learner-0"
+    assert state["envserver_addresses"] == ["127.0.0.1:50051", "127.0.0.1:50052"]
+    assert metrics_ports(prepared)["actor_replicas"] == 2
+    environ = {"WANDB_API_KEY": "k", "NCCL_DEBUG": "INFO", "PATH": "/bin", "XWANDB_": "no"}
+    spec = launch_spec(prepared, environ=environ, cwd=Path("/repo"))
+    assert spec["env"] == {"WANDB_API_KEY": "k", "NCCL_DEBUG": "INFO"}
+    assert spec["events"] == str(run_dir / "events.jsonl")
+    assert (spec["run_id"], spec["namespace"], spec["cwd"]) == ("20250101-000000", "ns", "/repo")
+    assert (spec["nats_port"], spec["max_restarts"]) == (4222, 5)
