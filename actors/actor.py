@@ -9,13 +9,10 @@ Delivery rules (the bus is at-least-once; trajectory ids make it exactly-once in
   the task comes back after the broker's ack wait.
 - Trajectory ids are `<task_id>/<sample_index>` and go out as `Nats-Msg-Id`: a group
   re-played by another replica stores only the samples the first one had not published.
-- Weights: a new replica loads the newest snapshot the learner announced, then joins
-  every broadcast round (`weights.follower.BroadcastFollower`), or loads a snapshot of one
-  it missed. A task runs once the engine's version is at least its `min_version`.
-- Rollback: a learner that restarts announces a new lineage at its checkpoint's version.
-  An engine holding newer weights (from the history the crash undid) reloads the announced
-  snapshot: generating on it would tag tokens with versions the learner has not reached,
-  and every group would be dropped as `future` until it had (a stall).
+- Weights (`actors.policy_weights.PolicyWeights`): a new replica loads the newest snapshot
+  the learner announced, then joins every broadcast round, or loads a snapshot of one it
+  missed, and rolls back to a restarted learner's snapshot. A task runs once the engine's
+  version is at least its `min_version`; one that cannot get it in time is handed back.
 
 Engine and env connector are parameters: tests run the loop on fakes (tests/fakes.py),
 `actors.replica.replica_main` builds the real ones."""
@@ -23,7 +20,6 @@ Engine and env connector are parameters: tests run the loop on fakes (tests/fake
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 
@@ -33,20 +29,16 @@ from actors import metrics
 from actors.chat import ChatTemplate
 from actors.config import ActorConfig
 from actors.episode import Rollout, run_group, validate_task
+from actors.policy_weights import PolicyWeights, WeightsBehind
 from actors.snapshots import SnapshotSource
 from actors.trajectory import to_trajectory
 from actors.types import ActorEngine, EnvConnector, EpisodeResult
 from broker import client as bus
 from broker.config import BrokerConfig
-from broker.wire import PolicyVersion, PromptTask
+from broker.wire import PromptTask
 from protos.client import TaskRejected
-from weights.follower import WeightUpdateError
 
 log = logging.getLogger(__name__)
-
-
-class WeightsBehind(Exception):
-    """The engine cannot get the weights a task needs in time: hand the task back."""
 
 
 class Actor:
@@ -72,29 +64,22 @@ class Actor:
         self.engine, self.env, self.chat = engine, env, chat
         self._generating = metrics.EngineBusyClock(engine)  # what episodes generate with
         self.actor_id = actor_id
-        self.snapshots = snapshots or SnapshotSource()  # local paths, or s3:// downloads
-        self.newest_version = -1
+        self.weights = PolicyWeights(
+            engine=engine,
+            snapshots=snapshots or SnapshotSource(),  # local paths, or s3:// downloads
+            version_wait_s=config.version_wait_s,
+            background=self._background,
+        )
         self.num_published = 0
-        self._version_changed = asyncio.Event()
-        self._broadcast: asyncio.Task | None = None
-        self._broadcast_addr = ""
-        self._follower = None
         self._failure: BaseException | None = None
         self._stop = asyncio.Event()
-        self._weights_started = False
-        self._lineage: str | None = None
-        self._announced: PolicyVersion | None = None
-        self._catch_up_lock = asyncio.Lock()
-        self.num_rollbacks = 0
 
     @property
     def ready(self) -> bool:
         """What /readyz reports (from the metrics server's thread): the engine runs, its
         start-up weights are settled, and it holds the newest announced version or follows
         the learner's broadcast. False while stopping."""
-        if not self._weights_started or self._stop.is_set():
-            return False
-        return self._follower is not None or self.engine.version >= self.newest_version
+        return not self._stop.is_set() and self.weights.current
 
     async def run(self, stop: asyncio.Event) -> None:
         """
@@ -114,15 +99,14 @@ class Actor:
             await bus.ensure_streams(js, names, self.broker.stream_limits())
             self.puller = bus.PromptPuller(js, names)
             self.publisher = bus.TrajectoryPublisher(js, names)
-            self.policy = bus.PolicyStore(js, names)
             self._stop = stop
-            await self._start_weights()
-            follower = self._background(self._follow_policy())
+            await self.weights.start(bus.PolicyStore(js, names))
+            follower = self._background(self.weights.follow())
             try:
                 await self._serve(stop)
             finally:
                 follower.cancel()
-                await self._stop_weights()
+                await self.weights.stop()
         finally:
             await nc.close()
         if self._failure is not None:
@@ -183,7 +167,7 @@ class Actor:
 
         try:
             validate_task(task)
-            await self._wait_for_version(task.min_version)
+            await self.weights.wait_for_version(task.min_version)
             unfinished = task.group_size
             metrics.EPISODES_IN_FLIGHT.inc(unfinished)
             sampling = self.config.eval_sampling if task.is_eval else self.config.sampling
@@ -246,147 +230,6 @@ class Actor:
 
         task.add_done_callback(done)
         return task
-
-    # ---- weights -----------------------------------------------------------------------------
-
-    async def _start_weights(self) -> None:
-        """Before the first generation: the newest snapshot, and the broadcast if any."""
-        announced = await self.policy.get()
-        if announced is not None:
-            await self._on_policy(announced)
-        self._record_versions()
-        self._weights_started = True
-
-    async def _follow_policy(self) -> None:
-        async for announced in self.policy.follow():
-            await self._on_policy(announced)
-
-    async def _on_policy(self, announced: PolicyVersion) -> None:
-        self._announced = announced
-        if announced.lineage != self._lineage:
-            rolled_back = self._lineage is not None and self.engine.version > announced.version
-            self._lineage = announced.lineage
-            self.newest_version = announced.version  # a resumed learner may be behind us
-            if rolled_back:
-                await self._roll_back(announced)
-        self.newest_version = max(self.newest_version, announced.version)
-        # While rounds keep the engine current, a snapshot load could race one and go back
-        # a version: snapshots here serve replicas without a broadcast (and see `_missed`).
-        if (
-            self._broadcast is None
-            and announced.snapshot_path
-            and announced.snapshot_version > self.engine.version
-        ):
-            log.info("loading weights snapshot v%d", announced.snapshot_version)
-            try:
-                path = await self.snapshots.local_path(
-                    announced.snapshot_path, announced.snapshot_version
-                )
-                stall_s = await self.engine.load_snapshot(path, announced.snapshot_version)
-            # Unreadable (the learner rotated it away after announcing it): keep the weights
-            # we have, as staged loads leave them; a broadcast or a newer snapshot follows.
-            except WeightUpdateError as e:
-                log.warning("weights snapshot v%d not loaded: %s", announced.snapshot_version, e)
-            else:
-                metrics.WEIGHT_UPDATE_STALL_SECONDS.labels("snapshot").observe(stall_s)
-        if announced.broadcast_addr and announced.broadcast_addr != self._broadcast_addr:
-            await self._stop_weights()  # a restarted learner serves a new store
-            self._broadcast_addr = announced.broadcast_addr
-            self._start_broadcast(announced.broadcast_addr)
-        self._record_versions()
-
-    async def _roll_back(self, announced: PolicyVersion) -> None:
-        """The learner resumed below our weights' version: go back to its snapshot. The
-        broadcast follower then joins the rounds after that version."""
-        self.num_rollbacks += 1
-        log.warning("the learner resumed at v%d (lineage %s), below this engine's v%d: "
-                    "reloading snapshot v%d", announced.version, announced.lineage,
-                    self.engine.version, announced.snapshot_version)  # fmt: skip
-        if not announced.snapshot_path or announced.snapshot_version > announced.version:
-            log.error("no snapshot at or below v%d to roll back to", announced.version)
-            return
-        try:
-            stall_s = await self.engine.load_snapshot(
-                announced.snapshot_path, announced.snapshot_version
-            )
-        # Unreadable: we keep the newer weights; their groups are dropped as `future` until
-        # a broadcast round brings the learner's own.
-        except WeightUpdateError as e:
-            log.error("rollback snapshot v%d not loaded: %s", announced.snapshot_version, e)
-            return
-        metrics.WEIGHT_UPDATE_STALL_SECONDS.labels("snapshot").observe(stall_s)
-
-    def _start_broadcast(self, address: str) -> None:
-        from weights.follower import BroadcastFollower
-
-        def on_update(update) -> None:
-            metrics.WEIGHT_UPDATE_STALL_SECONDS.labels("broadcast").observe(update.stall_s)
-            self._record_versions()
-
-        self._follower = BroadcastFollower(self.engine, address, on_update=on_update)
-        self._broadcast = self._background(self._follower.run())
-
-    async def _stop_weights(self) -> None:
-        if self._broadcast is not None:
-            self._broadcast.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._broadcast
-            self._broadcast = None
-        if self._follower is not None:
-            await self._follower.leave()
-            self._follower = None
-
-    def _record_versions(self) -> None:
-        metrics.record_versions(
-            engine_version=self.engine.version,
-            newest_version=max(self.newest_version, self.engine.version),
-        )
-        self._version_changed.set()
-
-    async def _wait_for_version(self, min_version: int) -> None:
-        """Wait (measured) until the engine's weights may generate a task of min_version.
-        The learner announced that version before releasing the task, so a broadcast
-        normally brings it. When one did without a seat for us, only the learner's next
-        round would, after data that may be ours: catch up from the announced snapshot
-        once it is new enough. A wait past `version_wait_s` means the usual way is broken:
-        catch up, or raise WeightsBehind (the task goes to another replica)."""
-        started = time.monotonic()
-        try:
-            while self.engine.version < min_version:
-                waited_s = time.monotonic() - started
-                if waited_s > self.config.version_wait_s or self._missed(min_version):
-                    await self._catch_up_from_snapshot(min_version)
-                    continue
-                self._version_changed.clear()
-                # Polled as well: a broadcast round changes engine.version on its own.
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._version_changed.wait(), timeout=0.5)
-        finally:
-            metrics.WAIT_SECONDS.labels("weights").inc(time.monotonic() - started)
-
-    def _missed(self, min_version: int) -> bool:
-        """A round of min_version or later went out without us, and a snapshot has it."""
-        missed = self._follower.missed_version if self._follower else -1
-        snapshot = self._announced.snapshot_version if self._announced else -1
-        return min(missed, snapshot) >= min_version
-
-    async def _catch_up_from_snapshot(self, min_version: int) -> None:
-        snapshot = self._announced
-        if (
-            snapshot is None
-            or not snapshot.snapshot_path
-            or snapshot.snapshot_version < min_version
-        ):
-            raise WeightsBehind(f"at v{self.engine.version}, no snapshot of v{min_version} yet")
-        async with self._catch_up_lock:  # one load for all the tasks that wait
-            if self.engine.version >= min_version:
-                return
-            log.warning("weights at v%d, v%d needed: loading snapshot v%d",
-                        self.engine.version, min_version, snapshot.snapshot_version)  # fmt: skip
-            try:
-                await self.engine.load_snapshot(snapshot.snapshot_path, snapshot.snapshot_version)
-            except WeightUpdateError as e:
-                raise WeightsBehind(f"snapshot v{snapshot.snapshot_version}: {e}") from e
 
 
 async def _quietly(call, what: str, task: PromptTask) -> bool:

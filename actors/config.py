@@ -15,6 +15,7 @@ import pydantic
 
 from common.config import CertKeyFiles, StrictModel
 from common.restarts import RestartPolicy
+from weights.dtypes import canonical_dtype
 
 VLLM_ENGINE_ARGS = frozenset(
     {
@@ -143,11 +144,12 @@ class VllmEngineConfig(StrictModel):
     initial_version: int = 0
     """Policy version of the weights in `model` (the snapshot's version)."""
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
-    """Weights and activations dtype; `auto` is bfloat16 on GPU and float32 on CPU (float32
-    keeps vLLM's logprobs equal to the learner's recomputation on the CPU tiny model). It
-    must equal the learner's compute dtype (`learner.dtype`, also auto by default): a
-    mismatch is refused when the engine subscribes to the weight broadcast
-    (weights/dtypes.py), and weights travel in this dtype."""
+    """Weights and activations dtype (also `fp32`, `bf16`, `fp16`); `auto` is bfloat16 on
+    GPU and float32 on CPU (float32 keeps vLLM's logprobs equal to the learner's
+    recomputation on the CPU tiny model). It must equal the learner's compute dtype
+    (`learner.dtype`, also auto by default): a mismatch is refused when the engine
+    subscribes to the weight broadcast (weights/dtypes.py), and weights travel in this
+    dtype."""
     max_model_len: int = 2048
     """Longest prompt + generation, in tokens."""
     max_num_seqs: int = 64
@@ -227,6 +229,11 @@ class VllmEngineConfig(StrictModel):
         if value < 1:
             raise ValueError(f"must be >= 1, got {value}")
         return value
+
+    @pydantic.field_validator("dtype", mode="before")
+    @classmethod
+    def _torch_name(cls, value):
+        return canonical_dtype(value) if isinstance(value, str) else value
 
     @pydantic.field_validator("data_parallel_size")
     @classmethod

@@ -12,7 +12,8 @@ in-flight weight update, both on one `vllm.v1` AsyncLLM.
 Each token's policy version comes from vLLM's own weight-version label: the engine stamps
 every step's outputs with its current label, and the final output carries the spans. A
 token sampled before the update carries the old version, one after it the new one, so a
-trajectory that crosses an update says so token by token.
+trajectory that crosses an update says so token by token (read from vLLM's outputs, as
+the request was built, in actors/vllm_requests.py).
 
 Requests that are running when an update lands keep their KV cache (unless
 `recompute_kv_on_update`); requests admitted after it never reuse prefix blocks that older
@@ -34,12 +35,18 @@ import os
 import time
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from typing import Any
 
 from actors.config import VllmEngineConfig
 from actors.engine_processes import in_core_worker_env
 from actors.types import Generation, Turn
+from actors.vllm_requests import (
+    TokenDelta,
+    expand_spans,
+    sampled_logprobs,
+    sampling_params,
+    to_generation,
+)
 from common.environ import environ_set
 from weights.follower import WeightUpdate, WeightUpdateError
 from weights.subscription import RoundTicket
@@ -56,21 +63,6 @@ def threads_bind_for_replica(bind: str, replica_index: int, cores: list[int]) ->
     if not cores:
         raise ValueError("cpu_threads_bind = 'spread' needs at least one usable core")
     return str(sorted(cores)[replica_index % len(cores)])
-
-
-@dataclass
-class TokenDelta:
-    """Tokens that arrived together while streaming one request."""
-
-    token_ids: list[int]
-    logprobs: list[float]
-    version: int
-    """The engine's version when they arrived (the final spans are authoritative)."""
-    arrived: float
-    """time.monotonic() of arrival."""
-    finish_reason: str | None = None
-    versions: list[int] | None = None
-    """On the last delta: the per-token versions of the whole request, from vLLM's spans."""
 
 
 class VllmEngine:
@@ -102,9 +94,9 @@ class VllmEngine:
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        from weights.dtypes import resolve_engine_dtype
+        from weights.dtypes import resolve_dtype
 
-        dtype = resolve_engine_dtype(config.dtype, on_gpu=torch.cuda.is_available())
+        dtype = resolve_dtype(config.dtype, on_gpu=torch.cuda.is_available())
         args = AsyncEngineArgs(
             **config.vllm_engine_args(),
             dtype=dtype,
@@ -137,20 +129,6 @@ class VllmEngine:
 
     # ---- generation ---------------------------------------------------------------------------
 
-    def _sampling_params(self, turn: Turn, *, final_only: bool):
-        from vllm.sampling_params import RequestOutputKind, SamplingParams
-
-        return SamplingParams(
-            temperature=turn.sampling.temperature,
-            top_p=turn.sampling.top_p,
-            max_tokens=turn.max_tokens,
-            seed=turn.seed,
-            stop_token_ids=list(turn.stop_token_ids),
-            logprobs=0,  # the sampled token's logprob only
-            detokenize=False,
-            output_kind=RequestOutputKind.FINAL_ONLY if final_only else RequestOutputKind.DELTA,
-        )
-
     async def _outputs(self, prompt_token_ids: list[int], params: Any) -> AsyncIterator[Any]:
         """vLLM's outputs of one request (salted by the weights' cache epoch)."""
         if not prompt_token_ids:
@@ -172,38 +150,27 @@ class VllmEngine:
     async def stream(self, prompt_token_ids: list[int], turn: Turn) -> AsyncIterator[TokenDelta]:
         """Generate, yielding tokens as they arrive (the last delta has `finish_reason` and
         the per-token `versions`)."""
-        params = self._sampling_params(turn, final_only=False)
+        params = sampling_params(turn, final_only=False)
         num_tokens = 0
         async for completion in self._outputs(prompt_token_ids, params):
             new_ids = list(completion.token_ids)
             num_tokens += len(new_ids)
             delta = TokenDelta(
-                new_ids, _sampled_logprobs(completion), self.version, time.monotonic()
+                new_ids, sampled_logprobs(completion), self.version, time.monotonic()
             )
             if completion.finish_reason is not None:
                 delta.finish_reason = completion.finish_reason
-                delta.versions = _expand_spans(completion.weight_versions, num_tokens)
+                delta.versions = expand_spans(completion.weight_versions, num_tokens)
             yield delta
 
     async def generate(self, prompt_token_ids: list[int], turn: Turn) -> Generation:
         """The whole turn at once: vLLM sends only the final output (per-token streaming
         costs the actor a Python round per token and engine step)."""
-        params = self._sampling_params(turn, final_only=True)
+        params = sampling_params(turn, final_only=True)
         started_version, completion = self.version, None
         async for output in self._outputs(prompt_token_ids, params):
             completion = output  # FINAL_ONLY: one output, when the request ends
-        if completion is None or completion.finish_reason is None:
-            raise RuntimeError("vLLM returned no final output")
-        token_ids = list(completion.token_ids)
-        versions = _expand_spans(completion.weight_versions, len(token_ids))
-        return Generation(
-            token_ids=token_ids,
-            logprobs=_sampled_logprobs(completion),
-            finish_reason=completion.finish_reason,
-            # Without spans (never seen) every token takes the oldest version that may have
-            # produced it: staleness is over-, never under-stated.
-            versions=versions if versions is not None else [started_version] * len(token_ids),
-        )
+        return to_generation(completion, started_version)
 
     # ---- weights ------------------------------------------------------------------------------
 
@@ -341,22 +308,3 @@ class VllmEngine:
             # cycles), not at interpreter exit when vLLM's module globals are gone.
             del llm
             gc.collect()
-
-
-def _sampled_logprobs(completion) -> list[float]:
-    """The logprob of each sampled token (vLLM gives one {token: Logprob} per position)."""
-    return [
-        position[token].logprob
-        for token, position in zip(completion.token_ids, completion.logprobs or [], strict=True)
-    ]
-
-
-def _expand_spans(spans, num_tokens: int) -> list[int] | None:
-    """vLLM's [start, end) version spans -> one int version per token (None if the spans
-    are missing or do not cover every token)."""
-    if not spans:
-        return None
-    versions: list[int] = []
-    for span in spans:
-        versions += [int(span.version)] * (span.end - span.start)
-    return versions if len(versions) == num_tokens else None

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from learner.batching import Sample
+from learner.trainer.sample import Sample
 
 
 def plan_micro_batches(

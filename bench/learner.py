@@ -102,8 +102,8 @@ def micro_batches_per_step(groups, *, prompts_per_step: int, token_budget: int):
     prefixes): step k trains groups [kP, (k+1)P) in stream order."""
     from learner.batching import Group as LearnerGroup
     from learner.batching import samples_from_groups
-    from learner.prefix_plan import plan_pieces
-    from learner.segments import collate_segments
+    from learner.trainer.prefix_plan import plan_pieces
+    from learner.trainer.segments import collate_segments
 
     steps = []
     for start in range(0, len(groups), prompts_per_step):
@@ -135,8 +135,8 @@ def bare_torch(model_path: str, steps, *, lr: float) -> tuple[float, int]:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from learner.segment_attention import use_segment_attention
-    from learner.segment_forward import forward_loss_tokens
+    from learner.trainer.segment_attention import use_segment_attention
+    from learner.trainer.segment_forward import forward_loss_tokens
 
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).train()
     model = use_segment_attention(model)
@@ -162,10 +162,10 @@ def run_learner(model_path: str, url: str, namespace: str, work: Path, args) -> 
     from broker.config import BrokerConfig
     from learner.config import LearnerConfig
     from learner.loop import Learner
-    from learner.model_init import load_model
-    from learner.ranks import RankCommands
     from learner.reporting import Reporter
-    from learner.trainer import Trainer
+    from learner.trainer.model_init import load_model
+    from learner.trainer.ranks import RankCommands
+    from learner.trainer.trainer import Trainer
 
     work.mkdir(parents=True, exist_ok=True)
     train_data = work / "train.jsonl"

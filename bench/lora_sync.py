@@ -55,8 +55,8 @@ async def _measure(enable_lora: bool, rank: int, rounds: int) -> dict[str, float
 
     from actors.config import VllmEngineConfig
     from actors.vllm_engine import VllmEngine
-    from learner.config import FinetuneConfig
-    from learner.lora import adapter_config, add_lora
+    from learner.trainer.config import FinetuneConfig
+    from learner.trainer.lora import adapter_config, add_lora
     from weights.config import WeightSyncConfig
     from weights.lora import adapter_parameters
     from weights.sender import WeightSender

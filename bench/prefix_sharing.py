@@ -84,7 +84,7 @@ def workload(
     middle fifth (a tool observation) carries no loss."""
     import numpy as np
 
-    from learner.batching import Sample
+    from learner.trainer.sample import Sample
 
     rng = np.random.default_rng(0)
     samples = []
@@ -114,9 +114,9 @@ def workload(
 def _backward(inputs, *, total_tokens: int, total_seqs: int) -> None:
     """The trainer's loss on one micro-batch (PPO-clip `policy_loss`, `token_mean` weights
     over the whole step), backward: the same in every variant."""
-    from learner.config import AlgorithmConfig
-    from learner.losses import policy_loss
-    from learner.reductions import token_weights
+    from learner.trainer.config import AlgorithmConfig
+    from learner.trainer.losses import policy_loss
+    from learner.trainer.reductions import token_weights
 
     weights = token_weights(
         inputs.loss_mask,
@@ -134,7 +134,7 @@ def current_step(model, samples, *, budget: int) -> int:
     import torch
 
     from bench.dense_packing import collate, plan_micro_batches
-    from learner.losses import LossInputs, entropy_from_logits, token_logprobs
+    from learner.trainer.losses import LossInputs, entropy_from_logits, token_logprobs
 
     (plan,) = plan_micro_batches([s.num_tokens for s in samples], num_ranks=1, token_budget=budget)
     total_tokens = sum(int(s.loss_mask.sum()) for s in samples)
@@ -162,9 +162,9 @@ def current_step(model, samples, *, budget: int) -> int:
 
 def segment_step(model, samples, *, budget: int, min_shared_tokens: int) -> int:
     """The shared-prefix forward + backward; returns tokens trained (as trained)."""
-    from learner.prefix_plan import plan_pieces
-    from learner.segment_forward import forward_loss_tokens, loss_inputs
-    from learner.segments import collate_segments
+    from learner.trainer.prefix_plan import plan_pieces
+    from learner.trainer.segment_forward import forward_loss_tokens, loss_inputs
+    from learner.trainer.segments import collate_segments
 
     (plan,) = plan_pieces(
         samples, num_ranks=1, token_budget=budget, min_shared_tokens=min_shared_tokens
@@ -234,7 +234,7 @@ def measure_memory(args) -> None:
     peak; tracemalloc does not see torch's allocations."""
     import torch
 
-    from learner.segment_attention import use_segment_attention
+    from learner.trainer.segment_attention import use_segment_attention
 
     torch.set_num_threads(args.torch_threads)
     segmented, step = variants(args)[args.memory_variant]
@@ -272,7 +272,7 @@ def main() -> None:
 
     import torch
 
-    from learner.segment_attention import use_segment_attention
+    from learner.trainer.segment_attention import use_segment_attention
 
     torch.set_num_threads(args.torch_threads)
     plain_model = demo_model()

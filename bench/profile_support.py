@@ -49,13 +49,16 @@ CATEGORIES: dict[str, tuple[tuple[str, tuple[str, ...]], ...]] = {
         ("evals", ("learner/evals.py",)),
         (
             "checkpoint and snapshot",
-            ("learner/checkpoint.py", "distributed/checkpoint/", "snapshot"),
+            ("learner/trainer/checkpoint.py", "distributed/checkpoint/", "snapshot"),
         ),
         ("weight broadcast", ("weights/", "weight_sync", "weight_buckets", "publish_weights")),
         ("backward", ("_engine_run_backward", "autograd/__init__.py", "backward (torch/")),
         ("optimizer", ("torch/optim/", "clip_grad")),
         ("forward", ("forward (", "compute_logprobs", "_logprobs")),
-        ("batching and packing", ("learner/batching.py", "learner/segments.py", "prefix_plan")),
+        (
+            "batching and packing",
+            ("learner/batching.py", "learner/trainer/segments.py", "prefix_plan"),
+        ),
         ("taking groups (bus, decoding)", ("learner/intake.py", "nats/", "msgspec", "_take")),
         ("metrics and logging", ("prometheus_client", "wandb", "reporting.py", "sinks.py")),
     ),

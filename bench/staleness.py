@@ -113,8 +113,8 @@ async def one_run(evaluator, work: Path, args, *, k: int, correction: str, seed:
 
     from demo.data import make_rows
     from learner.batching import samples_from_groups
-    from learner.model_init import load_model
-    from learner.trainer import Trainer
+    from learner.trainer.model_init import load_model
+    from learner.trainer.trainer import Trainer
     from weights.snapshot import write_snapshot
 
     torch.manual_seed(seed)

@@ -31,7 +31,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 
 MANIFEST = "manifest.json"
-LOCAL_MARKER = "state.json"  # the local checkpoint's own marker (learner/checkpoint.py)
+LOCAL_MARKER = "state.json"  # the local checkpoint's own marker (learner/trainer/checkpoint.py)
 DISPATCHER_FILE = "dispatcher.json"
 KINDS = ("checkpoint", "snapshot")
 _STEP_DIR = re.compile(r"global_step_(\d+)/")

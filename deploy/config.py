@@ -22,7 +22,7 @@ from common.storage_config import StorageConfig
 from deploy.prepare import PrepareConfig
 from envservers.config import EnvServerConfig
 from learner.config import LearnerConfig
-from weights.dtypes import dtype_mismatch, resolve_engine_dtype, resolve_learner_dtype
+from weights.dtypes import dtype_mismatch
 from weights.lora import adapter_mismatch
 
 
@@ -141,13 +141,9 @@ class RunConfig(StrictModel):
         learner, engine = self.learner.dtype, self.actor.engine.dtype
         if "auto" in (learner, engine):
             return self
-        for on_gpu in (False, True):
-            problem = dtype_mismatch(
-                resolve_learner_dtype(learner, on_gpu=on_gpu),
-                resolve_engine_dtype(engine, on_gpu=on_gpu),
-            )
-            if problem:
-                raise ValueError(problem)
+        problem = dtype_mismatch(learner, engine)  # both in torch's names (weights/dtypes.py)
+        if problem:
+            raise ValueError(problem)
         return self
 
     @pydantic.model_validator(mode="after")

@@ -39,7 +39,7 @@ JOBS = ("learner", "actor", "envserver")
 DEFAULT_PORTS = {"learner": 9300, "actor": 9500, "envserver": 9400}
 """The roles' default /metrics ports (learner/config.py, actors/config.py, envservers/config.py)."""
 STALENESS_BUCKETS = 9
-"""learner/prom.py's staleness histogram has buckets le = 0.0 .. 8.0 (then +Inf)."""
+"""learner/metrics.py's staleness histogram has buckets le = 0.0 .. 8.0 (then +Inf)."""
 HEADER = "# Rendered by deploy/observability.py; edit that, not this file.\n"
 
 

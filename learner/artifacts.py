@@ -36,7 +36,12 @@ from common.objectstore import (
 )
 from common.s3 import ObjectStore, StorageError, timed_upload
 from common.storage_config import StorageConfig
-from learner.checkpoint import STATE_FILE, checkpoint_dir, latest_checkpoint, read_training_state
+from learner.trainer.checkpoint import (
+    STATE_FILE,
+    checkpoint_dir,
+    latest_checkpoint,
+    read_training_state,
+)
 
 log = logging.getLogger(__name__)
 

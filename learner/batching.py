@@ -7,11 +7,11 @@
 2. `samples_from_groups` computes each trajectory's advantage within its group and decodes
    its packed token arrays (zero copy) into a `Sample`.
 
-Micro-batches are planned and laid out by learner/prefix_plan.py and learner/segments.py:
-a group's common prefix is trained once, and sequences meet in a packed row without a dense
-mask. Packing (not padding), because agent trajectories vary from hundreds to 100K+ tokens:
-padding a micro-batch to its longest member would waste most of the compute, and a token
-budget bounds memory exactly.
+Micro-batches are planned and laid out by learner/trainer/prefix_plan.py and
+learner/trainer/segments.py: a group's common prefix is trained once, and sequences meet in
+a packed row without a dense mask. Packing (not padding), because agent trajectories vary
+from hundreds to 100K+ tokens: padding a micro-batch to its longest member would waste most
+of the compute, and a token budget bounds memory exactly.
 """
 
 from __future__ import annotations
@@ -19,12 +19,12 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-import numpy as np
 import torch
 
 from broker.codec import TokenArrays, token_arrays
 from broker.wire import Trajectory
 from learner.advantages import compute_advantages
+from learner.trainer.sample import Sample, step_starts
 
 
 @dataclass
@@ -101,51 +101,6 @@ class GroupAssembler:
             env_class=trajectory.env_class,
             trajectories=ordered,
         )
-
-
-@dataclass(frozen=True)
-class Sample:
-    """One trajectory as the trainer sees it: token arrays `[T]` and its advantage."""
-
-    token_ids: np.ndarray  # [T] int32
-    loss_mask: np.ndarray  # [T] uint8
-    behaviour_logprobs: np.ndarray  # [T] float32
-    versions: np.ndarray  # [T] int32
-    advantage: float
-    trajectory_id: str
-    group_id: str
-    env_class: str
-    step_starts: np.ndarray | None = None
-    """Step-wise trajectories: the position where each step (an assistant turn: a run of
-    loss tokens) begins, ascending; each step is its own sequence in the loss reduction.
-    None: the whole sample is one sequence."""
-
-    @property
-    def num_tokens(self) -> int:
-        return len(self.token_ids)
-
-    @property
-    def num_seqs(self) -> int:
-        """Sequences this sample lays out (one per step; a whole sample always one)."""
-        return 1 if self.step_starts is None else len(self.step_starts)
-
-    @property
-    def num_loss_seqs(self) -> int:
-        """Sequences with at least one loss token (what a sequence mean divides by)."""
-        return self.num_seqs if self.step_starts is not None else int(self.loss_mask.any())
-
-    def seq_index(self, positions: np.ndarray) -> np.ndarray:
-        """The sequence (step) within this sample of each of its loss-token `positions`."""
-        if self.step_starts is None:
-            return np.zeros(len(positions), dtype=np.int64)
-        return np.searchsorted(self.step_starts, positions, side="right") - 1
-
-
-def step_starts(loss_mask: np.ndarray) -> np.ndarray:
-    """Where each run of loss tokens begins: the turns of a token-in/token-out episode
-    (the actor masks exactly the policy's tokens; observations between turns are 0)."""
-    mask = np.asarray(loss_mask, dtype=bool)
-    return np.flatnonzero(mask & ~np.concatenate([[False], mask[:-1]]))
 
 
 def samples_from_groups(

@@ -4,7 +4,7 @@ The config is checked before torch is imported, so `--help` and a bad config ans
 `--nproc N` (or `learner.nproc`) > 1 re-launches this command under torchrun with N ranks.
 `learner prepare ...` makes train/eval splits of a SkyRL-format dataset.
 `learner merge-adapter --checkpoint DIR --out DIR` merges a LoRA run's adapter into its base
-model (learner/merge_adapter.py).
+model (learner/trainer/merge_adapter.py).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return prepare_main(argv[1:])
     if argv[:1] == ["merge-adapter"]:
-        from learner.merge_adapter import merge_main
+        from learner.trainer.merge_adapter import merge_main
 
         return merge_main(argv[1:])
     args = parse_args(argv)

@@ -17,18 +17,16 @@ weight broadcast meet.
 Durability: a trajectory is acked only after a checkpoint that includes its effect
 (trained, dropped or eval). On start the consumer is re-created (every unacked trajectory
 comes at once) and the ids the checkpoint covers are acked and skipped; releases are
-written ahead (`dispatcher.json`) and a resumed learner publishes again (stored once, by
-task id) what the lost run wrote ahead beyond its checkpoint, then waits for every group
-the lost run released. Each learner process announces its own lineage (actors ahead of it
-roll back); bus calls that must not be lost wait out a broker restart (`broker.retry`);
-waiting for data, it snapshots the current version for engines that missed its broadcast.
-Other ranks follow commands (`learner/ranks.py`; docs/reliability.md).
+written ahead (learner/releases.py). Each learner process announces its own lineage, and
+waiting for data it snapshots the current version for engines that missed its broadcast
+(learner/announce.py); bus calls that must not be lost wait out a broker restart
+(`broker.retry`). Other ranks follow commands (learner/trainer/ranks.py;
+docs/reliability.md).
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 import uuid
@@ -37,23 +35,22 @@ from pathlib import Path
 from broker import client
 from broker.config import BrokerConfig
 from broker.retry import until_done
-from broker.wire import PolicyVersion
-from common.files import write_atomically
 from learner import dispatcher as dispatch
+from learner.announce import PolicyAnnouncer
 from learner.batching import Group, samples_from_groups
-from learner.checkpoint import STATE_FILE, TrainingState, checkpoint_dir
 from learner.config import LearnerConfig
 from learner.data import load_dataset
 from learner.evals import Evals
 from learner.intake import Intake
 from learner.ledger import Ledger
-from learner.ranks import RankCommands
+from learner.releases import Releases
 from learner.reporting import Reporter, done_record, train_record
 from learner.steps import decide_group, staleness_of
+from learner.trainer.checkpoint import STATE_FILE, TrainingState, checkpoint_dir
+from learner.trainer.ranks import RankCommands
 
 log = logging.getLogger(__name__)
 
-DISPATCH_FILE = "dispatcher.json"
 ENGINES_CHECK_S = 1.0  # waiting for data, how often to ask whether an engine missed v
 
 
@@ -77,10 +74,8 @@ class Learner:
         self.reporter = reporter
         self.resume_from = resume_from
         self.artifacts = artifacts  # learner.artifacts.ArtifactSync when a bucket is set
-        self.dispatch_path = Path(config.checkpoint.dir) / DISPATCH_FILE
         self.window_ids: list[str] = []  # taken since the last checkpoint
         self.ledger = Ledger()
-        self.published = 0  # prompts below this index are on the bus; above: written ahead
         self.checkpointed_version = -1
         self.malformed_before = 0  # counted by earlier learner processes (the checkpoint)
         self.lineage = uuid.uuid4().hex[:12]
@@ -95,7 +90,13 @@ class Learner:
             lambda: client.ensure_streams_fresh_consumer(self.js, self.names, limits),
             "stream setup",
         )
-        self.policy = client.PolicyStore(self.js, self.names)
+        self.announcer = PolicyAnnouncer(
+            client.PolicyStore(self.js, self.names),
+            self.commands,
+            initial_weights=self.config.model_path,
+            lineage=self.lineage,
+            stall_snapshot_s=self.config.stall_snapshot_s,
+        )
 
     def _restore(self) -> set[str]:
         """Load the checkpoint (all ranks); returns the trajectory ids it covers."""
@@ -107,10 +108,6 @@ class Learner:
             self.checkpointed_version = state.version
             covered = set(state.trained_ids)
             log.info("resumed from %s at version %d", self.resume_from, state.version)
-        self.published = self.ledger.num_released  # the rest may be written ahead only
-        if self.config.checkpoint.resume and self.dispatch_path.is_file():
-            released = json.loads(self.dispatch_path.read_text())["num_released"]
-            self.ledger.num_released = max(self.ledger.num_released, released)
         return covered
 
     def _cursor(self) -> dict:
@@ -121,7 +118,7 @@ class Learner:
         cfg = self.config
         covered = self._restore()
         await self._connect()
-        self.stream = dispatch.PromptStream(
+        stream = dispatch.PromptStream(
             load_dataset(cfg.train_data),
             run_id=self.names.namespace,
             group_size=cfg.group_size,
@@ -129,6 +126,8 @@ class Learner:
             max_staleness=cfg.max_staleness,
             seed=cfg.seed,
         )
+        self.releases = Releases(cfg, self.ledger, stream, js=self.js, names=self.names,
+                                 artifacts=self.artifacts)  # fmt: skip
         self.evals = Evals(
             load_dataset(cfg.eval_data) if cfg.eval_data else [],
             interval=cfg.eval_interval,
@@ -143,7 +142,7 @@ class Learner:
         self.group_rules = dict(
             max_staleness=cfg.max_staleness, vocab_size=self.commands.vocab_size
         )
-        await self._announce()
+        await self.announcer.announce(self.version)
         self.intake = Intake(
             client.TrajectoryConsumer(self.js, self.names),
             covered_ids=covered,
@@ -153,7 +152,7 @@ class Learner:
         try:
             while self.version < cfg.total_steps:
                 await self._maybe_eval()
-                await self._release()
+                await self.releases.release(self.version)
                 step = self.version
                 groups, waited_s = await self._take_groups(cfg.prompts_per_step)
                 await self._train(step, groups, waited_s)
@@ -170,27 +169,6 @@ class Learner:
             self.intake_task.cancel()
             await asyncio.gather(self.intake_task, return_exceptions=True)
             await self.nc.close()
-
-    async def _release(self) -> None:
-        cfg = self.config
-        count = dispatch.num_releasable(
-            version=self.version,
-            num_released=self.ledger.num_released,
-            num_dropped_groups=self.ledger.num_dropped_groups,
-            prompts_per_step=cfg.prompts_per_step,
-            max_staleness=cfg.max_staleness,
-            total_steps=cfg.total_steps,
-        )
-        if count > 0:  # written ahead, then published
-            self.ledger.num_released += count
-            ahead = json.dumps({"num_released": self.ledger.num_released})
-            write_atomically(self.dispatch_path, ahead)
-            if self.artifacts is not None:  # a fresh machine resuming from the bucket needs it
-                await asyncio.to_thread(self.artifacts.dispatcher_written, self.dispatch_path)
-        unpublished = range(self.published, self.ledger.num_released)
-        tasks = [self.stream.task(i, version=self.version) for i in unpublished]
-        await client.publish_prompts(self.js, self.names, tasks)  # by task id: stored once
-        self.published = self.ledger.num_released
 
     async def _next_group(self, timeout_s: float | None = None) -> Group | None:
         """The next complete training group (None after `timeout_s`); re-raises if the
@@ -228,16 +206,15 @@ class Learner:
         while len(taken) < num_groups:
             group = await self._next_group(timeout_s=ENGINES_CHECK_S)
             if group is None:
-                stalled = time.monotonic() - idle_since >= self.config.stall_snapshot_s
-                if stalled or await asyncio.to_thread(self.commands.engines_behind):
-                    await self._snapshot_if_behind()  # nothing to do if it is current
+                idle_s = time.monotonic() - idle_since
+                await self.announcer.waiting_for_data(self.version, idle_s=idle_s)
                 continue
             idle_since = time.monotonic()
             decision = decide_group(group, version=self.version, **self.group_rules)
             self._take(group, decision.drop_reason)
             if decision.drop_reason is not None:
                 log.info("dropped group %s: %s", group.group_id, decision.drop_reason)
-                await self._release()  # its replacement
+                await self.releases.release(self.version)  # its replacement
                 continue
             for reason, ids in decision.removed.items():
                 self._count_drop(group.group_id, reason, list(ids))
@@ -281,7 +258,7 @@ class Learner:
         eval_due = self.evals.runs_at(self.version, last_version=cfg.total_steps)
         weights = await asyncio.to_thread(self.commands.publish_weights, self.version, eval_due)
         broadcast_s = time.monotonic() - started
-        await self._announce()
+        await self.announcer.announce(self.version)
         record = train_record(
             step=step,
             version=self.version,
@@ -301,33 +278,6 @@ class Learner:
             held_unacked=self.intake.num_held,
         )
         self.reporter.record_train(record, step=step, groups=groups)
-
-    async def _snapshot_if_behind(self) -> None:
-        """No data for a while, or an engine missed this version's round: it may wait for
-        this version, which only our next round (after its data) would bring."""
-        snapshot = self.commands.snapshot
-        # Version 0 needs none: every engine starts from the model the learner started from.
-        if self.version > 0 and (snapshot is None or snapshot[1] < self.version):
-            log.warning("waiting for data at v%d: writing a snapshot of it", self.version)
-            await asyncio.to_thread(self.commands.snapshot_current)
-            await self._announce()
-
-    async def _announce(self) -> None:
-        snapshot = self.commands.snapshot
-        if snapshot is None and self.version == 0:
-            # The initial weights are version 0's snapshot: an actor left with weights of
-            # a lost history (a learner that died before its first checkpoint) reloads them.
-            snapshot = (Path(self.config.model_path).resolve(), 0)
-        await self.policy.publish(
-            PolicyVersion(
-                version=self.version,
-                published_at=time.time(),
-                snapshot_path=str(snapshot[0]) if snapshot else "",
-                snapshot_version=snapshot[1] if snapshot else -1,
-                broadcast_addr=self.commands.broadcast_addr,
-                lineage=self.lineage,
-            )
-        )
 
     async def _checkpoint(self) -> None:
         path = checkpoint_dir(self.config.checkpoint.dir, self.commands.step)

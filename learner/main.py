@@ -17,14 +17,13 @@ from broker.config import BrokerConfig
 from common.config import load_section
 from common.metrics import serve_health, serve_metrics
 from common.storage_config import StorageConfig
-from learner.checkpoint import latest_checkpoint, read_training_state
 from learner.config import LearnerConfig
 from learner.loop import Learner
-from learner.model_init import default_device, load_model
-from learner.ranks import RankCommands, command_group, follow
 from learner.reporting import Reporter
-from learner.trainer import Trainer
-from weights.dtypes import resolve_learner_dtype
+from learner.trainer.checkpoint import latest_checkpoint, read_training_state
+from learner.trainer.model_init import compute_dtype, default_device, load_model
+from learner.trainer.ranks import RankCommands, command_group, follow
+from learner.trainer.trainer import Trainer
 
 log = logging.getLogger("learner")
 
@@ -46,13 +45,14 @@ def _init_distributed(config: LearnerConfig) -> torch.device:
 
 def _build_trainer(config: LearnerConfig, device: torch.device) -> Trainer:
     """The policy and (with a KL term) the reference model, each loaded sharded."""
-    bf16 = resolve_learner_dtype(config.dtype, on_gpu=device.type == "cuda") == "bfloat16"
+    dtype = compute_dtype(config.dtype, device)
+    bf16 = dtype == torch.bfloat16
     model = load_model(config.model_path, device=device, bf16=bf16, finetune=config.finetune)
     ref_model = None
     if config.algorithm.kl_coef > 0:
         ref_path = config.ref_model_path or config.model_path
         ref_model = load_model(ref_path, device=device, bf16=bf16)
-    return Trainer(model, config, ref_model=ref_model, device=device)
+    return Trainer(model, config, ref_model=ref_model, device=device, dtype=dtype)
 
 
 def _open_artifacts(storage: StorageConfig, config: LearnerConfig, *, run_name: str):
@@ -114,11 +114,10 @@ def run(config_path: str, overrides: list[str]) -> int:
 
     port = serve_metrics(config.metrics_port, config.metrics_host, ready=ready)
     log.info("metrics, /healthz, /readyz on http://%s:%d", config.metrics_host, port)
-    dtype = "bfloat16" if trainer.bf16 else "float32"  # engines must run in the same
     sender = None
     if config.broadcast_weights:  # with LoRA, rounds carry the adapter (weights/lora.py)
-        sender = WeightSender(
-            config.weight_sync, dtype=dtype, adapter_config=trainer.adapter_config
+        sender = WeightSender(  # engines must compute in the trainer's dtype
+            config.weight_sync, dtype=trainer.dtype_name, adapter_config=trainer.adapter_config
         )
     commands = RankCommands(
         trainer,

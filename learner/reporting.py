@@ -1,7 +1,7 @@
 """What the learner loop reports, in one place.
 
 - `metrics.jsonl` (and W&B, `learner/sinks.py`): one record per training step, per eval, and
-  a final `done` record; Prometheus (`learner/prom.py`) is updated from the same records.
+  a final `done` record; Prometheus (`learner/metrics.py`) is updated from the same records.
 - `trained.jsonl`: one line per training step, `{"step", "version", "trajectory_ids",
   "group_ids"}`: step s is the update from version s to s + 1, trained on exactly these
   trajectories, of these groups (prompt task ids).
@@ -23,11 +23,11 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from learner import prom
 from learner.batching import Group
 from learner.config import LearnerConfig
 from learner.env_metrics import rollout_metrics
 from learner.eval_dump import write_aggregated_results, write_eval_dump
+from learner.metrics import record_step
 from learner.sinks import METRICS_FILE, MetricsSink
 from learner.staleness import oldest_version
 
@@ -181,7 +181,7 @@ class Reporter:
             }
         )
         self._log(record)
-        prom.record_step(record)
+        record_step(record)
 
     def record_skip(self, record: dict) -> None:
         """A training step skipped for a non-finite loss or gradient (no update)."""
@@ -222,12 +222,12 @@ class Reporter:
             self.on_eval_written(written.parent, version)
         self._log(record)
         # An eval finishes after later steps: its version must not move the version gauge.
-        prom.record_step({k: v for k, v in record.items() if k != "version"})
+        record_step({k: v for k, v in record.items() if k != "version"})
         return record
 
     def record_done(self, summary: dict) -> None:
         self._log(summary)
-        prom.record_step(summary)
+        record_step(summary)
         (self.run_dir / "learner_done.json").write_text(json.dumps(summary, indent=2) + "\n")
 
     def _decode(self, token_ids: list[int]) -> str:

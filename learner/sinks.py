@@ -16,7 +16,7 @@ that arrives after later training steps lands at v. A record of `kind` "done" go
 run summary instead. Non-finite floats are written to metrics.jsonl as `NaN`/`Infinity`,
 which Python's json reads back.
 
-Prometheus is separate (`learner/prom.py`, `record_step`); the caller feeds both.
+Prometheus is separate (`learner/metrics.py`, `record_step`); the caller feeds both.
 """
 
 from __future__ import annotations

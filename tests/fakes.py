@@ -9,6 +9,8 @@ and the actor loop (acme's `fakes.py`): same interfaces, no vLLM, no gRPC.
   process (no second implementation of any environment), with named "addresses" a test can
   take down to simulate an outage, an optional step delay, and env classes it does not host
   (the task is rejected).
+- `SilentFollower`: a weight broadcast follower that never delivers a round (monkeypatched
+  over `weights.follower.BroadcastFollower`), so only snapshots move the engine's version.
 """
 
 from __future__ import annotations
@@ -119,6 +121,21 @@ class ScriptedEngine:
         self.snapshots_loaded.append((path, version))
         self.version = version
         return 0.0
+
+
+class SilentFollower:
+    """A weight broadcast that never delivers a round (and seated us in every one)."""
+
+    missed_version = -1
+
+    def __init__(self, engine, address, *, on_update=None) -> None:
+        pass
+
+    async def run(self) -> None:
+        await asyncio.Event().wait()
+
+    async def leave(self) -> None:
+        pass
 
 
 class InProcessSession:

@@ -15,8 +15,10 @@ from pathlib import Path
 import pydantic
 import pytest
 
+from actors.config import VllmEngineConfig
 from common.config import SECTIONS, load_section
 from deploy.config import RunConfig, load_run_config
+from learner.config import LearnerConfig
 
 REPO = Path(__file__).resolve().parents[1]
 SHIPPED = sorted((REPO / "configs").glob("*.toml")) + sorted(
@@ -205,3 +207,12 @@ def test_a_lora_run_whose_engines_cannot_take_the_adapter_is_refused(tmp_path):
         load_run_config(path, [*lora, "actor.engine.enable_lora=true"])
     load_run_config(path, [*lora, "actor.engine.enable_lora=true", "actor.engine.max_lora_rank=32"])
     assert load_run_config(path, lora).learner.finetune.rank == 32  # merging engines: any rank
+
+
+def test_both_sections_speak_torchs_dtype_names():
+    """One vocabulary: the short names are read as torch's, on both sides."""
+    learner = LearnerConfig(model_path="m", dtype="bf16")
+    engine = VllmEngineConfig(model="m", dtype="bf16")
+    assert learner.dtype == engine.dtype == "bfloat16"
+    with pytest.raises(pydantic.ValidationError):
+        LearnerConfig(model_path="m", dtype="float16")  # the learner computes in fp32/bf16

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from learner.config import FinetuneConfig
+from learner.trainer.config import FinetuneConfig
 from weights.lora import ADAPTER_CONFIG, ADAPTER_NAME
 
 
@@ -59,7 +59,7 @@ def add_lora(model: torch.nn.Module, finetune: FinetuneConfig) -> torch.nn.Modul
 
 def with_adapter(model: torch.nn.Module, config) -> torch.nn.Module:
     """The policy of a LoRA run (`config` a `LearnerConfig`): `model` as built with its
-    adapter (learner.model_init.load_model), or a plain model with one injected now."""
+    adapter (learner.trainer.model_init.load_model), or a plain model with one injected now."""
     if has_adapter(model):
         return model
     from torch.distributed.tensor import DTensor

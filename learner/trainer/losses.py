@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 import torch
 
-from learner.config import AlgorithmConfig
+from learner.trainer.config import AlgorithmConfig
 
 KL_ESTIMATORS = ("k1", "k2", "k3")
 MAX_LOG_RATIO = 20.0  # exp(20) ~ 5e8: keeps a wild ratio finite without changing any sane one

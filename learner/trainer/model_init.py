@@ -9,7 +9,7 @@ loaded sharded, never whole on every rank.
 
 So a rank holds its shard of the model (rank 0 also the checkpoint, in host memory) and the
 reference model for the KL term is built the same way: no rank ever deep-copies a whole
-model. With a LoRA adapter (learner/lora.py) every rank injects it into its meta model
+model. With a LoRA adapter (learner/trainer/lora.py) every rank injects it into its meta model
 before sharding, and rank 0 builds the full state it broadcasts from the checkpoint with
 the adapter injected on CPU (PEFT's initialisation), so all ranks start from one adapter.
 Non-persistent buffers (the rotary tables) are not in a checkpoint and the meta
@@ -23,6 +23,8 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+
+from weights.dtypes import resolve_dtype
 
 
 def select_device(local_rank: int, num_gpus: int) -> torch.device:
@@ -46,6 +48,12 @@ def default_device() -> torch.device:
     before anything else touches CUDA (else every rank's context lands on GPU 0)."""
     num_gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     return select_device(int(os.environ.get("LOCAL_RANK", "0")), num_gpus)
+
+
+def compute_dtype(setting: str, device: torch.device) -> torch.dtype:
+    """The learner's compute dtype on `device` (`learner.dtype`, resolved as the engine's is:
+    weights/dtypes.py). The one place the learner works it out."""
+    return getattr(torch, resolve_dtype(setting, on_gpu=device.type == "cuda"))
 
 
 def shard(model: torch.nn.Module, *, bf16: bool, device: torch.device) -> torch.nn.Module:
@@ -95,7 +103,7 @@ def load_model(
 
 
 def _with_lora(model: torch.nn.Module, finetune) -> torch.nn.Module:
-    from learner.lora import add_lora
+    from learner.trainer.lora import add_lora
 
     return add_lora(model, finetune)
 

@@ -2,8 +2,8 @@
 
 A GRPO group repeats its prompt (system, tool schemas, user) in every sample; in multi-turn
 episodes its samples may agree on more. Shared-prefix training forwards that common token
-prefix once and lets every sample's suffix attend to it (`learner/segments.py` lays it out,
-`learner/segment_attention.py` computes it). This module decides what is shared and where
+prefix once and lets every sample's suffix attend to it (`learner/trainer/segments.py` lays it out,
+`learner/trainer/segment_attention.py` computes it). This module decides what is shared and where
 it goes:
 
     samples --shared_prefix_len (per group)--> pieces --plan_pieces--> plan[rank][mb] = pieces
@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from learner.batching import Sample
+from learner.trainer.sample import Sample
 
 DEFAULT_MIN_SHARED_TOKENS = 16
 

@@ -24,8 +24,8 @@ from typing import Any
 
 import torch.distributed as dist
 
-from learner.checkpoint import TrainingState, prune_checkpoints
-from learner.trainer import Trainer
+from learner.trainer.checkpoint import TrainingState, prune_checkpoints
+from learner.trainer.trainer import Trainer
 from weights.lora import AdapterSnapshotWriter
 from weights.snapshot import SnapshotWriter
 

@@ -7,7 +7,7 @@
 `ATTENTION_NAME`; models that route attention through that interface (Qwen2, Qwen3, Llama
 and the other generated HF causal LMs) call it in every layer with the projected, rotated
 `query [1, H, N, D]`, `key`/`value [1, H_kv, N, D]`, and hand it the `segments=` keyword the
-caller passed to the model's forward (`learner/segments.py` `Segments`). A segment without a
+caller passed to the model's forward (`learner/trainer/segments.py` `Segments`). A segment without a
 parent (a shared prefix, or a plain sequence) attends causally to itself; a segment with a
 parent (a suffix) attends to all of its parent's keys/values and causally to itself. The
 parent's K/V are views of the layer's one K/V tensor, so autograd accumulates every
@@ -37,7 +37,7 @@ merge would need an eager score matrix. Splitting the row with `split()` matters
 each segment out instead made the backward write one zero-filled whole-row gradient per
 slice (demo step 1.55 s instead of 1.12 s in the same session). Everything here exists on
 CPU and CUDA; on CUDA in fp16/bf16 the whole row goes instead to one FlashAttention varlen
-call (learner/segment_varlen.py): per-segment calls are launch-bound there.
+call (learner/trainer/segment_varlen.py): per-segment calls are launch-bound there.
 """
 
 from __future__ import annotations
@@ -45,8 +45,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from learner.segment_varlen import MIN_SEGMENTS, attend_segments_varlen, varlen_applies
-from learner.segments import Segments
+from learner.trainer.segment_varlen import MIN_SEGMENTS, attend_segments_varlen, varlen_applies
+from learner.trainer.segments import Segments
 
 ATTENTION_NAME = "tether_segments"
 UNSUPPORTED = ("softcap", "s_aux")
@@ -138,7 +138,7 @@ def segment_attention(
     if segments is None:
         raise ValueError(
             f"attention {ATTENTION_NAME!r} needs the `segments=` keyword on the model's forward"
-            " (use learner.segment_forward.forward_loss_tokens)"
+            " (use learner.trainer.segment_forward.forward_loss_tokens)"
         )
     if attention_mask is not None:
         raise ValueError(

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import torch
 
-from learner.losses import LossInputs, entropy_from_logits
-from learner.segments import SegmentBatch
+from learner.trainer.losses import LossInputs, entropy_from_logits
+from learner.trainer.segments import SegmentBatch
 
 ENTROPY_MODES = ("none", "detached", "grad")
 

@@ -24,7 +24,7 @@ import inspect
 import numpy as np
 import torch
 
-from learner.segments import Segments
+from learner.trainer.segments import Segments
 
 HALF = (torch.float16, torch.bfloat16)
 MAX_HEAD_DIM = 256  # FlashAttention's limit

@@ -1,7 +1,7 @@
 """The tensors of one shared-prefix micro-batch: a packed row of segments and its loss tokens
 (pure: numpy/torch tensors, no model).
 
-    pieces (learner/prefix_plan.py) --collate_segments--> SegmentBatch
+    pieces (learner/trainer/prefix_plan.py) --collate_segments--> SegmentBatch
 
 The row `[1, N]` is a sequence of segments laid end to end. A shared piece contributes its
 prefix once, then each member's suffix as its own segment; a plain piece contributes its
@@ -14,7 +14,7 @@ whole sample as one segment:
 
 Position ids are each token's index in its own sample, so RoPE sees exactly what it would
 see for the sample alone. `Segments` is the host-side description the attention function
-reads (`learner/segment_attention.py`); it replaces the dense N x N mask.
+reads (`learner/trainer/segment_attention.py`); it replaces the dense N x N mask.
 
 Only the positions the loss uses are carried forward. Loss token t of a sample is predicted
 by the hidden state of its token t-1, which lives in the prefix (for t-1 < P: shared by all
@@ -23,7 +23,7 @@ or in the member's suffix. `hidden_rows [U]` lists those rows once each; `token_
 maps each loss token to one of them. Per-loss-token tensors (`targets`, `behaviour_logprobs`,
 `advantages`, `versions`, `seq_ids`) are aligned `[L]`, in sample order then token order, so
 `policy_loss` and `token_weights` run on them unchanged with a loss mask of all ones
-(`learner/segment_forward.py` `loss_inputs`). `seq_ids` number this micro-batch's sequences:
+(`learner/trainer/segment_forward.py` `loss_inputs`). `seq_ids` number this micro-batch's sequences:
 one per sample (in `sample_indices` order), or one per step of a step-wise sample.
 """
 
@@ -36,8 +36,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from learner.batching import Sample
-from learner.prefix_plan import Piece
+from learner.trainer.prefix_plan import Piece
+from learner.trainer.sample import Sample
 
 
 @dataclass(frozen=True)

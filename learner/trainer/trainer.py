@@ -2,8 +2,8 @@
 
     samples (whole batch, same on every rank)
         -> plan_pieces (deterministic: every rank computes the same plan; a group's common
-           prefix becomes one shared piece, learner/prefix_plan.py)
-        -> collate_segments: a packed row of segments per micro-batch (learner/segments.py)
+           prefix becomes one shared piece, learner/trainer/prefix_plan.py)
+        -> collate_segments: a packed row of segments per micro-batch (learner/trainer/segments.py)
         -> [no grad] proximal logprobs (decoupled PPO / TIS), reference logprobs (KL)
         -> per micro-batch: forward with segment attention (no N x N mask; each suffix
            attends to its prefix and to itself) -> loss-token logprobs -> policy_loss
@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import functools
 import math
 import sys
 import time
@@ -34,22 +33,22 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from torch.distributed.tensor import DTensor
 
-from learner.batching import Sample
-from learner.checkpoint import TrainingState, load_checkpoint, save_checkpoint
-from learner.config import LearnerConfig
-from learner.health import health_metrics, health_sums, is_degenerate
-from learner.lora import adapter_files, with_adapter, with_adapter_config
-from learner.losses import policy_loss
-from learner.model_init import default_device, is_sharded, shard
-from learner.prefix_plan import plan_pieces
-from learner.reductions import token_weights
-from learner.schedule import lr_multiplier
-from learner.segment_attention import use_segment_attention
-from learner.segment_forward import forward_loss_tokens, loss_inputs
-from learner.segments import SegmentBatch, collate_segments
-from weights.dtypes import resolve_learner_dtype
+from learner.trainer.checkpoint import TrainingState, load_checkpoint, save_checkpoint
+from learner.trainer.config import TrainerConfig
+from learner.trainer.lora import adapter_files, with_adapter, with_adapter_config
+from learner.trainer.losses import policy_loss
+from learner.trainer.model_init import compute_dtype, default_device, is_sharded, shard
+from learner.trainer.optimizer import build_optimizer
+from learner.trainer.optimizer import grad_norm as model_grad_norm
+from learner.trainer.ppo_health import health_metrics, health_sums
+from learner.trainer.prefix_plan import plan_pieces
+from learner.trainer.reductions import token_weights
+from learner.trainer.sample import Sample
+from learner.trainer.segment_attention import use_segment_attention
+from learner.trainer.segment_forward import forward_loss_tokens, loss_inputs
+from learner.trainer.segments import SegmentBatch, collate_segments
+from learner.trainer.step_metrics import step_metrics
 from weights.fsdp import full_parameters
 from weights.lora import adapter_parameters
 
@@ -60,16 +59,6 @@ class TooManySkippedSteps(RuntimeError):
     def __init__(self, message: str, metrics: dict[str, float]):
         super().__init__(message)
         self.metrics = metrics
-
-
-def _param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
-    """Weight decay on matrices only (norm scales and biases are 1-D)."""
-    decay = [p for p in model.parameters() if p.requires_grad and p.ndim >= 2]
-    no_decay = [p for p in model.parameters() if p.requires_grad and p.ndim < 2]
-    return [
-        {"params": decay, "weight_decay": weight_decay},
-        {"params": no_decay, "weight_decay": 0.0},
-    ]
 
 
 class Trainer:
@@ -84,10 +73,11 @@ class Trainer:
     def __init__(
         self,
         model: torch.nn.Module,
-        config: LearnerConfig,
+        config: TrainerConfig,
         *,
         ref_model: torch.nn.Module | None = None,
         device: torch.device | None = None,
+        dtype: torch.dtype | None = None,
     ):
         self.config = config
         self.algorithm = config.algorithm
@@ -95,8 +85,11 @@ class Trainer:
         self.distributed = dist.is_initialized()
         self.world_size = dist.get_world_size() if self.distributed else 1
         self.rank = dist.get_rank() if self.distributed else 0
-        dtype = resolve_learner_dtype(config.dtype, on_gpu=self.device.type == "cuda")
-        self.bf16 = dtype == "bfloat16"
+        self.dtype = dtype or compute_dtype(config.dtype, self.device)
+        """The compute dtype (parameters and optimizer state stay fp32)."""
+        self.bf16 = self.dtype == torch.bfloat16
+        self.dtype_name = str(self.dtype).removeprefix("torch.")
+        """The same, as the weight broadcast and the engines name it (`bfloat16`)."""
         self.weights_dtype = torch.bfloat16 if self.bf16 else None
         """The dtype full weights go out in (to the engines and snapshots); None: fp32."""
         self.version = 0
@@ -107,14 +100,14 @@ class Trainer:
             if self.distributed:
                 raise ValueError(
                     "kl_coef > 0 under FSDP needs ref_model, built sharded with "
-                    "learner.model_init.load_model: a deep copy would put a whole model on "
+                    "learner.trainer.model_init.load_model: a deep copy would put a whole model on "
                     "every rank"
                 )
             ref_model = copy.deepcopy(model)  # one process: one copy
         if self.algorithm.kl_coef == 0:
             ref_model = None
         self.lora = config.finetune.mode == "lora"
-        """Only a LoRA adapter trains (learner/lora.py); the reference stays the base."""
+        """Only a LoRA adapter trains (learner/trainer/lora.py); the reference stays the base."""
         self.adapter_config = with_adapter_config(config) if self.lora else None
         model = self._place(with_adapter(model, config) if self.lora else model)
         if ref_model is not None:
@@ -132,24 +125,13 @@ class Trainer:
         self.model = model
         self.ref_model = ref_model
 
-        o = config.optim
-        self.optimizer = torch.optim.AdamW(
-            _param_groups(model, o.weight_decay), lr=o.lr, betas=o.betas, eps=o.eps
-        )
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer,
-            functools.partial(
-                lr_multiplier,
-                warmup_steps=o.warmup_steps,
-                schedule=o.schedule,
-                total_steps=config.total_steps,
-                min_lr_ratio=o.min_lr_ratio,
-            ),
+        self.optimizer, self.scheduler = build_optimizer(
+            model, config.optim, total_steps=config.total_steps
         )
 
     def _place(self, model: torch.nn.Module) -> torch.nn.Module:
         """fp32 on this rank's device, sharded under FSDP (unless built sharded already),
-        attending through segments (learner/segment_attention.py)."""
+        attending through segments (learner/trainer/segment_attention.py)."""
         model = use_segment_attention(model)
         if is_sharded(model):
             return model
@@ -211,11 +193,14 @@ class Trainer:
         recompute_seconds = time.perf_counter() - start
 
         loss_value, sums, extremes = self._accumulate(micro_batches, proximal, reference, samples)
-        grad_norm = self._grad_norm()
+        grad_norm = model_grad_norm(self.model)
         lr = self.scheduler.get_last_lr()[0]
         finite = self._apply_update(loss_value, grad_norm)
-        metrics = self._step_metrics(
+        metrics = step_metrics(
             samples,
+            version=self.version,
+            step=self.step,
+            consecutive_skips=self.consecutive_skips,
             loss=loss_value,
             grad_norm=grad_norm,
             lr=lr,
@@ -308,63 +293,6 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
         return finite
-
-    def _step_metrics(
-        self,
-        samples: list[Sample],
-        *,
-        loss: float,
-        grad_norm: float,
-        lr: float,
-        finite: bool,
-        health: dict[str, float],
-        num_micro_batches: int,
-        num_trained_tokens: int,
-        seconds: float,
-        recompute_seconds: float,
-    ) -> dict[str, float]:
-        num_tokens = sum(s.num_tokens for s in samples)
-        oldest = min(
-            (int(s.versions[s.loss_mask.astype(bool)].min()) for s in samples if s.loss_mask.any()),
-            default=-1,
-        )
-        degenerate = is_degenerate(
-            ratio_std=health.get("ratio_std", 1.0),
-            num_tokens=health["num_loss_tokens"],
-            oldest_version=oldest,
-            current_version=self.version - int(finite),
-        )
-        return {
-            "loss": loss,
-            "grad_norm": grad_norm,
-            "lr": lr,
-            "version": float(self.version),
-            "step": float(self.step),
-            "skipped": float(not finite),
-            "consecutive_skips": float(self.consecutive_skips),
-            "num_sequences": float(len(samples)),
-            "num_tokens": float(num_tokens),
-            # Shared-prefix training: the tokens forwarded and backwarded (a group's common
-            # prefix once) against the samples' own; their ratio is the saving.
-            "num_trained_tokens": float(num_trained_tokens),
-            "prefix_sharing_ratio": num_tokens / max(num_trained_tokens, 1),
-            "num_micro_batches": float(num_micro_batches),
-            "step_seconds": seconds,
-            "recompute_seconds": recompute_seconds,
-            "tokens_per_second": num_tokens / seconds if seconds > 0 else 0.0,
-            "degenerate_ratio": float(degenerate),
-            **health,
-        }
-
-    def _grad_norm(self) -> float:
-        """Global L2 norm of all gradients (every rank gets the same number)."""
-        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
-        if not grads:
-            return 0.0
-        norm = torch.nn.utils.get_total_norm(grads, norm_type=2.0)
-        if isinstance(norm, DTensor):
-            norm = norm.full_tensor()
-        return float(norm)
 
     # ---- weights and checkpoints ---------------------------------------------------------
 

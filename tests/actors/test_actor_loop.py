@@ -21,7 +21,7 @@ from broker.config import BrokerConfig
 from broker.wire import PolicyVersion, PromptTask
 from demo.data import SYSTEM_PROMPT
 from demo.tokenizer import build_tokenizer
-from tests.fakes import InProcessEnv, ScriptedEngine, by_turn
+from tests.fakes import InProcessEnv, ScriptedEngine, SilentFollower, by_turn
 
 TOOL_CALL = '<tool_call>\n{"name": "add", "arguments": {"a": 17, "b": 25}}\n</tool_call>'
 ANSWER = "<answer>42</answer>"
@@ -278,24 +278,9 @@ async def test_engine_ahead_of_a_resumed_learner_rolls_back_to_its_snapshot(toke
         await bus.publish_prompts(js, names, [_task("after", group_size=1, min_version=4)])
         (trajectory,) = await _trajectories(js, broker, 1)
     assert engine.snapshots_loaded == [("/a/v7", 7), ("/b/v4", 4)]
-    assert actor.num_rollbacks == 1 and actor.newest_version == 4
+    assert actor.weights.num_rollbacks == 1 and actor.weights.newest_version == 4
     arrays = token_arrays(trajectory)
     assert set(arrays.versions[arrays.loss_mask == 1].tolist()) == {4}
-
-
-class _SilentFollower:
-    """A weight broadcast that never delivers a round (and seated us in every one)."""
-
-    missed_version = -1
-
-    def __init__(self, engine, address, *, on_update=None) -> None:
-        pass
-
-    async def run(self) -> None:
-        await asyncio.Event().wait()
-
-    async def leave(self) -> None:
-        pass
 
 
 async def test_weights_that_do_not_come_are_caught_up_from_a_snapshot_or_the_task_handed_back(
@@ -304,7 +289,7 @@ async def test_weights_that_do_not_come_are_caught_up_from_a_snapshot_or_the_tas
     # The replica follows a broadcast that never delivers: the issue's restarted replica
     # whose eval tasks waited for ever. Past version_wait_s it loads the announced snapshot
     # when it is new enough, and hands the task back when not.
-    monkeypatch.setattr("weights.follower.BroadcastFollower", _SilentFollower)
+    monkeypatch.setattr("weights.follower.BroadcastFollower", SilentFollower)
     names = broker.names
     policy = bus.PolicyStore(js, names)
     dead_store = "127.0.0.1:9"
@@ -328,7 +313,7 @@ async def test_weights_that_do_not_come_are_caught_up_from_a_snapshot_or_the_tas
 
     async def seen(version: int):
         async def check():
-            return actor.newest_version == version
+            return actor.weights.newest_version == version
 
         await _until(check)
 
@@ -354,7 +339,7 @@ async def test_weights_that_do_not_come_are_caught_up_from_a_snapshot_or_the_tas
         assert set(arrays.versions[arrays.loss_mask == 1].tolist()) == {version}
 
 
-class _LateFollower(_SilentFollower):
+class _LateFollower(SilentFollower):
     """A broadcast this engine registered with too late: round 5 went out without it, and
     the next round comes only after the learner's next step (which waits for our data)."""
 

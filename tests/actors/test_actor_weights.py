@@ -2,7 +2,7 @@
 a nats-server, the actor loop (`actors.actor.Actor`) on the session's vLLM engine and a
 gRPC calculator env server, and a learner stand-in made of what the learner itself uses —
 `WeightSender.broadcast` of a perturbed tiny model, a safetensors snapshot laid out as
-`learner/ranks.py` writes it, and `PolicyStore.publish(PolicyVersion(...))` — in the
+`learner/trainer/ranks.py` writes it, and `PolicyStore.publish(PolicyVersion(...))` — in the
 learner's order: broadcast, then announce, then release prompts.
 
 Checked: tokens generated after version v is broadcast and announced carry v; a task with
@@ -42,7 +42,7 @@ from weights.sender import BroadcastReport, WeightSender
 pytestmark = pytest.mark.vllm
 
 MAX_TOKENS = 24
-SNAPSHOT_FILE = "model.safetensors"  # learner/ranks.py SNAPSHOT_FILE
+SNAPSHOT_FILE = "model.safetensors"  # learner/trainer/ranks.py SNAPSHOT_FILE
 
 
 # ---- the learner's side, from its real parts ---------------------------------------------------
@@ -337,7 +337,7 @@ async def test_actor_follows_broadcast_versions_and_gates_tasks_on_min_version(
         assert {v for t in after for v in _policy_versions(t)} == {2}
         for t in after:
             _assert_greedy_of(policy_2, t, eos)
-    assert actor.newest_version == 2
+    assert actor.weights.newest_version == 2
     assert await _stream_messages(js, names.prompts.stream) == 0  # every task acked
     stalls = _stalls("broadcast")
     num_updates = stalls[0] - stalls_before[0]

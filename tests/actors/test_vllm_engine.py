@@ -17,7 +17,7 @@ import torch
 
 from actors.config import SamplingConfig, VllmEngineConfig
 from actors.types import Turn
-from actors.vllm_engine import _expand_spans
+from actors.vllm_requests import expand_spans
 from demo.reference import hf_greedy as _hf_greedy
 from tests.weights.dying_learner import ENDS_WITHIN_S, exited_at, kill, seat, start_sender
 from weights.config import WeightSyncConfig
@@ -49,9 +49,9 @@ def test_version_spans_expand_to_one_version_per_token():
     def span(version, start, end):
         return types.SimpleNamespace(version=version, start=start, end=end)
 
-    assert _expand_spans([span("3", 0, 2), span("4", 2, 5)], 5) == [3, 3, 4, 4, 4]
-    assert _expand_spans([span("3", 0, 2)], 5) is None  # does not cover every token
-    assert _expand_spans(None, 5) is None
+    assert expand_spans([span("3", 0, 2), span("4", 2, 5)], 5) == [3, 3, 4, 4, 4]
+    assert expand_spans([span("3", 0, 2)], 5) is None  # does not cover every token
+    assert expand_spans(None, 5) is None
 
 
 def test_engine_config_rejects_bad_values():

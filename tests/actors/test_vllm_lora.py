@@ -17,8 +17,8 @@ import torch
 
 from actors.config import VllmEngineConfig
 from demo.engine import tiny_engine_settings
-from learner.config import FinetuneConfig
-from learner.lora import adapter_config, add_lora
+from learner.trainer.config import FinetuneConfig
+from learner.trainer.lora import adapter_config, add_lora
 from tests.actors.test_vllm_engine import _hf_greedy, _request, push_round
 from weights.config import WeightSyncConfig
 from weights.lora import PEFT_PREFIX, AdapterSnapshotWriter, adapter_parameters

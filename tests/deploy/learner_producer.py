@@ -1,6 +1,6 @@
 """A real process that exports the learner's Prometheus metrics without training, for the
 live Prometheus test: it serves /metrics with `common.metrics.serve_metrics` and feeds
-`learner.prom.record_step` the records learner/loop.py (train) and learner/reporting.py
+`learner.metrics.record_step` the records learner/loop.py (train) and learner/reporting.py
 (eval) write — the learner's own code path, with made-up numbers.
 
     python -m tests.deploy.learner_producer PORT [INTERVAL_S]
@@ -14,7 +14,7 @@ import sys
 import time
 
 from common.metrics import serve_metrics
-from learner import prom
+from learner import metrics as learner_metrics
 
 PROMPTS_PER_STEP = 4
 GROUP_SIZE = 4
@@ -45,7 +45,7 @@ def train_record(step: int) -> dict:
 
 
 def eval_record(pass_at_1: float) -> dict:
-    """An eval record as learner/reporting.py passes it to prom (without `version`)."""
+    """An eval record as learner/reporting.py passes it to learner.metrics (no `version`)."""
     return {
         "kind": "eval",
         "pass_at_1": pass_at_1,
@@ -61,9 +61,9 @@ def main(argv: list[str]) -> None:
     step = 0
     while True:
         step += 1
-        prom.record_step(train_record(step))
+        learner_metrics.record_step(train_record(step))
         if step % 3 == 0:
-            prom.record_step(eval_record(min(0.5 + 0.01 * step, 1.0)))
+            learner_metrics.record_step(eval_record(min(0.5 + 0.01 * step, 1.0)))
         time.sleep(interval_s)
 
 

@@ -71,7 +71,7 @@ def _exported_series() -> set[str]:
     import actors.metrics  # noqa: F401 - registers the actor's metrics
     import broker.trajectories  # noqa: F401
     import envservers.metrics  # noqa: F401
-    import learner.prom  # noqa: F401
+    import learner.metrics  # noqa: F401
 
     names = set()
     for family in prometheus_client.REGISTRY.collect():

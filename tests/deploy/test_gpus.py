@@ -89,5 +89,5 @@ def test_a_file_whose_learner_and_engine_dtypes_differ_is_refused_before_anythin
     with pytest.raises(ValueError, match='actor.engine.dtype = "bfloat16"'):
         _run("learner.dtype=bf16", "actor.engine.dtype=float32")
     run, _ = _run("learner.dtype=bf16", "actor.engine.dtype=bfloat16")
-    assert run.learner.dtype == "bf16"
+    assert run.learner.dtype == "bfloat16"
     _run("learner.dtype=fp32")  # against the engine's auto: checked where it resolves

@@ -4,7 +4,7 @@
                                         │ client; ScriptedEngine instead of vLLM)
     this test: prompt tasks, policy     ▼
     versions, its own env sessions ──► envserver (`envservers.cli --env calculator`)
-                                       learner_producer (learner.prom.record_step + serve_metrics)
+                                       learner_producer (learner.metrics.record_step, serve_metrics)
     prometheus (apt's binary, config from deploy/observability.py, alerts.yml + run_rules.yml)
         scrapes all three every second
 

@@ -72,7 +72,7 @@ def test_run_rules_read_the_bucket_just_below_the_bound():
 
 def test_run_rules_without_a_share_when_the_bound_is_0_or_past_the_buckets():
     # Bound 0: every group is "at the bound" by construction (the synchronous baseline).
-    # Bound 10: no le="9.0" bucket to read (learner/prom.py's buckets end at 8).
+    # Bound 10: no le="9.0" bucket to read (learner/metrics.py's buckets end at 8).
     for bound in (0, 10):
         rules = observability.run_rules(bound)["groups"][0]["rules"]
         assert rules == [{"record": "tether:learner_max_staleness", "expr": f"vector({bound})"}]
@@ -83,11 +83,11 @@ def test_run_rules_without_a_share_when_the_bound_is_0_or_past_the_buckets():
 def test_bucket_labels_match_what_prometheus_client_exposes():
     from prometheus_client import generate_latest
 
-    from learner import prom
+    from learner import metrics as learner_metrics
 
     exposed = generate_latest().decode()
     assert 'tether_learner_staleness_bucket{le="0.0"}' in exposed
-    [family] = prom.STALENESS.collect()
+    [family] = learner_metrics.STALENESS.collect()
     les = [s.labels["le"] for s in family.samples if s.name.endswith("_bucket")]
     assert les == [f"{b:.1f}" for b in range(observability.STALENESS_BUCKETS)] + ["+Inf"]
 

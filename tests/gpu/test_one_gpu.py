@@ -6,7 +6,7 @@ two GPUs).
   against an fp32 recomputation on the same GPU (the numerical part of the logprob gap);
 - its weights streamed in bf16 over gloo into a receiver process on the same machine (the
   co-located mode `make run` uses on a 1-GPU machine), bit-equal to what the learner holds;
-- segment attention's one-call varlen kernel (learner/segment_varlen.py) equal to the
+- segment attention's one-call varlen kernel (learner/trainer/segment_varlen.py) equal to the
   per-segment path, outputs and gradients;
 - figures only, never asserted: step time at 1,024- vs 8,192-token micro-batches with either
   attention kernel and the co-located broadcast's bytes/s, on a ~0.2B random Qwen2."""
@@ -22,8 +22,8 @@ import time
 import pytest
 import torch
 
-from learner.model_init import load_model
-from learner.trainer import Trainer
+from learner.trainer.model_init import load_model
+from learner.trainer.trainer import Trainer
 from tests.gpu.conftest import REPO, need_gpus, record
 from tests.learner.builders import learner_config, random_samples
 from weights.config import WeightSyncConfig
@@ -173,7 +173,7 @@ def test_step_time_at_8192_token_micro_batches_against_1024(monkeypatch):
     micro-batch budgets, with attention's `auto` choice (varlen for rows of many segments)
     and with one SDPA call per segment always (the CPU path)."""
     need_gpus(1)
-    import learner.segment_attention as segment_attention
+    import learner.trainer.segment_attention as segment_attention
 
     samples = random_samples(num_samples=64, seed=11, min_len=128, max_len=1000)
     tokens = sum(len(s.token_ids) for s in samples)
@@ -203,8 +203,8 @@ def _relative(got: torch.Tensor, expected: torch.Tensor) -> float:
 @pytest.mark.parametrize("autocast", [False, True], ids=["bf16", "fp32-autocast"])
 def test_varlen_attention_equals_the_per_segment_path(autocast):
     need_gpus(1)
-    from learner.segment_attention import attend_segments
-    from learner.segments import Segments
+    from learner.trainer.segment_attention import attend_segments
+    from learner.trainer.segments import Segments
 
     # Prefixes with suffixes longer and shorter than themselves (the causal alignment is
     # bottom-right only if suffix rows see the whole prefix), plain segments, length 1s.

@@ -7,8 +7,8 @@ import torch
 
 from broker.codec import pack_tokens
 from broker.wire import Trajectory
-from learner.batching import Sample
-from learner.config import LearnerConfig
+from learner.trainer.config import TrainerConfig
+from learner.trainer.sample import Sample
 
 VOCAB = 300
 
@@ -104,8 +104,10 @@ def random_samples(
     return samples
 
 
-def learner_config(**overrides) -> LearnerConfig:
-    """A config for the tiny model; `algorithm`/`optim` entries may be dicts."""
+def learner_config(**overrides) -> TrainerConfig:
+    """A trainer config for the tiny model; `algorithm`/`optim` entries may be dicts. The
+    trainer's own config, not `LearnerConfig`: every trainer test so shows that the trainer
+    needs nothing of the bus side's settings."""
     base = {
         "model_path": "unused-in-tests",
         "micro_batch_tokens": 64,
@@ -116,4 +118,4 @@ def learner_config(**overrides) -> LearnerConfig:
             base[key] = {**base[key], **value}
         else:
             base[key] = value
-    return LearnerConfig.model_validate(base)
+    return TrainerConfig.model_validate(base)

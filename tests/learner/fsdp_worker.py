@@ -17,9 +17,9 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from learner.checkpoint import TrainingState
-from learner.config import LearnerConfig
-from learner.trainer import Trainer
+from learner.trainer.checkpoint import TrainingState
+from learner.trainer.config import TrainerConfig
+from learner.trainer.trainer import Trainer
 from tests.learner.builders import random_samples, tiny_qwen2
 
 BATCH_1 = {"lengths": [62, 62, 62, 12], "seed": 1}
@@ -33,7 +33,7 @@ def gather(trainer: Trainer) -> tuple[dict[str, torch.Tensor], int]:
 
 
 def main() -> None:
-    out, config = Path(sys.argv[1]), LearnerConfig.model_validate_json(sys.argv[2])
+    out, config = Path(sys.argv[1]), TrainerConfig.model_validate_json(sys.argv[2])
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     results = {}

@@ -15,10 +15,10 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from learner.checkpoint import TrainingState
-from learner.config import LearnerConfig
-from learner.model_init import load_model
-from learner.trainer import Trainer
+from learner.trainer.checkpoint import TrainingState
+from learner.trainer.config import TrainerConfig
+from learner.trainer.model_init import load_model
+from learner.trainer.trainer import Trainer
 from tests.learner.segment_builders import group
 from weights.fsdp import full_parameters
 
@@ -34,7 +34,7 @@ def batch(step: int):
 
 def main() -> None:
     model_dir, out = sys.argv[1], Path(sys.argv[2])
-    config = LearnerConfig.model_validate_json(sys.argv[3])
+    config = TrainerConfig.model_validate_json(sys.argv[3])
     dist.init_process_group("gloo")
     rank, cpu = dist.get_rank(), torch.device("cpu")
     model = load_model(model_dir, device=cpu, finetune=config.finetune)

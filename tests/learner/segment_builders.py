@@ -8,13 +8,13 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from learner.batching import Sample
-from learner.config import AlgorithmConfig
-from learner.losses import LossInputs, entropy_from_logits, policy_loss
-from learner.prefix_plan import plan_pieces
-from learner.reductions import batch_normalizers, token_weights
-from learner.segment_forward import forward_loss_tokens, loss_inputs
-from learner.segments import collate_segments
+from learner.trainer.config import AlgorithmConfig
+from learner.trainer.losses import LossInputs, entropy_from_logits, policy_loss
+from learner.trainer.prefix_plan import plan_pieces
+from learner.trainer.reductions import batch_normalizers, token_weights
+from learner.trainer.sample import Sample
+from learner.trainer.segment_forward import forward_loss_tokens, loss_inputs
+from learner.trainer.segments import collate_segments
 from tests.learner.builders import VOCAB
 
 SPEC = AlgorithmConfig(eps_low=0.2, eps_high=0.28, entropy_coef=0.01)

@@ -20,10 +20,10 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 
-from learner.prefix_plan import plan_pieces
-from learner.segment_attention import use_segment_attention
-from learner.segment_forward import forward_loss_tokens
-from learner.segments import collate_segments
+from learner.trainer.prefix_plan import plan_pieces
+from learner.trainer.segment_attention import use_segment_attention
+from learner.trainer.segment_forward import forward_loss_tokens
+from learner.trainer.segments import collate_segments
 from tests.learner.builders import tiny_qwen2
 from tests.learner.segment_builders import group, shared_step
 

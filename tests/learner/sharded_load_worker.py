@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from learner.model_init import default_device, load_model
+from learner.trainer.model_init import default_device, load_model
 from weights.fsdp import full_parameters
 
 
@@ -30,7 +30,7 @@ def main() -> None:
         dist.init_process_group("gloo")
     rank = dist.get_rank()
     model = load_model(model_dir, device=device)
-    # One rank loads whole (learner/model_init.py): plain parameters, no DTensor shards.
+    # One rank loads whole (learner/trainer/model_init.py): plain parameters, no DTensor shards.
     local = sum(getattr(p, "to_local", lambda p=p: p)().numel() for p in model.parameters())
     counts = [None] * dist.get_world_size()
     dist.all_gather_object(counts, (local, str(next(model.parameters()).device)))

@@ -16,7 +16,7 @@ import torch
 
 from common.s3 import ObjectStore
 from learner.artifacts import local_checkpoint_steps, open_artifacts, restore_from_bucket
-from learner.checkpoint import (
+from learner.trainer.checkpoint import (
     TrainingState,
     checkpoint_dir,
     latest_checkpoint,

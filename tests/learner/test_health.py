@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from learner.health import health_metrics, health_sums, is_degenerate
+from learner.trainer.ppo_health import health_metrics, health_sums, is_degenerate
 
 
 def test_ratio_stats_by_hand():

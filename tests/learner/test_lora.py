@@ -12,11 +12,11 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
-from learner.checkpoint import TrainingState
-from learner.config import FinetuneConfig
-from learner.lora import adapter_config, add_lora
-from learner.segment_attention import use_segment_attention
-from learner.trainer import Trainer
+from learner.trainer.checkpoint import TrainingState
+from learner.trainer.config import FinetuneConfig
+from learner.trainer.lora import adapter_config, add_lora
+from learner.trainer.segment_attention import use_segment_attention
+from learner.trainer.trainer import Trainer
 from tests.learner.builders import learner_config, random_samples, tiny_qwen2
 from tests.learner.segment_builders import group, max_relative_errors, reference, shared
 from weights.lora import (
@@ -128,7 +128,7 @@ def test_lora_checkpoint_holds_the_adapter_and_resumes_identically(tmp_path):
 def test_full_weights_of_a_lora_run_are_the_adapter_in_peft_names(tmp_path):
     from peft import PeftModel, get_peft_model, get_peft_model_state_dict
 
-    from learner.lora import peft_lora_config
+    from learner.trainer.lora import peft_lora_config
 
     trainer = Trainer(_lora_model(tied=True), _lora_config())
     streamed = dict(trainer.full_weights())
@@ -168,7 +168,7 @@ def test_merge_by_hand():
 def test_merge_equals_peft_merge_and_unload():
     from peft import get_peft_model, set_peft_model_state_dict
 
-    from learner.lora import peft_lora_config
+    from learner.trainer.lora import peft_lora_config
 
     trainer = Trainer(_lora_model(), _lora_config())
     adapter = dict(trainer.full_weights())

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from learner.lora import add_lora
-from learner.trainer import Trainer
+from learner.trainer.lora import add_lora
+from learner.trainer.trainer import Trainer
 from tests.learner.builders import learner_config, tiny_qwen2
 from tests.learner.lora_fsdp_worker import batch
 from tests.learner.two_ranks import run_two_ranks

@@ -3,8 +3,8 @@ import math
 import pytest
 import torch
 
-from learner.config import AlgorithmConfig
-from learner.losses import (
+from learner.trainer.config import AlgorithmConfig
+from learner.trainer.losses import (
     LossInputs,
     decoupled_behaviour_weight,
     entropy_from_logits,
@@ -15,7 +15,7 @@ from learner.losses import (
     token_logprobs,
     truncated_is_weight,
 )
-from learner.reductions import reduce_loss
+from learner.trainer.reductions import reduce_loss
 
 RATIOS = [0.5, 0.9, 1.0, 1.1, 1.5]
 

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import torch
 
-from learner.checkpoint import TrainingState
 from learner.cli import main
-from learner.model_init import load_model
-from learner.trainer import Trainer
+from learner.trainer.checkpoint import TrainingState
+from learner.trainer.model_init import load_model
+from learner.trainer.trainer import Trainer
 from tests.learner.builders import learner_config, random_samples
 from weights.lora import AdapterSnapshotWriter
 

@@ -1,4 +1,4 @@
-"""Learner model building (learner/model_init.py): the device each rank takes, and a model
+"""Learner model building (learner/trainer/model_init.py): the device each rank takes, and a model
 loaded sharded over two real gloo ranks equal to the same checkpoint loaded whole, with each
 rank holding half the parameters."""
 
@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from common.procs import free_port
-from learner.model_init import select_device
+from learner.trainer.model_init import select_device
 
 REPO = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).with_name("sharded_load_worker.py")

@@ -6,8 +6,8 @@ import random
 import numpy as np
 import pytest
 
-from learner.batching import Sample
-from learner.prefix_plan import Piece, common_prefix_len, plan_pieces, shared_prefix_len
+from learner.trainer.prefix_plan import Piece, common_prefix_len, plan_pieces, shared_prefix_len
+from learner.trainer.sample import Sample
 
 
 def _sample(*, token_ids, group_id: str, index: int = 0) -> Sample:

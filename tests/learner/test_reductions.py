@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from learner.reductions import batch_normalizers, reduce_loss, token_weights
+from learner.trainer.reductions import batch_normalizers, reduce_loss, token_weights
 
 # Three sequences: seq 0 has loss tokens 1, 2, 3; seq 1 has one loss token (6) and a masked
 # 4; seq 2 has no loss token at all and must not count.

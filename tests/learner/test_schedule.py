@@ -1,6 +1,6 @@
 import pytest
 
-from learner.schedule import lr_multiplier
+from learner.trainer.optimizer import lr_multiplier
 
 
 def test_warmup_then_constant():

@@ -6,8 +6,12 @@ import math
 import pytest
 import torch
 
-from learner.segment_attention import attend_segments, segment_attention, use_segment_attention
-from learner.segments import Segments
+from learner.trainer.segment_attention import (
+    attend_segments,
+    segment_attention,
+    use_segment_attention,
+)
+from learner.trainer.segments import Segments
 from tests.learner.builders import tiny_qwen2
 
 # Every kind of segment, several of length 1: a plain token, a 4-token prefix with suffixes
@@ -119,8 +123,8 @@ def test_transformers_builds_no_dense_mask_for_segment_attention():
 
 def test_the_varlen_plan_by_hand():
     """Each segment's keys for the one-call GPU kernel: a suffix gets its prefix's rows, then
-    its own; plain segments their own (learner/segment_varlen.py)."""
-    from learner.segment_varlen import varlen_plan
+    its own; plain segments their own (learner/trainer/segment_varlen.py)."""
+    from learner.trainer.segment_varlen import varlen_plan
 
     rows, cu_q, cu_k = varlen_plan(SEGMENTS)
     assert cu_q.tolist() == [0, 1, 5, 6, 9, 14, 15, 17, 18]

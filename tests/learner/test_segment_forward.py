@@ -6,10 +6,10 @@ see `relative_error`). The 2-rank FSDP2 case is in test_segment_distributed.py."
 import pytest
 import torch
 
-from learner.prefix_plan import plan_pieces
-from learner.segment_attention import use_segment_attention
-from learner.segment_forward import forward_loss_tokens, loss_inputs
-from learner.segments import collate_segments
+from learner.trainer.prefix_plan import plan_pieces
+from learner.trainer.segment_attention import use_segment_attention
+from learner.trainer.segment_forward import forward_loss_tokens, loss_inputs
+from learner.trainer.segments import collate_segments
 from tests.learner.builders import tiny_qwen2
 from tests.learner.segment_builders import group, max_relative_errors, reference, shared
 

@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 import torch
 
-from learner.batching import Sample
-from learner.prefix_plan import Piece
-from learner.segments import Segments, collate_segments
+from learner.trainer.prefix_plan import Piece
+from learner.trainer.sample import Sample
+from learner.trainer.segments import Segments, collate_segments
 
 
 def _sample(*, token_ids, loss_mask, logprobs=None, advantage=0.0, versions=None) -> Sample:

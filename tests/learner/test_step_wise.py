@@ -14,8 +14,9 @@ import numpy as np
 import pytest
 import torch
 
-from learner.batching import Group, Sample, samples_from_groups, step_starts
-from learner.trainer import Trainer
+from learner.batching import Group, samples_from_groups
+from learner.trainer.sample import Sample, step_starts
+from learner.trainer.trainer import Trainer
 from tests.learner.builders import VOCAB, learner_config, random_samples, tiny_qwen2, trajectory
 
 ALGORITHMS = [

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from learner.checkpoint import TrainingState, latest_checkpoint, prune_checkpoints
-from learner.losses import token_logprobs
-from learner.trainer import TooManySkippedSteps, Trainer
+from learner.trainer.checkpoint import TrainingState, latest_checkpoint, prune_checkpoints
+from learner.trainer.losses import token_logprobs
+from learner.trainer.trainer import TooManySkippedSteps, Trainer
 from tests.learner.builders import learner_config, random_samples, tiny_qwen2
 
 

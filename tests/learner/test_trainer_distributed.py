@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from learner.prefix_plan import plan_pieces
-from learner.trainer import Trainer
+from learner.trainer.prefix_plan import plan_pieces
+from learner.trainer.trainer import Trainer
 from tests.learner.builders import learner_config, random_samples, tiny_qwen2
 from tests.learner.fsdp_worker import BATCH_1, BATCH_2
 from tests.learner.two_ranks import run_two_ranks

@@ -14,7 +14,7 @@ import signal
 from collections import Counter
 
 from deploy.run_ledger import GROUP_REASONS, RunLedger
-from learner.checkpoint import latest_checkpoint, read_training_state
+from learner.trainer.checkpoint import latest_checkpoint, read_training_state
 from tests.learner_loop.conftest import bus, running
 from tests.learner_loop.scripted_actor import ScriptedActor, resumable_pair
 

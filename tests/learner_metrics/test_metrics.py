@@ -2,7 +2,7 @@ import pytest
 from prometheus_client import REGISTRY, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from learner import prom
+from learner import metrics as learner_metrics
 
 
 def _value(name: str, **labels) -> float:
@@ -43,7 +43,7 @@ def test_record_step_updates_gauges_and_histograms():
         "step_sum": _value("tether_learner_step_seconds_sum"),
         "broadcast_le005": _value("tether_learner_broadcast_seconds_bucket", le="0.05"),
     }
-    prom.record_step(STEP)
+    learner_metrics.record_step(STEP)
     exposed = _exposed()
     assert exposed[("tether_learner_policy_version", ())] == 7
     assert exposed[("tether_learner_loss", ())] == -0.5
@@ -73,22 +73,22 @@ def test_counters_advance_by_the_change_of_cumulative_totals():
     trained = _value("tether_learner_trained_trajectories_total")
     stale = _value("tether_learner_dropped_trajectories_total", reason="stale")
     errors = _value("tether_learner_dropped_trajectories_total", reason="errors")
-    prom._last_totals.clear()  # a fresh process
-    prom.record_step({"trained": 64, "dropped_by_reason": {"stale": 8}})
-    prom.record_step({"trained": 128, "dropped_by_reason": {"stale": 8, "errors": 3}})
-    prom.record_step({"version": 3})  # no counts: counters stay
+    learner_metrics._last_totals.clear()  # a fresh process
+    learner_metrics.record_step({"trained": 64, "dropped_by_reason": {"stale": 8}})
+    learner_metrics.record_step({"trained": 128, "dropped_by_reason": {"stale": 8, "errors": 3}})
+    learner_metrics.record_step({"version": 3})  # no counts: counters stay
     assert _value("tether_learner_trained_trajectories_total") - trained == 128
     assert _value("tether_learner_dropped_trajectories_total", reason="stale") - stale == 8
     assert _value("tether_learner_dropped_trajectories_total", reason="errors") - errors == 3
-    prom.record_step({"trained": 10})  # a new run in this process: new baseline
-    prom.record_step({"trained": 15})
+    learner_metrics.record_step({"trained": 10})  # a new run in this process: new baseline
+    learner_metrics.record_step({"trained": 15})
     assert _value("tether_learner_trained_trajectories_total") - trained == 133
     exposed = _exposed()
     assert ("tether_learner_dropped_trajectories_total", (("reason", "stale"),)) in exposed
 
 
 def test_eval_pass_at_1_per_environment():
-    prom.record_step(
+    learner_metrics.record_step(
         {
             "kind": "eval",
             "eval/all/pass_at_1": 0.5,
@@ -107,7 +107,7 @@ def test_metrics_endpoint_serves_them():
 
     server, thread = prometheus_client.start_http_server(0, addr="127.0.0.1")
     try:
-        prom.record_step({"version": 11})
+        learner_metrics.record_step({"version": 11})
         url = f"http://127.0.0.1:{server.server_port}/metrics"
         text = urllib.request.urlopen(url, timeout=5).read().decode()
     finally:

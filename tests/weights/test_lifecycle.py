@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from weights.communicator import TransferTimeout, WeightGroup
-from weights.dtypes import dtype_mismatch, resolve_engine_dtype, resolve_learner_dtype
+from weights.dtypes import dtype_mismatch, resolve_dtype
 from weights.rendezvous import connect_store
 from weights.snapshot import SnapshotWriter, safetensors_weights
 
@@ -72,17 +72,16 @@ def test_a_peer_that_never_joins_the_collective_aborts_the_group_in_time(store):
 
 
 def test_dtypes_resolve_per_device_and_a_mismatch_says_what_to_set():
-    assert resolve_learner_dtype("auto", on_gpu=True) == "bfloat16"
-    assert resolve_learner_dtype("auto", on_gpu=False) == "float32"
-    assert resolve_learner_dtype("bf16", on_gpu=False) == "bfloat16"
-    assert resolve_engine_dtype("auto", on_gpu=True) == "bfloat16"
-    assert resolve_engine_dtype("float16", on_gpu=True) == "float16"
+    assert resolve_dtype("auto", on_gpu=True) == "bfloat16"
+    assert resolve_dtype("auto", on_gpu=False) == "float32"
+    assert resolve_dtype("bf16", on_gpu=False) == "bfloat16"  # the short names still work
+    assert resolve_dtype("float16", on_gpu=True) == "float16"
     with pytest.raises(ValueError):
-        resolve_engine_dtype("fp8", on_gpu=True)
+        resolve_dtype("fp8", on_gpu=True)
     assert dtype_mismatch("bfloat16", "bfloat16") is None
     message = dtype_mismatch("float32", "bfloat16")
-    assert 'actor.engine.dtype = "float32"' in message and 'learner.dtype = "bf16"' in message
-    assert "fp32 or bf16 only" in dtype_mismatch("bfloat16", "float16")
+    assert 'actor.engine.dtype = "float32"' in message and 'learner.dtype = "bfloat16"' in message
+    assert "float32 or bfloat16 only" in dtype_mismatch("bfloat16", "float16")
 
 
 def test_snapshot_is_written_shard_by_shard_and_reads_back(tmp_path):
