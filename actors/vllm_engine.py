@@ -94,8 +94,15 @@ class VllmEngine:
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
+        from common.cuda_driver import require_cuda
+        from weights.config import WeightSyncConfig
         from weights.dtypes import resolve_dtype
+        from weights.nccl_env import prepare_role
 
+        if config.device == "cuda":  # a GPU config: no silent CPU engine
+            require_cuda("actor.engine.device")
+        # Before vLLM's workers start (they inherit it) and run their first collective.
+        prepare_role(WeightSyncConfig().transfer_timeout_s)
         dtype = resolve_dtype(config.dtype, on_gpu=torch.cuda.is_available())
         args = AsyncEngineArgs(
             **config.vllm_engine_args(),

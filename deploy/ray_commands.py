@@ -160,14 +160,22 @@ def commands(
             f"learner.metrics_port={ports[group_first.name]['learner_metrics']}",
             f"learner.weight_sync.store_host={rank0.ip}",
             f"learner.weight_sync.store_port={ports[rank0.name]['weight_store']}",
+            *_gpu_device(slot, "learner.device"),
         ]  # fmt: skip
     for slot in plan.actors:
         out[slot.name] = [
             PYTHON, "-m", "actors.cli", *cfg, "--replicas", "1", *args,
             f"actor.metrics_host={bind_host or slot.ip}",
             f"actor.metrics_port={ports[slot.name]['actor_metrics']}",
+            *_gpu_device(slot, "actor.engine.device"),
         ]  # fmt: skip
     return out
+
+
+def _gpu_device(slot, key: str) -> list[str]:
+    """A process the plan gave GPUs must run on them: `key=cuda` makes it refuse to start
+    without one (common/cuda_driver.py) instead of falling back to CPU."""
+    return [f"{key}=cuda"] if slot.bundle.get("GPU", 0) > 0 else []
 
 
 def learner_env(

@@ -17,7 +17,9 @@ from deploy.ray_plan import Node, Plan
 
 STATE_FILE = "ray_run.json"
 EVENTS_FILE = "events.jsonl"
-PASSED_ENV_PREFIXES = ("WANDB_", "TETHER_", "NCCL_", "GLOO_", "HF_", "VLLM_", "NATS_")
+PASSED_ENV_PREFIXES = (
+    "WANDB_", "TETHER_", "NCCL_", "TORCH_NCCL_", "GLOO_", "HF_", "VLLM_", "NATS_"
+)  # fmt: skip
 """Settings of the driver's environment that every process of the run gets too."""
 
 

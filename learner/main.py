@@ -7,6 +7,7 @@ import asyncio
 import logging
 import os
 import signal
+import sys
 from datetime import timedelta
 from pathlib import Path
 
@@ -15,6 +16,7 @@ import torch.distributed as dist
 
 from broker.config import BrokerConfig
 from common.config import load_section
+from common.cuda_driver import CudaUnavailable, require_cuda
 from common.metrics import serve_health, serve_metrics
 from common.storage_config import StorageConfig
 from learner.config import LearnerConfig
@@ -24,13 +26,18 @@ from learner.trainer.checkpoint import latest_checkpoint, read_training_state
 from learner.trainer.model_init import compute_dtype, default_device, load_model
 from learner.trainer.ranks import RankCommands, command_group, follow
 from learner.trainer.trainer import Trainer
+from weights.nccl_env import prepare_role
 
 log = logging.getLogger("learner")
 
 
 def _init_distributed(config: LearnerConfig) -> torch.device:
     """This rank's device (set before anything touches CUDA: a context created earlier
-    would sit on GPU 0 for every rank) and, under torchrun, the default group bound to it."""
+    would sit on GPU 0 for every rank) and, under torchrun, the default group bound to it.
+    A GPU config on a machine that gives torch none stops here (`CudaUnavailable`)."""
+    if config.device == "cuda":
+        require_cuda("learner.device")
+    prepare_role(config.weight_sync.transfer_timeout_s)  # before the first NCCL collective
     device = default_device()
     if device.type == "cuda":
         torch.cuda.set_device(device)
@@ -75,7 +82,11 @@ def run(config_path: str, overrides: list[str]) -> int:
     config = load_section(LearnerConfig, config_path, "learner", overrides)
     broker = load_section(BrokerConfig, config_path, "broker", overrides)
     storage = load_section(StorageConfig, config_path, "storage", overrides)
-    device = _init_distributed(config)
+    try:
+        device = _init_distributed(config)
+    except CudaUnavailable as e:
+        print(f"learner: {e}", file=sys.stderr)
+        return 1
     commands_group = command_group(config.command_timeout_s)
     if config.torch_threads is not None:
         torch.set_num_threads(config.torch_threads)

@@ -9,9 +9,9 @@ Every wait is bounded and explicit, on NCCL as on gloo:
   `TransferTimeout` when the deadline passes. On NCCL a plain `work.wait()` only orders the
   current CUDA stream after the collective and returns at once: a dead or hung peer would
   surface nowhere but in the watchdog, which by default (TORCH_NCCL_ASYNC_ERROR_HANDLING=3)
-  takes the whole process down. Our own deadline comes first; the group is also built with
-  error handling 2 (CleanUpOnly: the watchdog aborts this communicator, never the process)
-  and a watchdog timeout above ours, so a learner or engine outlives any peer.
+  takes the whole process down. Our own deadline comes first, and the group is built
+  without a watchdog (TORCH_NCCL_BLOCKING_WAIT=1, error handling 2: weights/nccl_env.py),
+  so a learner or engine outlives any peer, also the minutes after.
 - `close()` first waits (bounded) for every collective it started, then aborts: after that
   synchronisation nothing is in flight, so an abort cannot cut a broadcast short, and it
   never blocks on a peer that is gone (NCCL's graceful finalize would).
@@ -24,13 +24,13 @@ configs importing this package stay fast.
 from __future__ import annotations
 
 import contextlib
-import os
 import time
 from collections.abc import Callable
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
 from common.environ import environ_set
+from weights.nccl_env import WEIGHT_GROUP_ENV
 from weights.rendezvous import PREFIX, is_loopback
 
 if TYPE_CHECKING:
@@ -65,14 +65,12 @@ def _new_backend(store, host: str, group_id: int, rank: int, world_size: int, ba
         options = dist.ProcessGroupNCCL.Options()
         options._timeout = timedelta(seconds=timeout_s + WATCHDOG_GRACE_S)
         options.group_name = f"tether-weights-{group_id}"
-        # Non-blocking communicator init: forming the group polls instead of blocking a
-        # thread inside NCCL; TORCH_NCCL_NONBLOCKING_TIMEOUT bounds it (read once per
-        # process, so set it only if nobody did).
+        # Non-blocking communicator init: an init stuck on a dead peer stays abortable
+        # (bounded by TORCH_NCCL_NONBLOCKING_TIMEOUT, which each role sets at start).
         options.config.blocking = 0
-        os.environ.setdefault("TORCH_NCCL_NONBLOCKING_TIMEOUT", str(int(timeout_s)))
-        # ProcessGroupNCCL reads its error handling mode from the environment in its
-        # constructor, per group.
-        with environ_set({"TORCH_NCCL_ASYNC_ERROR_HANDLING": "2"}):
+        # Read from the environment per group, in its constructor: no watchdog for this
+        # group, so a failed round never reaches NCCL's process monitor (weights/nccl_env.py).
+        with environ_set(WEIGHT_GROUP_ENV):
             return dist.ProcessGroupNCCL(prefixed, rank, world_size, options)
     raise ValueError(f"unknown backend {backend!r}")
 

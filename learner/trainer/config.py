@@ -177,6 +177,11 @@ class TrainerConfig(StrictModel):
     """Compute dtype (also `fp32`, `bf16`): bfloat16 keeps float32 master weights and
     reduces gradients in float32. `auto`: bfloat16 on GPU, float32 on CPU. Weights go to the
     engines in this dtype, and an engine of another dtype is refused (weights/dtypes.py)."""
+    device: Literal["auto", "cuda"] = "auto"
+    """`auto`: this rank's GPU when torch sees one, else CPU. `cuda`: a GPU or nothing: the
+    learner refuses to start without one, naming the NVIDIA driver found and the one needed
+    (common/cuda_driver.py). GPU configs set it (deploy/k8s/gpu/tether.toml; a Ray plan that
+    gives the learner GPUs does too)."""
     gradient_checkpointing: bool = False
     """Recompute activations in backward to save memory."""
     micro_batch_tokens: int = pydantic.Field(default=8192, ge=1)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import os
 import statistics
 import threading
 import time
@@ -120,6 +121,13 @@ async def test_generate_returns_one_logprob_and_version_per_token(vllm_engine, p
     assert again.token_ids == first.token_ids[:1] and again.finish_reason == "stop"
     with pytest.raises(ValueError):
         await vllm_engine.generate([], spec)
+
+
+@vllm
+async def test_the_engine_bounds_nccl_init_before_its_workers_start(vllm_engine):
+    """Set by `VllmEngine.start` before vLLM spawns its workers, which inherit it and read
+    it at their first NCCL collective (weights/nccl_env.py)."""
+    assert int(os.environ["TORCH_NCCL_NONBLOCKING_TIMEOUT"]) > 0
 
 
 @vllm

@@ -139,6 +139,9 @@ def test_a_custom_resource_stands_in_for_gpus():
     assert (plan.nats.node_id, plan.envservers[0].node_id) == ("h", "h")
     assert plan.learner[0].node_id == plan.actors[0].node_id == "g"
     assert plan.actors[0].bundle == {"CPU": 1, "gpu_node": 1}
+    ports = fixed_ports(plan, BASES)
+    argv = commands(plan, ports, config_path=Path("c.toml"), run_dir=Path("r"), args=[])
+    assert not any("device=cuda" in arg for line in argv.values() for arg in line)  # no GPUs
     with pytest.raises(PlanError, match="needs 3 gpu_node"):
         _plan(nodes, gpu_resource="gpu_node", actor_replicas=2)
 
@@ -219,7 +222,13 @@ def test_commands_are_the_console_scripts_with_the_wiring_and_own_ports(tmp_path
     assert argv["nats"][-2:] == ["--store-dir", str(run_dir / "nats")]
     assert argv["actor-1"][:3] == ["python", "-m", "actors.cli"]
     assert argv["actor-1"][3:7] == ["--config", str(config), "--replicas", "1"]
-    assert argv["actor-1"][-2:] == ["actor.metrics_host=127.0.0.1", "actor.metrics_port=9501"]
+    assert argv["actor-1"][-3:] == [
+        "actor.metrics_host=127.0.0.1",
+        "actor.metrics_port=9501",
+        "actor.engine.device=cuda",  # the plan gave it a GPU: no silent CPU engine
+    ]
+    assert argv["learner-1"][-1] == "learner.device=cuda"
+    assert not any("device" in arg for arg in argv["envserver-1"] + argv["nats"])
     assert argv["envserver-1"][-1] == "envserver.metrics_port=9401"
     assert "learner.weight_sync.store_host=127.0.0.1" in argv["learner-1"]
     assert 'actor.env.addresses=["127.0.0.1:50051","127.0.0.1:50052"]' in args
@@ -299,9 +308,12 @@ def test_records_of_a_prepared_run_name_its_actors_groups_and_passed_environment
     assert state["placement_groups"][1] == "ns/20250101-000000/learner-0"
     assert state["envserver_addresses"] == ["127.0.0.1:50051", "127.0.0.1:50052"]
     assert metrics_ports(prepared)["actor_replicas"] == 2
-    environ = {"WANDB_API_KEY": "k", "NCCL_DEBUG": "INFO", "PATH": "/bin", "XWANDB_": "no"}
+    environ = {"WANDB_API_KEY": "k", "NCCL_DEBUG": "INFO", "PATH": "/bin", "XWANDB_": "no",
+               "TORCH_NCCL_NONBLOCKING_TIMEOUT": "90", "TORCH_HOME": "/t"}  # fmt: skip
     spec = launch_spec(prepared, environ=environ, cwd=Path("/repo"))
-    assert spec["env"] == {"WANDB_API_KEY": "k", "NCCL_DEBUG": "INFO"}
+    assert spec["env"] == {
+        "WANDB_API_KEY": "k", "NCCL_DEBUG": "INFO", "TORCH_NCCL_NONBLOCKING_TIMEOUT": "90"
+    }  # fmt: skip
     assert spec["events"] == str(run_dir / "events.jsonl")
     assert (spec["run_id"], spec["namespace"], spec["cwd"]) == ("20250101-000000", "ns", "/repo")
     assert (spec["nats_port"], spec["max_restarts"]) == (4222, 5)

@@ -136,6 +136,7 @@ async def test_broadcast_into_cuda_engine_matches_transformers(
         need_gpus(2)
         torch.cuda.set_device(1)  # the sender's GPU; the engine's worker holds GPU 0
     from actors.config import SamplingConfig
+    from actors.types import Turn
 
     model = _perturbed(tiny_model_dir, seed=11 if backend == "nccl" else 12)
     version = cuda_engine.version + 1
@@ -144,7 +145,7 @@ async def test_broadcast_into_cuda_engine_matches_transformers(
     exact = near = total = 0
     greedy = SamplingConfig(temperature=0.0)
     for prompt in prompts:
-        out = await cuda_engine.generate(prompt, greedy, max_tokens=24)
+        out = await cuda_engine.generate(prompt, Turn(greedy, max_tokens=24))
         assert out.versions == [version] * len(out.token_ids)
         e, n = _agreement(model, prompt, out.token_ids)
         exact, near, total = exact + e, near + n, total + len(out.token_ids)
@@ -152,7 +153,7 @@ async def test_broadcast_into_cuda_engine_matches_transformers(
     gaps = []
     for i, prompt in enumerate(prompts):
         out = await cuda_engine.generate(
-            prompt, SamplingConfig(temperature=1.0), max_tokens=48, seed=100 + i
+            prompt, Turn(SamplingConfig(temperature=1.0), max_tokens=48, seed=100 + i)
         )
         with torch.no_grad():
             ids = torch.tensor([prompt + out.token_ids])

@@ -1,7 +1,12 @@
 """Is this machine's NVIDIA driver new enough for the CUDA build we install? Run by
-`make install` on GPU machines before anything is downloaded, and by `make gpu-check`.
+`make install` on GPU machines before anything is downloaded, and by `make gpu-check`:
 
-    python3 deploy/gpu_driver.py [--cuda 13.0]
+    python3 -m common.cuda_driver [--cuda 13.0]
+
+and by a role whose config asks for a GPU (`learner.device` or `actor.engine.device` set to
+"cuda", as the GPU overlay and a Ray plan that assigned GPUs do): without a usable GPU it
+refuses to start, in one line that names the driver found and the one needed
+(`require_cuda`), instead of a 7B learner loading on CPU and failing much later elsewhere.
 
 The pinned `vllm==0.32.0` requires `torch==2.13.0`, whose PyPI wheels are built with CUDA
 13.0 (vLLM 0.32's VLLM_MAIN_CUDA_VERSION): the driver must be at least the one that CUDA
@@ -13,6 +18,7 @@ says so up front. Standard library only: it runs before the virtual environment 
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import subprocess
 import sys
@@ -63,8 +69,58 @@ def installed_driver() -> str | None:
     return lines[0] if result.returncode == 0 and lines else None
 
 
+class CudaUnavailable(RuntimeError):
+    """A role was configured for a GPU, and this machine gives torch none."""
+
+
+def no_cuda_message(
+    setting: str,
+    *,
+    torch_version: str,
+    torch_cuda: str | None,
+    driver: str | None,
+    visible: str | None,
+) -> str:
+    """Why `setting = "cuda"` cannot be had here, and what to do (pure). `torch_cuda`:
+    the CUDA version torch was built with (None: a CPU build); `driver`: nvidia-smi's
+    (None: no driver); `visible`: CUDA_VISIBLE_DEVICES (None: unset)."""
+    asked = f'{setting} = "cuda" but torch sees no GPU: '
+    if torch_cuda is None:
+        return asked + (
+            f"torch {torch_version} is a CPU build. Install the CUDA build on a machine with "
+            "an NVIDIA driver (make install), or leave the device at auto"
+        )
+    need = MIN_DRIVER.get(torch_cuda)
+    wanted = f"torch {torch_version} (CUDA {torch_cuda}) needs NVIDIA driver >= {need}"
+    if driver is None:
+        return asked + f"no NVIDIA driver found (nvidia-smi is not on PATH); {wanted}"
+    if need is not None and _version(driver) < _version(need):
+        return asked + f"NVIDIA driver {driver} found; {wanted}"
+    return asked + (
+        f"NVIDIA driver {driver} found and new enough, CUDA_VISIBLE_DEVICES="
+        f"{visible if visible is not None else '(unset)'}: is a GPU assigned to this process?"
+    )
+
+
+def require_cuda(setting: str) -> None:
+    """Raise `CudaUnavailable` (one line) unless torch can use a CUDA GPU here."""
+    import torch
+
+    if torch.cuda.is_available() and torch.cuda.device_count() > 0:
+        return
+    raise CudaUnavailable(
+        no_cuda_message(
+            setting,
+            torch_version=torch.__version__,
+            torch_cuda=torch.version.cuda,
+            driver=installed_driver(),
+            visible=os.environ.get("CUDA_VISIBLE_DEVICES"),
+        )
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="deploy/gpu_driver.py", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python3 -m common.cuda_driver", description=__doc__)
     parser.add_argument("--cuda", default=CUDA_OF_PINNED_TORCH)
     args = parser.parse_args(argv)
     driver = installed_driver()
