@@ -182,13 +182,15 @@ class VllmEngineConfig(StrictModel):
     the cache is dropped and running requests recompute their prefix with the new weights on
     resume."""
     staged_weight_load: bool | None = None
-    """True: every tensor received is copied to host memory and loaded after the last, so a
-    failed round leaves the old weights intact (one host copy of the model per worker
-    during the update; the GPU holds one bucket outside vLLM's budget). False: each bucket
-    is loaded as it arrives (no copy anywhere); a failed round leaves the weights mixed and
-    the engine stops generating until the next whole round or snapshot. None: staged for
-    an engine of one GPU, streamed for tensor or pipeline parallel engines (each of their
-    workers would stage the whole model; True is refused there)."""
+    """None or False (streamed): each bucket of a round is loaded as it arrives, so an
+    engine worker holds about two buckets in host memory, never the model; a round that
+    fails part-way leaves the weights mixed, and the engine stops generating until the
+    actor has loaded the newest snapshot (at once) or the next round arrives. True
+    (staged): every tensor is copied to host memory and loaded after the last, so a failed
+    round leaves the old weights intact, at the cost of a host copy of the model per worker
+    during each update (~15 GB for a 7B model in bf16); refused for tensor or pipeline
+    parallel engines, whose every worker would stage the whole model. The GPU holds one
+    bucket outside vLLM's budget either way. Snapshot loads follow the same choice."""
     enable_lora: bool = False
     """For a learner that trains a LoRA adapter (`learner.finetune.mode = "lora"`): load
     each version's adapter as a vLLM LoRA adapter (one slot, reloaded in place; generation
@@ -257,7 +259,7 @@ class VllmEngineConfig(StrictModel):
             raise ValueError(
                 f"staged_weight_load = true with {self.num_gpus} GPUs per engine: every "
                 "worker would stage the whole model in host memory. Leave it unset (streamed "
-                "loads for parallel engines)"
+                "loads)"
             )
         return self
 
@@ -267,10 +269,9 @@ class VllmEngineConfig(StrictModel):
 
     @property
     def stages_weights(self) -> bool:
-        """Whether weight rounds are staged in host memory (see `staged_weight_load`)."""
-        if self.staged_weight_load is None:
-            return self.num_gpus == 1
-        return self.staged_weight_load
+        """Whether weight rounds are staged in host memory (see `staged_weight_load`): only
+        when asked for."""
+        return bool(self.staged_weight_load)
 
     @property
     def num_gpus(self) -> int:

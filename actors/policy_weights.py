@@ -7,7 +7,9 @@ It follows the policy-version KV, and from each announcement:
   version, and an engine holding newer weights (from the history the crash undid) reloads
   the announced snapshot; generating on them would tag tokens with versions the learner
   has not reached, and every group would be dropped as `future` until it had (a stall);
-- joins the learner's broadcast rounds (`weights.follower.BroadcastFollower`).
+- joins the learner's broadcast rounds (`weights.follower.BroadcastFollower`), and when a
+  round fails part-way through its load (streamed loads leave the engine's weights mixed,
+  generation paused) loads the announced snapshot at once instead of waiting for the next.
 A task waits here until the engine's version reaches its `min_version`, catching up from
 the announced snapshot when a round went out without us or the wait ran past
 `version_wait_s`, and raising `WeightsBehind` (the task goes back) when no snapshot can.
@@ -149,14 +151,21 @@ class PolicyWeights:
         if not announced.snapshot_path or announced.snapshot_version > announced.version:
             log.error("no snapshot at or below v%d to roll back to", announced.version)
             return
-        try:
-            stall_s = await self._load_snapshot(announced)
+        error = await self._load_snapshot_recorded(announced)
         # Unreadable: we keep the newer weights; their groups are dropped as `future` until
         # a broadcast round brings the learner's own.
+        if error is not None:
+            log.error("rollback snapshot v%d not loaded: %s", announced.snapshot_version, error)
+
+    async def _load_snapshot_recorded(self, announced: PolicyVersion) -> WeightUpdateError | None:
+        """`_load_snapshot`, its stall recorded; the error when the snapshot could not be
+        had or read (the caller says what that leaves the engine with)."""
+        try:
+            stall_s = await self._load_snapshot(announced)
         except WeightUpdateError as e:
-            log.error("rollback snapshot v%d not loaded: %s", announced.snapshot_version, e)
-            return
+            return e
         metrics.WEIGHT_UPDATE_STALL_SECONDS.labels("snapshot").observe(stall_s)
+        return None
 
     def _start_broadcast(self, address: str) -> None:
         from weights.follower import BroadcastFollower
@@ -165,8 +174,30 @@ class PolicyWeights:
             metrics.WEIGHT_UPDATE_STALL_SECONDS.labels("broadcast").observe(update.stall_s)
             self._record_versions()
 
-        self._follower = BroadcastFollower(self.engine, address, on_update=on_update)
+        self._follower = BroadcastFollower(
+            self.engine, address, on_update=on_update, on_failure=self._recover_mixed
+        )
         self._broadcast = self._background(self._follower.run())
+
+    async def _recover_mixed(self, error: WeightUpdateError) -> None:
+        """A broadcast round failed (the follower calls this before it waits for the next).
+        If its load had begun, the engine's weights are mixed and generation is paused:
+        load the newest announced snapshot now. It may be older than the engine's version
+        before the round: tokens are then tagged with the snapshot's version, tasks that
+        need a newer one wait as usual, and the next round brings the engine current."""
+        if not error.weights_mixed:
+            return
+        announced = self._announced
+        if announced is None or not announced.snapshot_path:
+            log.error("weights mixed by a failed round and no snapshot announced: generation "
+                      "paused until the next round")  # fmt: skip
+            return
+        log.warning("weights mixed by a failed round: loading snapshot v%d",
+                    announced.snapshot_version)  # fmt: skip
+        error = await self._load_snapshot_recorded(announced)
+        if error is not None:  # unreadable (rotated away): paused until the next round
+            log.error("snapshot v%d not loaded: %s", announced.snapshot_version, error)
+        self._record_versions()
 
     def _record_versions(self) -> None:
         metrics.record_versions(

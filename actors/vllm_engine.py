@@ -182,13 +182,17 @@ class VllmEngine:
     # ---- weights ------------------------------------------------------------------------------
 
     async def _worker_call(self, method: str, *args: Any) -> list[Any]:
-        """collective_rpc on every worker; a worker's failure becomes WeightUpdateError."""
+        """collective_rpc on every worker; a worker's failure becomes WeightUpdateError
+        (`weights_mixed`: the worker's methods report the failures they expect, so what
+        escapes them may have stopped a load part-way)."""
         try:
             return await self.llm.collective_rpc(method, args=args)
         except Exception as e:  # vLLM re-raises a worker's error as a bare Exception
             if self.llm.errored:
                 raise  # the engine itself died: not a failed round
-            raise WeightUpdateError(f"{method} failed in the engine worker: {e}") from e
+            raise WeightUpdateError(
+                f"{method} failed in the engine worker: {e}", weights_mixed=True
+            ) from e
 
     async def update_weights(self, ticket: RoundTicket) -> WeightUpdate:
         """In-flight update from a weight round (`weights.subscription.RoundTicket`): pause
@@ -210,21 +214,25 @@ class VllmEngine:
                     self.config.track_weights_checksum,
                 )
                 failed = [r for r in results if not r["ok"]]
-                # Some workers loaded and some did not (TP), or a streamed load was cut: the
-                # model no longer holds one version.
-                self.weights_mixed = bool(failed) and (
-                    any(r["weights_mixed"] for r in results) or len(failed) < len(results)
-                )
                 if failed:
+                    # Some workers loaded and some did not (TP), or a load was cut short: the
+                    # model no longer holds one version (nor does it if it did not before).
+                    mixed = self.weights_mixed or len(failed) < len(results)
+                    mixed = mixed or any(r["weights_mixed"] for r in results)
                     raise WeightUpdateError(
                         f"round {ticket.version} failed in the engine worker: "
                         f"{failed[0]['error']}"
-                        + ("; weights mixed, generation paused" if self.weights_mixed else "")
+                        + ("; weights mixed, generation paused" if mixed else ""),
+                        weights_mixed=mixed,
                     )
+                self.weights_mixed = False  # every worker loaded the whole round
                 adapter_s = await self._use_adapter(results[0].get("adapter_path"), ticket.version)
                 await self.llm.update_weight_version(str(ticket.version))
                 self.version = ticket.version
                 self._cache_epoch += 1  # from here on: blocks of the new weights only
+            except WeightUpdateError as e:
+                self.weights_mixed = self.weights_mixed or e.weights_mixed
+                raise
             finally:
                 if not self.weights_mixed:
                     await self.llm.resume_generation()
@@ -265,8 +273,8 @@ class VllmEngine:
     async def load_snapshot(self, path: str, version: int) -> float:
         """Load a weights snapshot from disk (a late joiner, or recovery after a failed
         round) and label later tokens `version`. Returns the stall in seconds. A snapshot
-        that cannot be read (gone, truncated) raises WeightUpdateError; with staged loads
-        the old weights and version stay."""
+        that cannot be read (gone, truncated) raises WeightUpdateError: the version stays,
+        and the weights too unless the load had begun (`weights_mixed`: stays paused)."""
         async with self._update_lock:
             started = time.monotonic()
             await self.llm.pause_generation(mode="keep", clear_cache=True)
@@ -277,9 +285,9 @@ class VllmEngine:
                 self.version = version
                 self.weights_mixed = False
                 self._cache_epoch += 1
-            except WeightUpdateError:
-                # Streamed: some files may be in, others not. Staged: nothing was loaded.
-                self.weights_mixed = self.weights_mixed or not staged
+            except WeightUpdateError as e:
+                # Some files may be in, others not (streamed, cut short part-way).
+                self.weights_mixed = self.weights_mixed or e.weights_mixed
                 raise
             finally:
                 if not self.weights_mixed:
@@ -292,15 +300,25 @@ class VllmEngine:
         from weights.lora import is_adapter_dir
 
         track = self.config.track_weights_checksum
-        if not is_adapter_dir(path):
-            await self._worker_call("load_weights_from_path", path, track, staged)
+        adapter = is_adapter_dir(path)
+        if adapter and self.config.enable_lora:
+            await self._use_adapter(path, version)
+            return
+        if adapter:
+            results = await self._worker_call("merge_adapter_from_path", path, version, track)
+        else:
+            results = await self._worker_call("load_weights_from_path", path, track, staged)
+        failed = [r for r in results if not r["ok"]]
+        if failed:
+            raise WeightUpdateError(
+                f"snapshot {path} not loaded: {failed[0]['error']}",
+                weights_mixed=any(r["weights_mixed"] for r in results)
+                or len(failed) < len(results),
+            )
+        if not adapter:
             # Full weights hold the whole policy (a LoRA run's version 0 is its base model,
             # the learner's announced rollback point): no adapter on top of them.
             self._lora_request = None
-        elif self.config.enable_lora:
-            await self._use_adapter(path, version)
-        else:
-            await self._worker_call("merge_adapter_from_path", path, version, track)
 
     async def weights_checksum(self) -> dict[str, float] | None:
         """Fingerprint of the weights loaded last (see `track_weights_checksum`)."""

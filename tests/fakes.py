@@ -11,6 +11,10 @@ and the actor loop (acme's `fakes.py`): same interfaces, no vLLM, no gRPC.
   (the task is rejected).
 - `SilentFollower`: a weight broadcast follower that never delivers a round (monkeypatched
   over `weights.follower.BroadcastFollower`), so only snapshots move the engine's version.
+- `ScriptedFollower`: one whose rounds the test plays (`land`, `fail`), calling back as the
+  real follower does.
+- `FakeReplicaHandle`: a replica handle (actors/replicas.py) that has exited with a given
+  code, or runs until terminated, for tests of the replica supervisor.
 """
 
 from __future__ import annotations
@@ -128,7 +132,7 @@ class SilentFollower:
 
     missed_version = -1
 
-    def __init__(self, engine, address, *, on_update=None) -> None:
+    def __init__(self, engine, address, *, on_update=None, on_failure=None) -> None:
         pass
 
     async def run(self) -> None:
@@ -136,6 +140,33 @@ class SilentFollower:
 
     async def leave(self) -> None:
         pass
+
+
+class ScriptedFollower(SilentFollower):
+    """A weight broadcast whose rounds the test plays: `land(version)` sets the engine's
+    version and calls `on_update`; `await fail(weights_mixed=...)` leaves it and awaits
+    `on_failure`, as `weights.follower.follow_weights` does. Every instance made is in
+    `ScriptedFollower.made` (newest last)."""
+
+    made: list[ScriptedFollower] = []
+
+    def __init__(self, engine, address, *, on_update=None, on_failure=None) -> None:
+        self.engine, self.on_update, self.on_failure = engine, on_update, on_failure
+        ScriptedFollower.made.append(self)
+
+    def land(self, version: int) -> None:
+        from weights.follower import WeightUpdate
+
+        self.engine.version = version
+        if self.on_update is not None:
+            self.on_update(WeightUpdate(version, 0.0, 0.0, 0.0, 0.0, 0))
+
+    async def fail(self, *, weights_mixed: bool) -> None:
+        from weights.follower import WeightUpdateError
+
+        error = WeightUpdateError("a peer died mid-round", weights_mixed=weights_mixed)
+        if self.on_failure is not None:
+            await self.on_failure(error)
 
 
 class InProcessSession:
@@ -244,3 +275,30 @@ def engine_leaving_replica_main(spec) -> None:
     engine = subprocess.Popen(["sleep", "300"])
     Path(spec.extra["pid_file"]).write_text(str(engine.pid))
     time.sleep(300)
+
+
+class FakeReplicaHandle:
+    """A replica that exited with `exitcode` (None: alive until terminated or killed)."""
+
+    def __init__(self, spec, exitcode: int | None) -> None:
+        self.spec, self._exitcode, self.terminated = spec, exitcode, False
+
+    @property
+    def alive(self) -> bool:
+        return self._exitcode is None and not self.terminated
+
+    @property
+    def exitcode(self) -> int | None:
+        return self._exitcode
+
+    def terminate(self) -> None:
+        self.terminated = True
+
+    def kill(self) -> None:
+        self.terminated = True
+
+    def join(self, timeout_s: float | None = None) -> None:
+        pass
+
+    def clear_leftovers(self) -> int:
+        return 0

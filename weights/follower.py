@@ -3,7 +3,8 @@ flight, across failed rounds and learner restarts.
 
     BroadcastFollower.run ─► WeightSubscription(address)      (register with the store)
                                └─ loop: wait_round(engine.version) ─► engine.update_weights
-                                        failed round: keep the old weights, join the next
+                                        failed round: on_failure(error), join the next
+                                        (weights mixed: the actor loads a snapshot there)
                              store lost (learner restarting): pause, register anew
 
 The engine is anything with the `WeightReceiver` shape: the vLLM engine (actors/vllm_engine.py)
@@ -14,10 +15,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+from common.repeats import Repeats
 from weights.subscription import RoundTicket, WeightSubscription
 
 log = logging.getLogger(__name__)
@@ -25,7 +27,12 @@ log = logging.getLogger(__name__)
 
 class WeightUpdateError(RuntimeError):
     """A weight round or snapshot load failed in the engine worker; the engine still runs
-    (with the old weights when loads are staged) and keeps its old version."""
+    and keeps its old version. `weights_mixed`: the load stopped part-way (some layers new,
+    some old), so the engine keeps generation paused until a whole load."""
+
+    def __init__(self, message: str, *, weights_mixed: bool = False) -> None:
+        super().__init__(message)
+        self.weights_mixed = weights_mixed
 
 
 @dataclass(frozen=True)
@@ -63,13 +70,15 @@ async def follow_weights(
     *,
     poll_s: float = 1.0,
     on_update: Callable[[WeightUpdate], None] | None = None,
+    on_failure: Callable[[WeightUpdateError], Awaitable[None]] | None = None,
 ) -> None:
     """Keep `engine` current: join every weight round after its version, until the task is
     cancelled or the subscription left. `on_update(WeightUpdate)` is called after each
-    successful update. Each wait for a round lasts at most `poll_s`: it goes on from the
-    engine's version as it was, so a rollback (a snapshot load back to a resumed learner's
-    version) takes effect at the next wait (with 5 s, the resumed learner's first round
-    waited up to 4 s for the engines)."""
+    successful update, `await on_failure(error)` after each failed one (before the next
+    wait, so a snapshot it loads never races a round). Each wait for a round lasts at most
+    `poll_s`: it goes on from the engine's version as it was, so a rollback (a snapshot
+    load back to a resumed learner's version) takes effect at the next wait (with 5 s, the
+    resumed learner's first round waited up to 4 s for the engines)."""
     failed: RoundTicket | None = None
     while not subscription.left:
         # Never the failed round again: joining it would pause generation for another
@@ -82,10 +91,12 @@ async def follow_weights(
         try:
             update = await engine.update_weights(ticket)
         except WeightUpdateError as e:
-            # The round failed (the learner or a peer died mid-broadcast); weights are the
-            # old ones when staged. Join the next round.
+            # The round failed (the learner or a peer died mid-broadcast); the weights are
+            # the old ones unless `e.weights_mixed`. Join the next round.
             log.warning("weight update to version %d failed: %s", ticket.version, e)
             failed = ticket
+            if on_failure is not None:
+                await on_failure(e)
             continue
         if on_update is not None:
             on_update(update)
@@ -102,6 +113,7 @@ class BroadcastFollower:
         address: str,
         *,
         on_update: Callable[[WeightUpdate], None] | None = None,
+        on_failure: Callable[[WeightUpdateError], Awaitable[None]] | None = None,
         retry_s: float = 2.0,
     ) -> None:
         host, _, port = address.rpartition(":")
@@ -109,9 +121,10 @@ class BroadcastFollower:
             raise ValueError(f"broadcast address {address!r} must look like host:port")
         self.engine, self.address = engine, address
         self.host, self.port = host, int(port)
-        self.on_update = on_update
+        self.on_update, self.on_failure = on_update, on_failure
         self.retry_s = retry_s
         self.subscription: WeightSubscription | None = None
+        self._unavailable = Repeats()  # a line at once, then one per 30 s while it repeats
 
     async def run(self) -> None:
         while True:
@@ -124,12 +137,19 @@ class BroadcastFollower:
                     dtype=getattr(self.engine, "dtype", None),
                     max_lora_rank=getattr(self.engine, "max_lora_rank", None),
                 )
-                await follow_weights(self.engine, self.subscription, on_update=self.on_update)
+                await follow_weights(
+                    self.engine,
+                    self.subscription,
+                    on_update=self.on_update,
+                    on_failure=self.on_failure,
+                )
                 return  # left
             # Network boundary: the learner's TCPStore is unreachable (torch raises
             # DistStoreError, a RuntimeError) or went away; try again shortly.
             except (RuntimeError, OSError, TimeoutError) as e:
-                log.warning("weight broadcast at %s unavailable (%s); retrying", self.address, e)
+                self._unavailable.warning(
+                    log, "weight broadcast at %s unavailable (%s); retrying", self.address, e
+                )
                 self.subscription = None
                 await asyncio.sleep(self.retry_s)
 

@@ -6,7 +6,12 @@ kept from round to round.
                      round/v/ready/<id> += 1; wait for round/v/go (the group it is sent on)
                      form that group if we do not hold it; yield tensors as buckets arrive
                      round/v/done/<id> += 1
-    any failure: our group is aborted; the next round seats us in a fresh one
+    any failure, or the consumer stopping mid-round: our group is aborted; the next round
+    seats us in a fresh one
+
+Tensors are views into the bucket they arrived in (weights/collective.py): nothing here
+keeps a bucket once its tensors are consumed, so a consumer that loads as it goes holds
+one or two buckets of host memory (gloo) at a time.
 
 A ticket belongs to one store, i.e. one learner process (`RoundTicket.store_id`). When that
 learner dies the round is over for us at once: the store's errors end every wait, and a
@@ -103,7 +108,9 @@ class WeightChannel:
         try:
             group = self._group_for(store, ticket, roster)
             yield from receive_buckets(group)
-        except RuntimeError:
+        # Failed, or closed mid-round by a consumer that stopped (its load failed): the
+        # group is mid-broadcast, so abort it (the sender's next send fails at once).
+        except (RuntimeError, GeneratorExit):
             self.abort()
             raise
         store.add(round_key(ticket.version, f"done/{member}"), 1)

@@ -11,21 +11,28 @@ weights after loading, and the repacked parameters have no `weight_loader`, so a
 `model.load_weights` after start-up fails). It processes layer by layer as their tensors
 arrive (vLLM's layerwise reload), so a streamed round never needs the model twice on the GPU.
 
-Each worker keeps one `WeightChannel` (its long-lived group) from round to round. Staged
-loads copy every tensor to host memory as its bucket arrives (the GPU holds one bucket
-outside vLLM's memory budget, never the model) and load after the last: a round that fails
-half-way leaves the old weights intact. Streamed loads load each bucket as it arrives; a
-round that fails then leaves some layers new and some old, which the result says
-(`weights_mixed`) so that the engine stops generating until a whole load.
+Each worker keeps one `WeightChannel` (its long-lived group) from round to round. Streamed
+loads (the default) load each bucket as it arrives: the worker holds at most two buckets
+(host memory on gloo, its GPU's on NCCL: the one arriving, and one whose last layer is
+still being filled) and what vLLM's reload of one layer takes (the layer materialised, on
+CPU also repacked), never the model; the sender is paced by the loads. A round that fails
+then leaves some layers new and some old, which the result says (`weights_mixed`) so that
+the engine stops generating until a whole load (the actor loads the newest snapshot at
+once, actors/policy_weights.py). Staged loads (opt-in, `staged_weight_load`) copy every
+tensor to host memory as its bucket arrives and load after the last: a round that fails
+while receiving leaves the old weights intact, at the cost of a host copy of the model per
+worker (docs/weights.md, "Memory of an update").
 """
 
 from __future__ import annotations
 
+import logging
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 
 from weights.lora import apply_adapter, read_adapter_dir
 from weights.receiver import WeightChannel
@@ -91,23 +98,43 @@ def with_aliases(
             yield alias, tensor
 
 
+class RotaryReloadNotice(logging.Filter):
+    """Drops one message of vLLM's layerwise reload, `RotaryEmbedding: Failed to load
+    weights`, said at every update: the rotary cos/sin cache is a non-persistent buffer
+    computed from the config, which no checkpoint and no round holds, so vLLM puts the
+    cache it had back, unchanged (benign; docs/actors.md). Every other layer's failure is
+    still said: FoPE's rotary, say, has trained parameters."""
+
+    LOGGER = "vllm.model_executor.model_loader.reload.layerwise"
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (
+            record.msg == "%s: Failed to load weights" and record.args == ("RotaryEmbedding",)
+        )
+
+
+_ROTARY_RELOAD_NOTICE = RotaryReloadNotice()
+
+
 class WeightSyncExtension:
     """Methods added to vLLM's worker (`self` is the worker: `model_runner`, `vllm_config`,
     `rank` come from it). Names must not clash with the worker's own attributes."""
 
-    def _tether_reload(
-        self, weights: Iterable[tuple[str, torch.Tensor]], track: bool, streamed: bool = False
-    ) -> int:
+    def _tether_reload(self, weights: Iterable[tuple[str, torch.Tensor]], track: bool) -> int:
         """Load (name, tensor) pairs in HF checkpoint format, and with `track` remember their
         checksum (the model's own parameters cannot be summed: on CPU the linear weights
         live repacked in oneDNN handles, the parameters left empty). Returns bytes loaded.
-        A streamed load cut short by its source is finalised (layers not reached keep their
-        old weights, no layer is left on the meta device) before the error goes on."""
+        A load cut short (its source failed, or the model refused a tensor) is finalised
+        (layers not reached keep their old weights, no layer is left on the meta device)
+        before the error goes on; `_tether_load_started` then says whether any tensor
+        reached the model (the weights are mixed)."""
         from vllm.config import set_current_vllm_config
+        from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
 
         model = self.model_runner.get_model()
         if not hasattr(self, "_tether_aliases"):  # ties are intact until the first reload
             self._tether_aliases = tied_aliases(model)
+            logging.getLogger(RotaryReloadNotice.LOGGER).addFilter(_ROTARY_RELOAD_NOTICE)
         fingerprint = Checksum()
         num_bytes = 0
         self._tether_load_started = False
@@ -126,13 +153,8 @@ class WeightSyncExtension:
                 self.model_runner.reload_weights(
                     weights_iterator=with_aliases(recorded(), self._tether_aliases)
                 )
-            except (RuntimeError, TimeoutError, ValueError):
-                if streamed:
-                    from vllm.model_executor.model_loader.reload import (
-                        finalize_layerwise_reload,
-                    )
-
-                    finalize_layerwise_reload(model, self.vllm_config.model_config)
+            except BaseException:  # whatever stopped it: no layer may stay on the meta device
+                finalize_layerwise_reload(model, self.vllm_config.model_config)
                 raise
         self._tether_checksum = fingerprint.values if track else None
         return num_bytes
@@ -143,21 +165,38 @@ class WeightSyncExtension:
         return self._tether_weight_channel
 
     def receive_weights(
-        self, ticket: dict[str, Any], staged: bool = True, track_checksum: bool = False
+        self, ticket: dict[str, Any], staged: bool = False, track_checksum: bool = False
     ) -> dict[str, Any]:
         """Take part in the round of `ticket` (a `RoundTicket.as_dict()`) on this worker's
-        long-lived group, receive every tensor and load it. Never raises for a failed
-        round: `ok` False, `error`, and `weights_mixed` when a streamed load was cut short
-        (`staged=False`). `track_checksum` records `weights_checksum()`."""
+        long-lived group, receive every tensor and load it (streamed: each bucket as it
+        arrives; `staged`: all of them after the last). Never raises for a failed round: `ok`
+        False, `error`, and `weights_mixed` when the load had begun. `track_checksum`
+        records `weights_checksum()`. `receive_s` is the time spent receiving (forming the
+        group, waiting for buckets), `load_s` the rest."""
         round_ticket = RoundTicket(**ticket)
         started = time.monotonic()
-        weights = self._tether_channel().receive(round_ticket)
+        self._tether_load_started = False
+        channel_stream = self._tether_channel().receive(round_ticket)
+        receive_s = 0.0
+
+        def received():
+            nonlocal receive_s
+            while True:
+                waiting = time.monotonic()
+                try:
+                    item = next(channel_stream)
+                except StopIteration:
+                    return
+                finally:
+                    receive_s += time.monotonic() - waiting
+                yield item
+
+        weights: Iterable[tuple[str, torch.Tensor]] = received()
         result: dict[str, Any] = {"version": round_ticket.version, "ok": True, "error": ""}
         try:
             if staged:
                 # Host copies as buckets arrive: the GPU never holds the model outside vLLM.
                 weights = [(name, tensor.cpu()) for name, tensor in weights]
-            received = time.monotonic()
             if round_ticket.payload == "lora":  # an adapter: vLLM's LoRA, or merged
                 result.update(
                     apply_adapter(
@@ -169,21 +208,18 @@ class WeightSyncExtension:
                     )
                 )
             else:
-                result["num_bytes"] = self._tether_reload(
-                    weights, track_checksum, streamed=not staged
-                )
+                result["num_bytes"] = self._tether_reload(weights, track_checksum)
         except (RuntimeError, TimeoutError, ValueError) as e:
-            # The round failed (a peer died, the learner went away, we were not seated):
-            # report it; the engine resumes (staged: old weights) or stays paused (mixed).
-            mixed = not staged and getattr(self, "_tether_load_started", False)
-            result.update(ok=False, error=f"{type(e).__name__}: {e}", weights_mixed=mixed)
+            # The round failed (a peer died, the learner went away, we were not seated) or
+            # the model refused a tensor: leave the round's group if we are still in it, and
+            # report; the engine resumes (old weights) or stays paused (mixed).
+            channel_stream.close()
+            result.update(
+                ok=False, error=f"{type(e).__name__}: {e}", weights_mixed=self._tether_load_started
+            )
             return result
-        loaded = time.monotonic()
-        result.update(
-            receive_s=received - started,
-            load_s=loaded - received,
-            weights_mixed=False,
-        )
+        elapsed = time.monotonic() - started
+        result.update(receive_s=receive_s, load_s=elapsed - receive_s, weights_mixed=False)
         return result
 
     def close_weight_channel(self) -> None:
@@ -194,17 +230,20 @@ class WeightSyncExtension:
             self._tether_adapter_dirs.remove()
 
     def load_weights_from_path(
-        self, path: str, track_checksum: bool = False, staged: bool = True
-    ) -> None:
+        self, path: str, track_checksum: bool = False, staged: bool = False
+    ) -> dict[str, Any]:
         """Load a checkpoint directory (safetensors, HF names) saved by the learner: what a
-        late joiner does before it generates, or a receiver after a failed round. `staged`
-        reads every file before loading any tensor, so a snapshot that vanished or is cut
-        short (the learner rotates them) leaves the old weights intact; otherwise files are
-        loaded one at a time (host memory for one file, not the model)."""
-        weights = safetensors_weights(path)
-        if staged:
-            weights = list(weights)
-        self._tether_reload(weights, track_checksum, streamed=not staged)
+        late joiner does before it generates, or a receiver after a failed round. Files are
+        loaded one at a time (host memory for one file, not the model); `staged` reads
+        every file before loading any tensor. Reports like `_tether_snapshot_load`."""
+
+        def load() -> None:
+            weights = safetensors_weights(path)
+            if staged:
+                weights = list(weights)
+            self._tether_reload(weights, track_checksum)
+
+        return self._tether_snapshot_load(load)
 
     def merge_adapter_from_path(
         self, path: str, version: int, track_checksum: bool = False
@@ -212,11 +251,28 @@ class WeightSyncExtension:
         """Merge an adapter snapshot (a PEFT directory) into the base weights and load them:
         a late joiner of a LoRA run on an engine without vLLM's LoRA (an engine with it
         loads the directory with `add_lora` instead). The adapter is read whole first: one
-        that vanished or is cut short leaves the weights as they were."""
-        adapter_config, adapter = read_adapter_dir(path)
-        return apply_adapter(
-            self, adapter.items(), adapter_config, version=version, track=track_checksum
-        )
+        that vanished or is cut short leaves the weights as they were. Reports like
+        `_tether_snapshot_load`."""
+
+        def merge() -> None:
+            adapter_config, adapter = read_adapter_dir(path)
+            apply_adapter(
+                self, adapter.items(), adapter_config, version=version, track=track_checksum
+            )
+
+        return self._tether_snapshot_load(merge)
+
+    def _tether_snapshot_load(self, load: Callable[[], None]) -> dict[str, Any]:
+        """Run a snapshot load. Never raises for a snapshot that cannot be read (it vanished
+        or is cut short: the learner rotates them) or that the model refuses: `ok` False,
+        `error`, and `weights_mixed` when the load had begun."""
+        self._tether_load_started = False
+        try:
+            load()
+        except (OSError, RuntimeError, ValueError, SafetensorError) as e:
+            error = f"{type(e).__name__}: {e}"
+            return {"ok": False, "error": error, "weights_mixed": self._tether_load_started}
+        return {"ok": True, "error": "", "weights_mixed": False}
 
     def weights_checksum(self) -> dict[str, float] | None:
         """`checksum` of the weights loaded last (None before, or when not tracked)."""

@@ -1,5 +1,6 @@
 """Renderers of the part-by-part benchmarks: transport, envserver, learner, weight_group,
-lora_sync and lora_parity (the actor and shared-prefix training have modules of their own)."""
+engine_update_memory, lora_sync and lora_parity (the actor and shared-prefix training have
+modules of their own)."""
 
 from __future__ import annotations
 
@@ -152,3 +153,42 @@ def _all_equal(what: str, equal: object, prompts: object) -> str:
 
 def _three(value: object) -> str:
     return fixed(value, 3)
+
+
+def engine_update_memory(f: Figures) -> str:
+    setup = (
+        f"A random Qwen2 (`{f.get('model', MISSING)}`) of {millions(f.get('model_parameters'))}"
+        f" parameters, {count(f.get('model_mb'))} MB of fp32, in {count(f.get('bucket_mb'))} MB"
+        f" buckets (the largest {count(f.get('largest_bucket_mb'))} MB: a tensor larger than a"
+        f" bucket travels alone); the largest growth over {f.get('rounds_per_mode', MISSING)}"
+        " rounds per mode."
+    )
+    modes = (
+        ("receive_only", "receive path alone (nothing loaded)"),
+        ("streamed", "streamed engine (the default)"),
+        ("staged", "staged engine"),
+    )
+    rows = [
+        [
+            label,
+            count(f.get(f"{mode}_growth_mb")),
+            fixed(f.get(f"{mode}_growth_largest_buckets")),
+            fixed(f.get(f"{mode}_growth_buckets"), 1),
+        ]
+        for mode, label in modes
+    ]
+    growth = table(["host memory growth", "MB", "largest buckets", "buckets"], rows)
+    times = table(
+        ["per round, ms", "streamed", "staged"],
+        [
+            ["stall (pause to resume)"]
+            + [count(f.get(f"{mode}_stall_ms")) for mode in ("streamed", "staged")],
+            ["sender's transfer"]
+            + [count(f.get(f"{mode}_sender_transfer_ms")) for mode in ("streamed", "staged")],
+        ],
+    )
+    targets = "\n".join(
+        check(f"{label}, largest buckets", f.get(f"{mode}_growth_largest_buckets"), 2, "<=", fixed)
+        for mode, label in modes[:2]
+    )
+    return join(setup, growth, times, targets, provenance(f))

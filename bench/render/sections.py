@@ -30,6 +30,7 @@ SECTIONS: dict[str, Section] = {
     "actor": Section("actor", actor.actor),
     "prefix_sharing": Section("prefix_sharing", prefix.prefix_sharing),
     "weight_group": Section("weight_group", parts.weight_group),
+    "engine_update_memory": Section("engine_update_memory", parts.engine_update_memory),
     "lora_sync": Section("lora_sync", parts.lora_sync),
     "lora_parity": Section("lora_parity", parts.lora_parity, "python bench/lora_parity.py"),
     "peer_trl": Section("peer_trl", peer.peer_trl),

@@ -1,6 +1,7 @@
 """`PolicyWeights` on its own, with an in-memory policy-version KV and the scripted engine:
-every snapshot it loads (at start-up, in a rollback, in a catch-up) is the local directory
-`SnapshotSource` resolved the announced path to, never the announced s3:// URL itself."""
+every snapshot it loads (at start-up, in a rollback, in a catch-up, after a failed round
+left the weights mixed) is the local directory `SnapshotSource` resolved the announced path
+to, never the announced s3:// URL itself."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 from actors.policy_weights import PolicyWeights, WeightsBehind
 from actors.snapshots import SnapshotSource
 from broker.wire import PolicyVersion
-from tests.fakes import ScriptedEngine, SilentFollower, by_turn
+from tests.fakes import ScriptedEngine, ScriptedFollower, SilentFollower, by_turn
 
 
 class BucketSnapshots(SnapshotSource):
@@ -101,3 +102,35 @@ async def test_a_catch_up_loads_the_resolved_snapshot(monkeypatch):
             await weights.wait_for_version(6)
     assert engine.snapshots_loaded == [("/cache/global_step_3", 3), ("/cache/global_step_5", 5)]
     assert [version for _, version in snapshots.resolved] == [3, 5]
+
+
+async def test_weights_mixed_by_a_failed_round_load_the_newest_snapshot_at_once(monkeypatch):
+    # Streamed loads: a round that fails part-way leaves the engine paused on mixed weights.
+    # The newest snapshot is loaded right away, even one older than the engine's version
+    # (tokens then carry the snapshot's version); a task needing more waits for a round.
+    monkeypatch.setattr(ScriptedFollower, "made", [])
+    monkeypatch.setattr("weights.follower.BroadcastFollower", ScriptedFollower)
+    first = _announced(5, snapshot_version=5, broadcast_addr="127.0.0.1:9")
+    async with _following(first) as (weights, policy, engine, _):
+        [follower] = ScriptedFollower.made
+        follower.land(6)
+        await policy.announce(_announced(6, snapshot_version=5, broadcast_addr="127.0.0.1:9"))
+        await follower.fail(weights_mixed=False)  # nothing loaded: the old weights stand
+        assert engine.snapshots_loaded == [("/cache/global_step_5", 5)] and engine.version == 6
+        await follower.fail(weights_mixed=True)
+        assert engine.snapshots_loaded[1:] == [("/cache/global_step_5", 5)]
+        assert engine.version == 5
+        waiting = asyncio.create_task(weights.wait_for_version(6))
+        await asyncio.sleep(0.1)
+        assert not waiting.done()  # no newer snapshot: the next round brings it
+        follower.land(7)
+        await asyncio.wait_for(waiting, timeout=5.0)
+
+
+async def test_weights_mixed_without_a_snapshot_wait_for_the_next_round(monkeypatch):
+    monkeypatch.setattr(ScriptedFollower, "made", [])
+    monkeypatch.setattr("weights.follower.BroadcastFollower", ScriptedFollower)
+    first = PolicyVersion(version=0, published_at=0.0, lineage="a", broadcast_addr="127.0.0.1:9")
+    async with _following(first) as (_, _, engine, _):
+        await ScriptedFollower.made[0].fail(weights_mixed=True)
+        assert engine.snapshots_loaded == []

@@ -1,11 +1,13 @@
 """The vLLM engine against transformers on the same weights: weights broadcast over gloo,
-greedy outputs, sampled-token logprobs, an update in the middle of a request, a failed
-round, a round whose learner dies, and a late joiner loading a snapshot. One real engine
-for the session."""
+greedy outputs, sampled-token logprobs, an update in the middle of a request, failed rounds
+(staged: the old weights stand; streamed: paused on mixed weights until a snapshot loads),
+a round whose learner dies, and a late joiner loading a snapshot. One real engine for the
+session (streamed loads, the default; a test that needs staged ones sets them for itself)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import os
 import statistics
@@ -35,15 +37,64 @@ def _request(temperature: float, max_tokens: int, seed=None, stop_token_ids=()) 
     return Turn(SamplingConfig(temperature=temperature), max_tokens, tuple(stop_token_ids), seed)
 
 
-@pytest.fixture
-def channel():
+@contextlib.contextmanager
+def _sender_and_subscription(bucket_mb: float = 64.0, transfer_timeout_s: float = 30.0):
+    """A learner's sender on a free port, and one subscription to it."""
     sender = WeightSender(
-        WeightSyncConfig(store_port=0, join_timeout_s=10.0, transfer_timeout_s=30.0)
+        WeightSyncConfig(
+            store_port=0,
+            join_timeout_s=10.0,
+            transfer_timeout_s=transfer_timeout_s,
+            bucket_mb=bucket_mb,
+        )
     )
     subscription = WeightSubscription(sender.config.store_host, sender.config.store_port)
-    yield sender, subscription
-    subscription.leave()
-    sender.close()
+    try:
+        yield sender, subscription
+    finally:
+        subscription.leave()
+        sender.close()
+
+
+@pytest.fixture
+def channel():
+    with _sender_and_subscription() as pair:
+        yield pair
+
+
+@contextlib.contextmanager
+def _loads(engine, *, staged: bool):
+    """The session engine with `staged_weight_load = staged` for the block."""
+    config = engine.config
+    engine.config = config.model_copy(update={"staged_weight_load": staged})
+    try:
+        yield
+    finally:
+        engine.config = config
+
+
+async def _round_failing_part_way(engine, model, version: int) -> WeightUpdateError:
+    """Round `version` of `model`'s parameters in small buckets, whose learner side fails
+    (its gather raises) after the first half of the tensors went out: the sender gives the
+    round up mid-transfer, and the engine's worker (its sender alive, no bucket coming) after
+    the round's transfer timeout. Returns the engine's error."""
+    named = [(name, param.detach()) for name, param in model.named_parameters()]
+
+    def failing():
+        yield from named[: len(named) // 2]
+        time.sleep(0.5)  # the buckets sent so far reach the engine
+        raise RuntimeError("the learner's gather failed mid-round")
+
+    small_buckets = _sender_and_subscription(bucket_mb=0.25, transfer_timeout_s=3.0)
+    with small_buckets as (sender, subscription):
+        thread = threading.Thread(target=sender.broadcast, args=(version, failing()))
+        thread.start()
+        ticket = await asyncio.to_thread(subscription.wait_round, engine.version, 30.0)
+        assert ticket is not None and ticket.version == version
+        with pytest.raises(WeightUpdateError) as failed:
+            await engine.update_weights(ticket)
+        await asyncio.to_thread(thread.join)
+    return failed.value
 
 
 def test_version_spans_expand_to_one_version_per_token():
@@ -273,35 +324,71 @@ async def test_request_after_an_update_reuses_no_prefix_kv_of_older_weights(
 
 
 @vllm
+@pytest.mark.parametrize("failure", ["never_starts", "fails_part_way"])
 async def test_failed_round_leaves_weights_version_and_generation_intact(
-    vllm_engine, prompts, channel
+    vllm_engine, hf_tiny_model, prompts, channel, failure
 ):
+    # Staged loads (opt-in): nothing is loaded before the last bucket is in, so a round that
+    # fails at any point leaves the old weights, version and generation as they were.
     sender, _ = channel
     before_version = vllm_engine.version
     before_checksum = await vllm_engine.weights_checksum()
     spec = _request(temperature=0.0, max_tokens=12)
     before = await vllm_engine.generate(prompts[1], spec)
-    # A seat in a round whose sender never says go: the worker gives up after its timeouts.
-    orphan = RoundTicket(
-        version=before_version + 100,
-        group_id=0,
-        member_id=999,
-        slots=1,
-        store_host="127.0.0.1",
-        store_port=sender.config.store_port,
-        join_timeout_s=1.0,
-        transfer_timeout_s=1.0,
-        store_id=sender.store_id,
-    )
     started = time.monotonic()
-    with pytest.raises(WeightUpdateError):
-        await vllm_engine.update_weights(orphan)
+    with _loads(vllm_engine, staged=True):
+        if failure == "never_starts":
+            # A seat in a round whose sender never says go: the worker gives up after its
+            # timeouts.
+            orphan = RoundTicket(
+                version=before_version + 100,
+                group_id=0,
+                member_id=999,
+                slots=1,
+                store_host="127.0.0.1",
+                store_port=sender.config.store_port,
+                join_timeout_s=1.0,
+                transfer_timeout_s=1.0,
+                store_id=sender.store_id,
+            )
+            with pytest.raises(WeightUpdateError) as failed:
+                await vllm_engine.update_weights(orphan)
+            error = failed.value
+        else:
+            newer = _perturbed(hf_tiny_model, seed=11)
+            error = await _round_failing_part_way(vllm_engine, newer, before_version + 100)
     assert time.monotonic() - started < 10.0
+    assert not error.weights_mixed and not vllm_engine.weights_mixed
     assert vllm_engine.version == before_version
     assert await vllm_engine.weights_checksum() == before_checksum
     after = await vllm_engine.generate(prompts[1], spec)
     assert after.token_ids == before.token_ids
     assert after.versions == [before_version] * len(after.token_ids)
+
+
+@vllm
+async def test_a_streamed_round_failing_part_way_pauses_generation_until_a_snapshot_loads(
+    vllm_engine, hf_tiny_model, prompts, tokenizer, tmp_path
+):
+    assert not vllm_engine.config.stages_weights  # streamed: the default
+    version = vllm_engine.version
+    newer = _perturbed(hf_tiny_model, seed=12)
+    error = await _round_failing_part_way(vllm_engine, newer, version + 1)
+    assert error.weights_mixed and vllm_engine.weights_mixed
+    assert vllm_engine.version == version
+    spec = _request(temperature=0.0, max_tokens=24)
+    pending = asyncio.create_task(vllm_engine.generate(prompts[0], spec))
+    await asyncio.sleep(2.0)
+    assert not pending.done()  # paused: no token comes from the mixed weights
+    # What the actor does at once (actors/policy_weights.py): the newest snapshot, here
+    # one of the version the engine had before the round.
+    snapshot = _perturbed(hf_tiny_model, seed=13)
+    snapshot.save_pretrained(tmp_path / "snapshot")
+    await vllm_engine.load_snapshot(tmp_path / "snapshot", version)
+    assert not vllm_engine.weights_mixed and vllm_engine.version == version
+    generation = await asyncio.wait_for(pending, timeout=60)
+    assert generation.token_ids == _hf_greedy(snapshot, prompts[0], 24, tokenizer.eos_token_id)
+    assert generation.versions == [version] * len(generation.token_ids)
 
 
 @vllm
@@ -312,6 +399,8 @@ async def test_a_round_whose_learner_dies_ends_at_once_and_generation_resumes(
     # Issue 26: killed before "go" (while the engine paused; the launcher restarts it on the
     # same port within a second or two), the engines waited 36 s, paused, for a round the
     # new learner never planned. Killed mid-transfer, gloo notices at once.
+    # The dying sender's tensors are not the model's: staged mid-transfer, so that the
+    # round ends by the learner's death, not by the model refusing them.
     spec = _request(temperature=0.0, max_tokens=12)
     before_version = vllm_engine.version
     before = await vllm_engine.generate(prompts[1], spec)
@@ -323,7 +412,7 @@ async def test_a_round_whose_learner_dies_ends_at_once_and_generation_resumes(
             kill(proc)
             restart = (await asyncio.to_thread(start_sender, ticket.store_port, "idle"))[0]
         started = time.time()
-        with pytest.raises(WeightUpdateError):
+        with _loads(vllm_engine, staged=when == "after_go"), pytest.raises(WeightUpdateError):
             await vllm_engine.update_weights(ticket)
         ended = time.time()
         died = started if when == "before_go" else await asyncio.to_thread(exited_at, proc)

@@ -318,6 +318,16 @@ def test_lora_sync_and_weight_group_tables():
     assert "| saved per update | 70.0 ms |" in group and "| 2.00x |" in group
 
 
+def test_engine_update_memory_counts_growth_in_the_largest_bucket():
+    text = parts.engine_update_memory(
+        {"streamed_growth_mb": 1200.0, "streamed_growth_largest_buckets": 2.0,
+         "receive_only_growth_largest_buckets": 1.0, "staged_growth_largest_buckets": 5.5}
+    )  # fmt: skip
+    assert "| streamed engine (the default) | 1,200 | 2.00 | — |" in text
+    assert "streamed engine (the default), largest buckets: 2.00 (target ≤ 2.00): **met**" in text
+    assert "| staged engine | — | 5.50 | — |" in text
+
+
 # --- make bench's costs --------------------------------------------------------------------
 
 

@@ -92,3 +92,14 @@ async def test_a_failed_round_of_a_dead_learner_does_not_hide_its_successors_rou
     await follow_weights(engine, subscription, poll_s=0.01)
     assert subscription.asked[:2] == [2, 2]  # after the failure: round 3 of store "b" too
     assert engine.rounds == [3, 3] and engine.version == 3
+
+
+async def test_a_failed_round_is_reported_before_the_next_wait():
+    engine, subscription, failures = _Engine(), _Subscription(), []
+
+    async def on_failure(error: WeightUpdateError) -> None:
+        failures.append((str(error), len(subscription.asked)))
+
+    await follow_weights(engine, subscription, poll_s=0.01, on_failure=on_failure)
+    assert failures == [("wait timeout after 20000ms: a peer never formed the group", 1)]
+    assert engine.rounds == [3, 4]

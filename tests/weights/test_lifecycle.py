@@ -104,8 +104,9 @@ def test_snapshot_is_written_shard_by_shard_and_reads_back(tmp_path):
 def test_engine_staging_rules():
     from actors.config import VllmEngineConfig
 
-    assert VllmEngineConfig(model="m").stages_weights  # one GPU: staged
+    assert not VllmEngineConfig(model="m").stages_weights  # streamed, whatever the GPUs
     assert not VllmEngineConfig(model="m", tensor_parallel_size=2).stages_weights
     assert not VllmEngineConfig(model="m", staged_weight_load=False).stages_weights
+    assert VllmEngineConfig(model="m", staged_weight_load=True).stages_weights  # opt-in
     with pytest.raises(ValueError, match="every worker would stage the whole model"):
         VllmEngineConfig(model="m", pipeline_parallel_size=2, staged_weight_load=True)
