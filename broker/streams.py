@@ -3,6 +3,11 @@
 All streams use file storage and refuse new messages when full (DiscardNew): a full stream
 is backpressure on the publisher, never silent eviction of accepted work. Consumers bound
 the number of unacknowledged messages (`max_ack_pending`).
+
+The trajectory stream's `max_bytes` is reserved in the server's file store while the stream
+exists. When the store is fully reserved, the namespaces of runs that are done are deleted
+and the streams created again; if that was not enough, `StoreFull` says who holds the store
+(broker/runs.py).
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from nats.js.api import (
     StreamConfig,
 )
 
+from broker import runs
 from broker.limits import MAX_PAYLOAD_BYTES
 from broker.names import BusNames, WorkQueue
 
@@ -31,7 +37,8 @@ class StreamLimits:
     """Capacity and redelivery settings of the run's streams and consumers."""
 
     max_trajectory_bytes: int = 4 * 1024**3
-    """Disk bound of the trajectory stream; when full, publishers wait (DiscardNew)."""
+    """Disk bound of the trajectory stream; when full, publishers wait (DiscardNew). The
+    server reserves it in its file store while the stream exists (docs/broker.md)."""
     max_prompt_msgs: int = 100_000
     duplicate_window_s: float = 3600.0
     """Window in which a re-published Nats-Msg-Id is recognised and stored once."""
@@ -48,21 +55,46 @@ class StreamLimits:
 async def ensure_streams(
     js: JetStreamContext, names: BusNames, limits: StreamLimits = StreamLimits()
 ) -> None:
-    """Create or update the streams, consumers and buckets. Safe to call from every process."""
-    for queue, bounds in _work_queues(names, limits):
-        await _ensure_work_queue(js, queue, limits, bounds)
-    await js.create_key_value(
-        config=KeyValueConfig(
+    """Create or update the streams, consumers and buckets. Safe to call from every process.
+    On a fully reserved store the namespaces of done runs are deleted and everything tried
+    once more; `StoreFull` if that was not enough."""
+    try:
+        await _ensure_all(js, names, limits)
+        return
+    except nats.js.errors.APIError as e:
+        if not runs.is_store_full(e):
+            raise
+    await runs.reclaim_done(js, keep=names.namespace)
+    try:
+        await _ensure_all(js, names, limits)
+    except nats.js.errors.APIError as e:
+        if not runs.is_store_full(e):
+            raise
+        raise await runs.store_full_error(js, names, limits.max_trajectory_bytes) from e
+
+
+async def _ensure_all(js: JetStreamContext, names: BusNames, limits: StreamLimits) -> None:
+    """The buckets, then the work queues: the trajectory stream, the only one that reserves
+    store, comes last, so a namespace that does not fit is left holding no reservation."""
+    # Buckets that exist are left as they are (created again, on a full store they would
+    # fail like a work queue's stream: see `_add_or_update`).
+    try:
+        await js.key_value(names.policy_bucket)
+    except nats.js.errors.NotFoundError:
+        kv = KeyValueConfig(
             bucket=names.policy_bucket,
             history=1,
             storage=StorageType.FILE,
             replicas=limits.replicas,
         )
-    )
-    await js.create_object_store(
-        bucket=names.spill_bucket,
-        config=ObjectStoreConfig(storage=StorageType.FILE, replicas=limits.replicas),
-    )
+        await js.create_key_value(config=kv)
+    try:
+        await js.object_store(names.spill_bucket)
+    except nats.js.errors.NotFoundError:
+        spill = ObjectStoreConfig(storage=StorageType.FILE, replicas=limits.replicas)
+        await js.create_object_store(bucket=names.spill_bucket, config=spill)
+    for queue, bounds in _work_queues(names, limits):  # prompts, then trajectories
+        await _ensure_work_queue(js, queue, limits, bounds)
 
 
 @dataclass(frozen=True)
@@ -112,11 +144,7 @@ async def _ensure_work_queue(
         **_WORK_QUEUE_POLICY,
         **bounds.stream_bound,
     )
-    try:
-        await js.add_stream(config=stream)
-    except nats.js.errors.BadRequestError:
-        # Exists with another configuration (e.g. new limits): update it in place.
-        await js.update_stream(config=stream)
+    await _add_or_update(js, stream)
     consumer = ConsumerConfig(
         durable_name=queue.consumer,
         ack_policy=AckPolicy.EXPLICIT,
@@ -127,6 +155,22 @@ async def _ensure_work_queue(
     # Creating a durable consumer with its current configuration is a no-op on the server;
     # a changed configuration is applied as an update.
     await js.add_consumer(queue.stream, config=consumer)
+
+
+async def _add_or_update(js: JetStreamContext, stream: StreamConfig) -> None:
+    """Create `stream`, or update it in place when it exists (maybe with other limits). An
+    existing stream is never added again: nats-server checks a create's reservation before
+    it sees that the stream exists, so a re-create on a full store fails (err 10047), while
+    an update reserves only the difference."""
+    try:
+        await js.stream_info(stream.name)
+    except nats.js.errors.NotFoundError:
+        try:
+            await js.add_stream(config=stream)
+            return
+        except nats.js.errors.BadRequestError:
+            pass  # created meanwhile by another process: update it
+    await js.update_stream(config=stream)
 
 
 async def ensure_streams_fresh_consumer(

@@ -1,8 +1,11 @@
 """The dispatcher: decides which prompts exist on the bus, and when (the tether).
 
 Training prompts form an endless, deterministic stream: epoch e visits the dataset in a
-permutation seeded by (seed, e); the i-th prompt released gets task id `<run>-<i>`, so a
-restarted learner re-releases the same ids and JetStream's deduplication stores them once.
+permutation seeded by (seed, e); the i-th prompt released gets task id `<run id>-<i>`. The run
+id is new for every run (`new_run_id`) and kept by the run's write-ahead and checkpoints
+(learner/releases.py), so a resumed learner re-releases the same ids and JetStream's
+deduplication stores them once, while a new run on the same bus never collides with an
+earlier one's ids (which the duplicate window would silently drop).
 
 Admission (the rule itself: `learner/staleness.py`): the prompts meant for step s are
 released only once the policy version v >= s - max_staleness. With P prompts per step that
@@ -15,6 +18,7 @@ to generate it, so max_staleness = 0 is the synchronous baseline.
 from __future__ import annotations
 
 import random
+import secrets
 from dataclasses import dataclass
 
 from broker.wire import PromptTask
@@ -46,6 +50,11 @@ def step_of_release(index: int, *, version: int, prompts_per_step: int, max_stal
     are clamped to the newest admitted step, v + max_staleness.
     """
     return min(index // prompts_per_step, release_horizon(version, max_staleness) - 1)
+
+
+def new_run_id(namespace: str) -> str:
+    """The id of a run that starts anew: its namespace and 32 random bits."""
+    return f"{namespace}-{secrets.token_hex(4)}"
 
 
 def dataset_order(num_rows: int, epoch: int, seed: int) -> list[int]:

@@ -5,7 +5,7 @@ Eval tasks carry `min_version = version`, so they run on weights at least that n
 never trained on. An eval in flight when the learner dies runs again only if the successor
 resumes at that very version (from a checkpoint of it); one older than the checkpoint it
 resumes from is lost, its version's weights with it (its groups, redelivered, are ignored:
-task ids are unique per learner process).
+task ids, `<run id>-<process>-eval<version>-<i>`, are unique per learner process).
 """
 
 from __future__ import annotations
@@ -35,8 +35,9 @@ class Evals:
         results: dict[int, dict],
         record: Callable[[int, list[Group], dict[str, str]], dict],
     ) -> None:
-        """`results` is the ledger's {version: eval record}, filled in place; `record`
-        reports one finished eval (groups, their task keys) and returns its record."""
+        """`run_id`: the run's (learner/releases.py `start_run`). `results` is the ledger's
+        {version: eval record}, filled in place; `record` reports one finished eval (groups,
+        their task keys) and returns its record."""
         self.rows = rows
         self.interval = interval
         self.samples_per_prompt = samples_per_prompt
