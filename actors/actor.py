@@ -92,7 +92,7 @@ class Actor:
                                                      each finished episode ─► publish (Msg-Id)
                                                    ack | term (rejected) | nak(delay)
         """
-        nc = await bus.connect(self.broker.url, name=f"actor {self.actor_id}", tls=self.broker.tls)
+        nc = await bus.connect_to(self.broker, name=f"actor {self.actor_id}")
         try:
             js = nc.jetstream()
             names = self.broker.names

@@ -1,8 +1,10 @@
 """`actor --config C --replicas N [section.key=value ...]`: start N actor replicas.
 
-The config ([actor] and [broker] sections) is validated before torch or vLLM is imported,
-so `--help` and a bad config answer at once. Each replica is a local process with its own
-vLLM engine (actors/replicas.py); this process supervises them and passes SIGTERM on.
+The config ([actor] and [broker] sections), the model directory and the replicas' metrics
+ports are checked before torch or vLLM is imported, so `--help`, a bad config, a wrong path
+and a taken port answer at once (one line, exit code 2; docs/running.md). Each replica is a
+local process with its own vLLM engine (actors/replicas.py); this process supervises them
+and passes SIGTERM on.
 """
 
 from __future__ import annotations
@@ -21,7 +23,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--replicas", type=int, default=1, help="actor replicas to run, each with its own engine"
     )
     parser.add_argument(
-        "overrides", nargs="*", metavar="KEY=VALUE", help="dotted overrides: actor.max_turns=4"
+        "overrides",
+        nargs="*",
+        metavar="KEY=VALUE",
+        help="dotted overrides: actor.rollout.max_turns=4",
     )
     return parser.parse_args(argv)
 
@@ -42,6 +47,10 @@ def main(argv: list[str] | None = None) -> int:
         load_section(StorageConfig, args.config, "storage", args.overrides)
     except ValueError as e:
         print(f"actor: {e}", file=sys.stderr)
+        return 2
+    problem = preflight(config, args.replicas)
+    if problem:
+        print(f"actor: {problem}", file=sys.stderr)
         return 2
 
     import logging
@@ -84,6 +93,25 @@ def main(argv: list[str] | None = None) -> int:
     return supervise(
         LocalProcesses(), specs, should_stop=lambda: bool(stopping), policy=config.restarts
     )
+
+
+def preflight(config, num_replicas: int) -> str | None:
+    """What keeps the replicas from starting, found before any is spawned: a model directory
+    that is not there, a metrics port taken. None when all is well."""
+    from actors.replicas import replica_metrics_port
+    from common.metrics import PortInUse, require_free_port
+    from common.model_paths import model_dir_problem
+
+    problem = model_dir_problem(config.engine.model, key="actor.engine.model")
+    if problem:
+        return problem
+    for i in range(num_replicas):
+        port, setting = replica_metrics_port(config.metrics_port, i)
+        try:
+            require_free_port(port, config.metrics_host, setting=setting)
+        except PortInUse as e:
+            return str(e)
+    return None
 
 
 if __name__ == "__main__":

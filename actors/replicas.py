@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from common.procs import die_with_parent
-from common.restarts import RestartPolicy, RestartTracker
+from common.restarts import FINAL_EXIT_CODES, RestartPolicy, RestartTracker
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +99,13 @@ def replica_gpus(
         PlacementRequest(0, num_replicas, gpus_per_engine, colocate="never"),
     )
     return [engine.cuda_visible_devices for engine in placement.engines]
+
+
+def replica_metrics_port(metrics_port: int, index: int) -> tuple[int, str]:
+    """Replica `index`'s /metrics port (`actor.metrics_port` + index; 0 stays 0: a free one)
+    and the setting that chose it, as messages name it."""
+    setting = "actor.metrics_port" + (f" (+{index} for replica {index})" if index else "")
+    return (metrics_port + index if metrics_port else 0), setting
 
 
 def _process_main(spec: ReplicaSpec) -> None:
@@ -178,7 +185,9 @@ def supervise(
 ) -> int:
     """Run the replicas until `should_stop()`; restart any that exits with an error (after
     the policy's backoff, so a broken config does not spin). Returns 0; 1 if a replica spent
-    its restart budget or had to be killed on the way out."""
+    its restart budget or had to be killed on the way out; a replica's own code when it is
+    final (common/restarts.py FINAL_EXIT_CODES: it cannot start as configured, or gave up
+    waiting for the broker), after stopping the others."""
     policy = policy or RestartPolicy()
     handles = {spec.index: launcher.start(spec) for spec in specs}
     trackers = {spec.index: RestartTracker(policy) for spec in specs}
@@ -195,6 +204,16 @@ def supervise(
                 log.info("replica %d exited cleanly", index)
                 restart_at[index] = float("inf")
                 continue
+            if handle.exitcode in FINAL_EXIT_CODES:  # a restart would fail the same way
+                log.error(
+                    "replica %d exited with %d (%s; its line above says why): not restarting "
+                    "it; stopping the actor",
+                    index,
+                    handle.exitcode,
+                    FINAL_EXIT_CODES[handle.exitcode],
+                )
+                code = handle.exitcode
+                break
             when = trackers[index].on_exit(started_at=started_at[index], exited_at=now)
             if when is None:
                 log.error("replica %d exited with %s; restart budget spent", index, handle.exitcode)

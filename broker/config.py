@@ -64,10 +64,25 @@ class BrokerConfig(StrictModel):
     trajectory_ack_wait_s: float = 600.0
     """A trajectory the learner has not acknowledged for this long is redelivered."""
     max_trajectory_bytes: int = 4 * 1024**3
-    """Disk bound of the trajectory stream; publishers wait when it is full."""
+    """Disk bound of the trajectory stream; publishers wait when it is full. It must hold what
+    the learner keeps unacked until its next checkpoint, about (checkpoint.interval +
+    max_staleness + 1) x prompts_per_step x group_size trajectories of 13 bytes a token: 4 GiB
+    is 50 steps of 512 trajectories of 12K tokens. nats-server reserves it in its file store
+    while the namespace exists, so a store of S holds S / max_trajectory_bytes live
+    namespaces; those of done runs are reclaimed when room is needed (docs/broker.md)."""
     stream_replicas: int = pydantic.Field(1, ge=1, le=5)
     """Copies of every stream and bucket kept by a clustered nats-server (JetStream RAFT):
     3 survives the loss of one server. Must not exceed the cluster's size."""
+
+    connect_timeout_s: float = pydantic.Field(300.0, gt=0)
+    """How long a process waits for the broker at start-up before it exits non-zero (it says
+    "waiting for NATS at URL" at once, then every 30 s, retrying with backoff up to 5 s).
+    Five minutes: long enough for every start order a launcher or a cluster produces (pods
+    start in any order; a nats-server restoring a large JetStream store, or being
+    rescheduled, takes tens of seconds to a few minutes) and for a person to start
+    `python -m broker serve` after reading the line; short enough that a wrong URL ends the
+    process, whose own supervisor (Kubernetes, `make run`, Ray) then reports or restarts it.
+    Once connected, a process reconnects for ever: this bounds only the first connection."""
 
     tls: BrokerTlsConfig = BrokerTlsConfig()
     """TLS to nats-server (off by default)."""

@@ -123,10 +123,10 @@ def read_sections(path: str | Path | None, overrides: list[str] = ()) -> dict[st
     return data
 
 
-def error_lines(error: pydantic.ValidationError, *, prefix: str = "") -> str:
-    """One `  dotted.key: message` line per problem."""
+def error_lines(error: pydantic.ValidationError | list[dict], *, prefix: str = "") -> str:
+    """One `  dotted.key: message` line per problem (of an error, or a list of its errors)."""
     lines = []
-    for err in error.errors():
+    for err in error.errors() if isinstance(error, pydantic.ValidationError) else error:
         key = ".".join(str(p) for p in err["loc"])
         where = f"{prefix}.{key}" if prefix and key else prefix or key
         lines.append(f"  {where}: {err['msg']}" if where else f"  {err['msg']}")

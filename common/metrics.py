@@ -13,6 +13,7 @@ Without one, the process is ready as soon as it serves.
 
 from __future__ import annotations
 
+import errno
 import socket
 import socketserver
 import threading
@@ -63,24 +64,62 @@ def _text(start_response: Callable, status: str, body: str) -> list[bytes]:
     return [data]
 
 
+class PortInUse(ValueError):
+    """The configured port is taken on this machine (a config problem: another port, or 0
+    for a free one, fixes it; retrying does not)."""
+
+
 def serve_metrics(
     port: int,
     host: str = "127.0.0.1",
     *,
     ready: Callable[[], bool] | None = None,
     registry: CollectorRegistry = prometheus_client.REGISTRY,
+    setting: str = "metrics_port",
 ) -> int:
     """Start /metrics, /healthz and /readyz in a daemon thread; port 0 picks a free one.
     `host` "0.0.0.0" listens on every interface (a cluster's scrapers and probes come from
-    outside the pod). Returns the port actually bound."""
+    outside the pod). Returns the port actually bound. PortInUse names the port and
+    `setting`, the config key that chose it, when the port is taken."""
     app = health_app(prometheus_client.make_wsgi_app(registry), ready)
     server_class = _ThreadingServer6 if ":" in host else _ThreadingServer
-    server = make_server(host, port, app, server_class, handler_class=_QuietHandler)
+    try:
+        server = make_server(host, port, app, server_class, handler_class=_QuietHandler)
+    except OSError as e:
+        if e.errno not in _TAKEN:
+            raise
+        raise _in_use(port, host, setting, e) from None
     threading.Thread(target=server.serve_forever, name="metrics-http", daemon=True).start()
     return server.server_port
 
 
-def serve_health(port: int, host: str = "127.0.0.1") -> int:
+def require_free_port(port: int, host: str = "127.0.0.1", *, setting: str) -> None:
+    """PortInUse (naming `setting`) unless `port` can be bound on `host` now: a check before
+    anything heavy starts, for a server that binds the port later (0 always passes)."""
+    if port == 0:
+        return
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the servers bind
+        try:
+            probe.bind((host, port))
+        except OSError as e:
+            if e.errno in _TAKEN:
+                raise _in_use(port, host, setting, e) from None
+            # Anything else (an address not on this machine) is the server's to report.
+
+
+_TAKEN = (errno.EADDRINUSE, errno.EACCES)
+
+
+def _in_use(port: int, host: str, setting: str, error: OSError) -> PortInUse:
+    return PortInUse(
+        f"port {port} on {host} is not free ({error.strerror}): set {setting} to a free "
+        "port (0 picks one)"
+    )
+
+
+def serve_health(port: int, host: str = "127.0.0.1", *, setting: str = "metrics_port") -> int:
     """Only the probes (and an empty /metrics): for a process whose metrics another one
     reports, such as a learner rank other than 0 that runs alone in its pod."""
-    return serve_metrics(port, host, registry=CollectorRegistry(auto_describe=True))
+    registry = CollectorRegistry(auto_describe=True)
+    return serve_metrics(port, host, registry=registry, setting=setting)

@@ -7,6 +7,10 @@ Kubernetes (CrashLoopBackOff) and Ray (`max_restarts`) decide it.
 
 Pure: no clock, no processes. The supervisors feed it times (deploy/supervisor.py for the
 launcher's roles, actors/replicas.py for actor replicas) and act on the answer.
+
+An exit code in FINAL_EXIT_CODES is not a crash to retry: the process said it cannot start
+as configured, or it already spent its bounded wait for a peer. A supervisor stops there
+and passes the code on (actors/replicas.py does).
 """
 
 from __future__ import annotations
@@ -16,6 +20,18 @@ from dataclasses import dataclass, field
 import pydantic
 
 from common.config import StrictModel
+
+EXIT_CONFIG = 2
+"""Exit code of a process that cannot start as configured: a bad config, model path or
+dataset, a port already taken, credentials the broker refuses. Every CLI's usage errors
+too. Restarting it would fail the same way."""
+EXIT_UNREACHABLE = 69  # sysexits.h EX_UNAVAILABLE
+"""Exit code of a process that waited its bounded time for a peer (the broker,
+`broker.connect_timeout_s`) and gave up: the wait with backoff already happened inside it."""
+FINAL_EXIT_CODES = {
+    EXIT_CONFIG: "cannot start as configured",
+    EXIT_UNREACHABLE: "gave up waiting for a peer",
+}
 
 
 class RestartPolicy(StrictModel):

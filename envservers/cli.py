@@ -53,6 +53,10 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"envserver: {e}", file=sys.stderr)
         return 2
+    problem = preflight(config)
+    if problem:
+        print(f"envserver: {problem}", file=sys.stderr)
+        return 2
 
     import asyncio
     import logging
@@ -68,6 +72,22 @@ def main(argv: list[str] | None = None) -> int:
         print(f"envserver: {e}", file=sys.stderr)
         return 2
     return 0
+
+
+def preflight(config) -> str | None:
+    """A port of this server already taken, found before any environment starts (gRPC would
+    even share a port with another gRPC server: it binds with SO_REUSEPORT). None if free."""
+    from common.metrics import PortInUse, require_free_port
+
+    ports = [("envserver.port", config.port)]
+    if config.metrics_port is not None:
+        ports.append(("envserver.metrics_port", config.metrics_port))
+    for setting, port in ports:
+        try:
+            require_free_port(port, config.host, setting=setting)
+        except PortInUse as e:
+            return str(e)
+    return None
 
 
 if __name__ == "__main__":

@@ -76,7 +76,9 @@ class EnvServer:
         else:
             self.port = server.add_insecure_port(address)
         if self.port == 0:
-            raise ValueError(f"cannot bind {self.config.host}:{self.config.port}")
+            raise ValueError(
+                f"cannot bind {address}: set envserver.port to a free port (0 picks one)"
+            )
         await server.start()
         self.server = server
         serving = health_pb2.HealthCheckResponse.SERVING
@@ -86,7 +88,9 @@ class EnvServer:
         if self.config.metrics_port is not None:
             from common.metrics import serve_metrics
 
-            self.metrics_port = serve_metrics(self.config.metrics_port, self.config.host)
+            self.metrics_port = serve_metrics(
+                self.config.metrics_port, self.config.host, setting="envserver.metrics_port"
+            )
         log.info("env server on %s hosting %s", self.address, sorted(self.providers))
 
     async def stop(self, drain_s: float | None = None, grace_s: float | None = None) -> None:

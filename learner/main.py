@@ -77,6 +77,19 @@ def _open_artifacts(storage: StorageConfig, config: LearnerConfig, *, run_name: 
     )
 
 
+def _resume_point(config: LearnerConfig, *, namespace: str) -> tuple[Path | None, dict | None]:
+    """The checkpoint to resume (None: none, or resume off) and its dataset cursor. Said in
+    one loud line: a learner started again in the same directory continues the old run."""
+    resume_from = latest_checkpoint(config.checkpoint.dir) if config.checkpoint.resume else None
+    if resume_from is None:
+        return None, None
+    state = read_training_state(resume_from)
+    run_id = state.dataset_cursor.get("run_id", namespace)  # none before run ids
+    log.warning("resuming run %s from checkpoint %s at version %d (`learner --fresh` starts "
+                "anew)", run_id, resume_from, state.version)  # fmt: skip
+    return resume_from, state.dataset_cursor
+
+
 def run(config_path: str, overrides: list[str]) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     config = load_section(LearnerConfig, config_path, "learner", overrides)
@@ -97,7 +110,7 @@ def run(config_path: str, overrides: list[str]) -> int:
         if int(os.environ.get("LOCAL_RANK", "0")) == 0:
             # This node's probes (rank 0 reports the metrics): alive, and ready now that
             # its trainer is built.
-            serve_health(config.metrics_port, config.metrics_host)
+            serve_health(config.metrics_port, config.metrics_host, setting="learner.metrics_port")
         follow(trainer, checkpoint_dir=config.checkpoint.dir, group=commands_group)
         dist.destroy_process_group()
         return 0
@@ -107,9 +120,8 @@ def run(config_path: str, overrides: list[str]) -> int:
     run_dir = Path(config.run_dir)
     # Before looking for a checkpoint: a newer one may be in the bucket.
     artifacts = _open_artifacts(storage, config, run_name=broker.namespace)
-    resume_from = latest_checkpoint(config.checkpoint.dir) if config.checkpoint.resume else None
     # The history files are cut back to what the checkpoint covers before anything is written.
-    position = read_training_state(resume_from).dataset_cursor if resume_from else None
+    resume_from, position = _resume_point(config, namespace=broker.namespace)
     reporter = Reporter(
         config,
         run_dir,
@@ -123,7 +135,9 @@ def run(config_path: str, overrides: list[str]) -> int:
         nc = getattr(learner, "nc", None)  # set once Learner.run has connected
         return nc is not None and nc.is_connected
 
-    port = serve_metrics(config.metrics_port, config.metrics_host, ready=ready)
+    port = serve_metrics(
+        config.metrics_port, config.metrics_host, ready=ready, setting="learner.metrics_port"
+    )
     log.info("metrics, /healthz, /readyz on http://%s:%d", config.metrics_host, port)
     sender = None
     if config.broadcast_weights:  # with LoRA, rounds carry the adapter (weights/lora.py)

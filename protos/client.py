@@ -29,6 +29,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from protos import env_pb2, env_pb2_grpc
 from protos.channel import DEFAULT_MAX_MESSAGE_BYTES, channel_options
@@ -171,6 +172,20 @@ class EnvClient:
             lambda _attempt: stub.ListEnvs(env_pb2.ListEnvsRequest(), timeout=self.timeout_s)
         )
         return {e.name: e.description for e in response.envs}
+
+    async def health(self, address: str, *, timeout_s: float = 2.0) -> str | None:
+        """None when the server at `address` says SERVING (gRPC health checking), else why
+        not: `UNAVAILABLE: <details>` for one that does not answer, `NOT_SERVING` draining."""
+        self._stub(address)  # opens the channel
+        stub = health_pb2_grpc.HealthStub(self._channels[address])
+        try:
+            reply = await stub.Check(health_pb2.HealthCheckRequest(), timeout=timeout_s)
+        # Network boundary: the failure is the answer (the caller decides to ask again).
+        except grpc.aio.AioRpcError as e:
+            return f"{e.code().name}: {e.details()}"
+        if reply.status == health_pb2.HealthCheckResponse.SERVING:
+            return None
+        return health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
 
     async def close(self) -> None:
         for channel in self._channels.values():

@@ -16,6 +16,7 @@ from broker import client as bus
 from broker.wire import PromptTask
 from common.restarts import RestartPolicy
 from demo.data import SYSTEM_PROMPT
+from tests.fakes import FakeReplicaHandle
 
 FAKE_TARGET = "tests.fakes:fake_replica_main"
 TOOL_CALL = '<tool_call>\n{"name": "add", "arguments": {"a": 17, "b": 25}}\n</tool_call>'
@@ -140,31 +141,6 @@ async def _count(js, stream: str) -> int:
     return (await js.stream_info(stream)).state.messages
 
 
-class _FakeHandle:
-    def __init__(self, spec, exitcode):
-        self.spec, self._exitcode, self.terminated = spec, exitcode, False
-
-    @property
-    def alive(self):
-        return self._exitcode is None and not self.terminated
-
-    @property
-    def exitcode(self):
-        return self._exitcode
-
-    def terminate(self):
-        self.terminated = True
-
-    def kill(self):
-        self.terminated = True
-
-    def join(self, timeout_s=None):
-        pass
-
-    def clear_leftovers(self):
-        return 0
-
-
 class _ScriptedLauncher:
     """Replica 0 crashes on its first start; replica 1 runs until stopped."""
 
@@ -174,7 +150,7 @@ class _ScriptedLauncher:
     def start(self, spec):
         self.starts.append(spec.index)
         crashed = spec.index == 0 and self.starts.count(0) == 1
-        return _FakeHandle(spec, 1 if crashed else None)
+        return FakeReplicaHandle(spec, 1 if crashed else None)
 
 
 def test_supervisor_restarts_a_crashed_replica_and_stops_the_rest():

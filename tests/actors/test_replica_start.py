@@ -1,0 +1,69 @@
+"""A replica's start (actors/replica.py, actors/replicas.py, actors/env_health.py): a
+replica that cannot start as configured is not restarted, and env servers are asked at
+once, named when silent, and asked again until they answer."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from actors.env_health import check_then_watch, silent_servers
+from actors.replicas import ReplicaSpec, supervise
+from common.procs import free_port
+from common.restarts import EXIT_CONFIG, EXIT_UNREACHABLE, RestartPolicy
+from envservers.config import EnvServerConfig
+from envservers.server import EnvServer
+from protos.client import EnvClient
+from tests.fakes import FakeReplicaHandle
+
+
+class _Launcher:
+    def __init__(self, exitcode_of_replica_0):
+        self.exitcode, self.handles = exitcode_of_replica_0, []
+
+    def start(self, spec):
+        self.handles.append(FakeReplicaHandle(spec, self.exitcode if spec.index == 0 else None))
+        return self.handles[-1]
+
+
+def test_a_final_exit_code_is_not_restarted_and_stops_the_actor_with_it():
+    for code in (EXIT_CONFIG, EXIT_UNREACHABLE):
+        launcher = _Launcher(code)
+        specs = [ReplicaSpec(index=i, config_path=None) for i in range(2)]
+        result = supervise(
+            launcher,
+            specs,
+            should_stop=lambda: False,
+            policy=RestartPolicy(initial_backoff_s=0.0),
+            poll_s=0,
+        )
+        assert result == code
+        assert [h.spec.index for h in launcher.handles] == [0, 1]  # replica 0 never again
+        assert launcher.handles[1].terminated  # the other one is stopped
+
+
+def test_a_crash_is_still_restarted():
+    launcher = _Launcher(1)
+    polls = []
+    supervise(
+        launcher,
+        [ReplicaSpec(index=0, config_path=None)],
+        should_stop=lambda: polls.append(1) or len(polls) > 3,
+        policy=RestartPolicy(initial_backoff_s=0.0),
+        poll_s=0,
+    )
+    assert len(launcher.handles) > 1
+
+
+async def test_a_silent_env_server_is_named_then_asked_until_it_answers(caplog):
+    caplog.set_level(logging.INFO, logger="actors.env_health")
+    address = f"127.0.0.1:{free_port()}"
+    client = EnvClient([address], max_retries=0)
+    watching = await check_then_watch(client)
+    assert f"env server not answering at {address} (UNAVAILABLE" in caplog.text
+    config = EnvServerConfig(port=int(address.split(":")[1]), metrics_port=None, drain_s=0)
+    async with EnvServer(config):
+        await asyncio.wait_for(watching, 15)  # asked again 1 s, 2 s, 4 s... after the first
+        assert "env servers answer now" in caplog.text
+        async with EnvClient([address]) as again:
+            assert await silent_servers(again) == {}
