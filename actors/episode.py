@@ -38,6 +38,7 @@ import asyncio
 import logging
 import math
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -110,8 +111,7 @@ async def run_episode(
     except EnvFailed as e:
         result.stop_reason, result.error = e.stop_reason, str(e)
         result.reward = 0.0
-        result.zero_loss_mask()
-        log.warning("episode of task %s ended with %s: %s", task.task_id, e.stop_reason, e)
+        result.zero_loss_mask()  # said once for the whole group (run_group)
     finally:
         for opened_session in episode.opened:
             await close_session(opened_session)
@@ -261,4 +261,23 @@ async def run_group(
     except ExceptionGroup as failures:
         # All samples share one prompt: the first cause speaks for the group.
         raise failures.exceptions[0] from None
-    return [e.result() for e in episodes]
+    results = [e.result() for e in episodes]
+    failed = failed_samples_line(task.task_id, results)
+    if failed is not None:
+        log.warning(failed)
+    return results
+
+
+def failed_samples_line(task_id: str, results: list[EpisodeResult]) -> str | None:
+    """One line for the samples of a group that an env failure ended (`error:*`): how many,
+    under which stop reasons, and the error of the first of them; None when none did."""
+    failed = [(i, r) for i, r in enumerate(results) if r.stop_reason.startswith("error:")]
+    if not failed:
+        return None
+    reasons = Counter(r.stop_reason for _, r in failed)
+    by_reason = ", ".join(f"{reason} x{n}" for reason, n in sorted(reasons.items()))
+    first_index, first = failed[0]
+    return (
+        f"task {task_id}: {len(failed)} of {len(results)} samples ended with an env error "
+        f"({by_reason}); sample {first_index}: {first.error}"
+    )

@@ -29,6 +29,7 @@ from broker.server import NatsServer
 from common.config import load_section
 from common.placement import visible_gpus
 from common.procs import free_port, stop_on_signals
+from common.progress import ProgressView
 from deploy import progress
 from deploy.config import LocalRunConfig, load_run_config
 from deploy.gpus import gpu_wiring
@@ -226,28 +227,17 @@ def _wait_for(ready, timeout_s: float, what: str) -> None:
 def _follow(supervisor, metrics_path, records, total_steps, timeout_s, stopping) -> int:
     """Print progress and keep the processes running until the learner reports that it is
     done; 0 on success, non-zero otherwise."""
-    tail, shown = progress.RecordTail(metrics_path), set()
-    last_eval, first_train = None, None
+    tail, view = progress.RecordTail(metrics_path), ProgressView(total_steps)
     deadline = time.monotonic() + timeout_s
     while True:
         supervisor.poll()
         new, cut_back = tail.poll()
         if cut_back:  # a resumed learner rewrote its history from the checkpoint
             records.clear()
+            view.learner_restarted()
         records.extend(new)
         for record in new:
-            key = (record["kind"], record.get("version"))
-            if key in shown:
-                continue  # redone after a restart: printed already
-            shown.add(key)
-            if record["kind"] == "eval":
-                last_eval = record
-                print(progress.eval_line(record), flush=True)
-            elif record["kind"] == "train":
-                first_train = first_train or record
-                line = progress.progress_line(
-                    record, total_steps=total_steps, last_eval=last_eval, first=first_train
-                )
+            for line in view.lines(record):  # none for a record redone after a restart
                 print(line, flush=True)
         # The done record is the end of the run's work; the process may take a while to
         # exit (and stops answering its probe meanwhile): it is not waited for.

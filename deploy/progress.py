@@ -1,6 +1,8 @@
-"""What a user sees of a run: one progress line per learner record, and at the end a summary
-table, `summary.json` and `progress.png`. Pure functions over the learner's `metrics.jsonl`
-records (see docs/running.md and docs/learner.md for their fields), plus the plot.
+"""What a user sees of a run: the learner's records followed as it writes them, and at the
+end a summary table, `summary.json` and `progress.png`. Pure functions over the learner's
+`metrics.jsonl` records (see docs/running.md and docs/learner.md for their fields), plus the
+plot. The progress line itself lives in common/progress.py: the learner prints the same
+line when started by hand.
 """
 
 from __future__ import annotations
@@ -8,6 +10,8 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+
+from common.progress import fmt_duration
 
 
 def read_records(path: Path, offset: int = 0) -> tuple[list[dict], int]:
@@ -53,50 +57,6 @@ class RecordTail:
         return records, cut_back
 
 
-def _fmt_duration(seconds: float) -> str:
-    seconds = max(0, int(seconds))
-    return f"{seconds // 60:02d}:{seconds % 60:02d}"
-
-
-def progress_line(
-    record: dict, *, total_steps: int, last_eval: dict | None, first: dict | None = None
-) -> str:
-    """One line per training step: step, version, reward, eval, staleness, speed, time left.
-    Time left extrapolates the pace since the `first` training record (start-up and the
-    first eval are not part of it); it shows "--" until there is a pace to go by."""
-    step, wall = record["version"], record["wall_s"]  # steps taken = the policy version
-    if first is not None and step > first["version"]:
-        pace = (wall - first["wall_s"]) / (step - first["version"])
-        left = _fmt_duration(pace * (total_steps - step))
-    else:
-        left = "--:--"
-    eval_text = (
-        f"eval pass@1 {last_eval['pass_at_1']:.2f} (v{last_eval['version']})"
-        if last_eval
-        else "eval pass@1 --"
-    )
-    return (
-        f"step {step:>3}/{total_steps} | v {record['version']:>3} | "
-        f"reward {record['reward_mean']:.2f} | {eval_text} | "
-        f"staleness max {record['max_staleness_seen']} | "
-        f"{record['tokens_per_s']:,.0f} tok/s{_sharing(record)} | "
-        f"{_fmt_duration(wall)} elapsed, ~{left} left"
-    )
-
-
-def _sharing(record: dict) -> str:
-    """How much shared-prefix training saved in this step (nothing when it shared nothing)."""
-    ratio = record.get("train/prefix_sharing_ratio", 1.0)
-    return f" (shared prefixes x{ratio:.1f})" if ratio > 1.005 else ""
-
-
-def eval_line(record: dict) -> str:
-    return (
-        f"  eval at v{record['version']}: pass@1 {record['pass_at_1']:.3f} over "
-        f"{record['num_prompts']} prompts x {record['samples_per_prompt']} samples"
-    )
-
-
 def summarize(records: list[dict]) -> dict:
     """The run's summary: eval pass@1 at start and end, counts, staleness, wall time."""
     train = [r for r in records if r["kind"] == "train"]
@@ -130,7 +90,7 @@ def summary_table(summary: dict) -> str:
         ("eval pass@1 at start", f"{summary['eval_pass1_start']:.3f}"),
         ("eval pass@1 at end", f"{summary['eval_pass1_end']:.3f}"),
         ("steps (policy versions)", f"{summary['steps']}"),
-        ("wall time", _fmt_duration(summary["wall_s"])),
+        ("wall time", fmt_duration(summary["wall_s"])),
         ("trajectories published", f"{summary['published']}"),
         ("  trained on", f"{summary['trained']}"),
         ("  dropped", f"{summary['dropped']} {summary['dropped_by_reason'] or ''}".strip()),

@@ -1,5 +1,5 @@
 """What `make cluster-up TARGET=ray` shows while a run goes on: one progress line per training
-step from the learner's metrics.jsonl (deploy/progress.py, as `make run` shows them), the
+step from the learner's metrics.jsonl (common/progress.py, as `make run` shows them), the
 restarts from the run's events.jsonl as they happen, and at the end the summary table,
 `summary.json` and `progress.png`. It reads files in the run directory (a shared filesystem)
 and asks the run's supervisor for its state; Ctrl-C stops following, not the run.
@@ -14,6 +14,7 @@ from pathlib import Path
 
 from ray.exceptions import RayError
 
+from common.progress import ProgressView
 from deploy import progress
 from deploy.ray_records import EVENTS_FILE
 
@@ -46,35 +47,23 @@ def follow(ray, supervisor, run_dir: Path, total_steps: int) -> int:
     events_path = run_dir / EVENTS_FILE
     offset, events_offset = 0, 0
     records: list[dict] = []
-    last_eval, first_train = None, None
+    view = ProgressView(total_steps)
     status = {"state": "running"}
     next_status = 0.0
-    printed: set[tuple] = set()
     metrics_file = None
     while True:
         # A restarted learner cuts metrics.jsonl back to its checkpoint (a new file, put in
         # place atomically) and writes the steps since again: read it again from the top.
         now_file = _file_identity(metrics_path)
         if now_file[0] != (metrics_file or now_file)[0] or now_file[1] < offset:
-            offset, records, first_train = 0, [], None  # its clock (wall_s) starts again
+            offset, records = 0, []
+            view.learner_restarted()
         metrics_file = now_file
         new, offset = progress.read_records(metrics_path, offset)
         for record in new:
             records.append(record)
-            key = (record["kind"], record.get("version"))
-            if key in printed:
-                continue
-            printed.add(key)
-            if record["kind"] == "eval":
-                last_eval = record
-                _say(progress.eval_line(record))
-            elif record["kind"] == "train":
-                first_train = first_train or record
-                _say(
-                    progress.progress_line(
-                        record, total_steps=total_steps, last_eval=last_eval, first=first_train
-                    )
-                )
+            for line in view.lines(record):
+                _say(line)
         events, events_offset = progress.read_records(events_path, events_offset)
         for event in events:
             line = _event_line(event)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import pydantic
 
 from common.config import StrictModel
+from common.progress import ProgressSetting
 from learner.trainer.config import TrainerConfig
 from weights.config import WeightSyncConfig
 
@@ -70,6 +71,10 @@ class LearnerConfig(TrainerConfig):
     """Run eval every this many steps; None never."""
     run_dir: str = "runs/learner"
     """Where the learner writes metrics.jsonl, eval dumps and weight snapshots."""
+    progress: ProgressSetting = "auto"
+    """The progress line on stdout, one per step and per eval, as `make run` shows it
+    (common/progress.py): "auto" when stdout is a terminal (a learner started by hand),
+    "always", or "never"."""
     metrics_port: int = pydantic.Field(default=9300, ge=0)
     """Port of the Prometheus /metrics endpoint (0: a free one)."""
     metrics_host: str = "127.0.0.1"

@@ -9,6 +9,8 @@
   group): `{"version", "group_id", "reason", "trajectory_ids"}`, `version` being the
   learner's version when it decided.
 - `evals/global_step_<v>/`: the eval trajectories and their aggregate (`learner/eval_dump.py`).
+- stdout, when `learner.progress` says so (by default on a terminal): the progress line of
+  each step and eval record, the one `make run` shows (common/progress.py).
 
 Together, trained.jsonl and dropped.jsonl are the run's exact history: every training
 trajectory the learner consumed appears in one of them, once. The line counts of the three
@@ -20,9 +22,11 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from common.progress import ProgressView, shows_progress
 from learner.batching import Group
 from learner.config import LearnerConfig
 from learner.env_metrics import rollout_metrics
@@ -157,6 +161,8 @@ class Reporter:
         self.dropped = _JsonLines(run_dir / DROPPED_FILE, position.get("dropped_lines", 0))
         self._tokenizer = None
         self._model_path = config.model_path
+        shown = shows_progress(config.progress, sys.stdout)
+        self.progress = ProgressView(config.total_steps) if shown else None
 
     def position(self) -> dict[str, int]:
         return {
@@ -168,6 +174,9 @@ class Reporter:
     def _log(self, record: dict) -> None:
         self.sink.log(record)
         self.num_metrics_lines += 1
+        if self.progress is not None:
+            for line in self.progress.lines(record):
+                print(line, flush=True)
 
     def record_train(self, record: dict, *, step: int, groups: list[Group]) -> None:
         record.update(rollout_metrics(groups, prefix="rollout/"))

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+from common.repeats import Repeats
 from weights.dtypes import dtype_mismatch
 from weights.lora import adapter_mismatch
 from weights.rendezvous import (
@@ -98,6 +99,7 @@ class WeightSubscription:
         # this member is marked left and asks for no seat again.
         self._lock = threading.Lock()
         self._left = False
+        self._unreachable = Repeats()  # a line at once, then one per 30 s while it repeats
         self._register(connect_timeout_s)
 
     def _register(self, connect_timeout_s: float) -> None:
@@ -159,7 +161,15 @@ class WeightSubscription:
             except dist.DistError as e:
                 # The learner's store is gone (restart, crash): reconnect until the deadline
                 # (this wait's and the next ones': the dead connection is not asked again).
-                log.warning("weight store unreachable (%s); reconnecting", e)
+                # No traceback: where and why is the whole story.
+                self._unreachable.warning(
+                    log,
+                    "weight store at %s:%d unreachable (%s): the learner stopped or "
+                    "restarted; reconnecting when something listens there again",
+                    self.store_host,
+                    self.store_port,
+                    e,
+                )
                 self._lost = True
                 continue
             if ticket is not None:
@@ -181,6 +191,13 @@ class WeightSubscription:
                 continue
             try:
                 self._register(min(RECONNECT_S, max(0.5, deadline - time.monotonic())))
+                log.info(
+                    "weight store at %s:%d is back (store %s): registered as member %d",
+                    self.store_host,
+                    self.store_port,
+                    self.store_id,
+                    self.member_id,
+                )
                 return
             except dist.DistError:
                 pass  # not up after all: try again while time remains
@@ -224,7 +241,10 @@ class WeightSubscription:
 
     def leave(self) -> None:
         """Tell the sender not to wait for us any more (our seat goes at its next group).
-        Thread-safe: a `wait_round` running in another thread returns None."""
+        Thread-safe: a `wait_round` running in another thread returns None. A store found
+        gone is not asked: its sender is gone too, and torch would print a C++ backtrace for
+        the request on the dead connection."""
         with self._lock:
             self._left = True
-            self._store.set(key(f"members/{self.member_id}"), "left")
+            if not self._lost:
+                self._store.set(key(f"members/{self.member_id}"), "left")

@@ -3,6 +3,7 @@ loss masks, versions, limits, stop reasons, env outages, groups, and the wire fo
 
 from __future__ import annotations
 
+import logging
 import math
 
 import msgspec
@@ -11,8 +12,9 @@ import pytest
 
 from actors.chat import ChatTemplate
 from actors.config import EnvConfig, RolloutConfig, SamplingConfig
-from actors.episode import Rollout, run_episode, run_group, validate_task
+from actors.episode import Rollout, failed_samples_line, run_episode, run_group, validate_task
 from actors.trajectory import to_trajectory
+from actors.types import EpisodeResult
 from broker.codec import decode, encode, token_arrays
 from broker.wire import PromptTask, Trajectory
 from demo.chat_template import observation_delta, render_chat
@@ -358,6 +360,40 @@ async def test_group_runs_its_samples_concurrently_with_distinct_seeds(tokenizer
     assert engine.max_in_flight == 4
     assert sorted({call.turn.seed for call in engine.calls}) == [100, 101, 102, 103]
     assert len(env.sessions) == 4 and env.num_closed == 4
+
+
+async def test_a_group_the_env_servers_failed_is_one_warning_line(tokenizer, chat, caplog):
+    env = InProcessEnv(("env-a", "env-b"))
+    env.down.update({"env-a", "env-b"})
+    rollout = Rollout(
+        engine=ScriptedEngine(tokenizer, by_turn(ANSWER)),
+        env=env,
+        chat=chat,
+        limits=LIMITS,
+        sampling=SamplingConfig(),
+        env_config=NO_RETRY_DELAY,
+    )
+    with caplog.at_level(logging.WARNING, logger="actors"):
+        results = await run_group(rollout, _task(task_id="t9", group_size=4))
+    assert [r.stop_reason for r in results] == ["error:env_open"] * 4
+    assert [r.getMessage() for r in caplog.records] == [
+        f"task t9: 4 of 4 samples ended with an env error (error:env_open x4); "
+        f"sample 0: {results[0].error}"
+    ]
+
+
+def test_the_failed_group_line_counts_each_stop_reason():
+    results = [
+        EpisodeResult(stop_reason="stop", reward=1.0),
+        EpisodeResult(stop_reason="error:env_step", error="env-b: connection reset"),
+        EpisodeResult(stop_reason="error:env_reward", error="the env returned reward nan"),
+        EpisodeResult(stop_reason="error:env_step", error="env-a: connection reset"),
+    ]
+    assert failed_samples_line("t2", results) == (
+        "task t2: 3 of 4 samples ended with an env error (error:env_reward x1, "
+        "error:env_step x2); sample 1: env-b: connection reset"
+    )
+    assert failed_samples_line("t2", results[:1]) is None
 
 
 async def test_group_with_too_long_prompt_is_rejected_and_cleaned_up(tokenizer, chat):

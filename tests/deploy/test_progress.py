@@ -1,9 +1,12 @@
-"""What a user sees of a run (deploy/progress.py): pure functions over metrics.jsonl records."""
+"""What a user sees of a run: pure functions over metrics.jsonl records, the progress line
+(common/progress.py: `make run`, the Ray driver and a learner started by hand show it) and
+the end of a run (deploy/progress.py)."""
 
 import json
 
 import pytest
 
+from common.progress import ProgressView, progress_line
 from deploy import progress
 
 
@@ -44,10 +47,10 @@ def test_read_records_leaves_a_half_written_line_for_later(tmp_path):
 
 def test_time_left_follows_the_pace_since_the_first_step():
     first = _train(1, wall_s=80.0)
-    line = progress.progress_line(first, total_steps=30, last_eval=None, first=first)
+    line = progress_line(first, total_steps=30, last_eval=None, first=first)
     assert "01:20 elapsed, ~--:-- left" in line and "eval pass@1 --" in line
     # 10 s per step after the first, 20 steps to go: 200 s (start-up is not extrapolated).
-    line = progress.progress_line(
+    line = progress_line(
         _train(10, wall_s=170.0), total_steps=30, last_eval=_eval(5, 120.0, 0.79), first=first
     )
     assert line.startswith("step  10/30 | v  10 | reward 0.50 | eval pass@1 0.79 (v5)")
@@ -91,11 +94,11 @@ def test_plot_is_written(tmp_path):
 
 def test_progress_line_says_what_prefix_sharing_saved():
     shared = {**_train(3, 30.0), "train/prefix_sharing_ratio": 2.08}
-    assert "2,000 tok/s (shared prefixes x2.1) |" in progress.progress_line(
+    assert "2,000 tok/s (shared prefixes x2.1) |" in progress_line(
         shared, total_steps=30, last_eval=None
     )
     nothing_shared = {**_train(3, 30.0), "train/prefix_sharing_ratio": 1.0}
-    assert "2,000 tok/s |" in progress.progress_line(nothing_shared, total_steps=30, last_eval=None)
+    assert "2,000 tok/s |" in progress_line(nothing_shared, total_steps=30, last_eval=None)
 
 
 def test_record_tail_starts_over_when_a_resumed_learner_cuts_the_file_back(tmp_path):
@@ -112,3 +115,21 @@ def test_record_tail_starts_over_when_a_resumed_learner_cuts_the_file_back(tmp_p
         f.write('{"v": 3, "again": true}\n')
     assert tail.poll() == ([{"v": 1}, {"v": 2}, {"v": 3, "again": True}], True)
     assert tail.poll() == ([], False)
+
+
+def test_the_view_shows_each_record_once_and_paces_a_restarted_learner_anew():
+    view = ProgressView(total_steps=30)
+    assert view.lines(_eval(0, 60.0, 0.41)) == [
+        "  eval at v0: pass@1 0.410 over 100 prompts x 2 samples"
+    ]
+    first = view.lines(_train(1, 80.0))[0]
+    assert first.startswith("step   1/30 | v   1 | reward 0.50 | eval pass@1 0.41 (v0)")
+    assert "~--:-- left" in first
+    assert "~04:40 left" in view.lines(_train(2, 90.0))[0]  # 10 s a step, 28 to go
+    assert view.lines({"kind": "done", "wall_s": 95.0}) == []
+    # A learner restarted from its step-1 checkpoint writes step 2 again, on a new clock.
+    view.learner_restarted()
+    assert view.lines(_train(2, 5.0)) == []  # shown already
+    third = view.lines(_train(3, 9.0))[0]
+    assert third.startswith("step   3/30") and "00:09 elapsed, ~--:-- left" in third
+    assert "~01:44 left" in view.lines(_train(4, 13.0))[0]  # 4 s a step, 26 to go
