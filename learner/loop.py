@@ -35,15 +35,15 @@ from pathlib import Path
 from broker import client
 from broker.config import BrokerConfig
 from broker.retry import until_done
-from learner import dispatcher as dispatch
 from learner.announce import PolicyAnnouncer
 from learner.batching import Group, samples_from_groups
+from learner.bus_metrics import poll as poll_queue_depths
 from learner.config import LearnerConfig
 from learner.data import load_dataset
 from learner.evals import Evals
 from learner.intake import Intake
 from learner.ledger import Ledger
-from learner.releases import Releases
+from learner.releases import open_releases
 from learner.reporting import Reporter, done_record, train_record
 from learner.steps import decide_group, staleness_of
 from learner.trainer.checkpoint import STATE_FILE, TrainingState, checkpoint_dir
@@ -78,11 +78,12 @@ class Learner:
         self.ledger = Ledger()
         self.checkpointed_version = -1
         self.malformed_before = 0  # counted by earlier learner processes (the checkpoint)
+        self.resumed_cursor: dict | None = None  # the checkpoint's, when one is resumed
         self.lineage = uuid.uuid4().hex[:12]
         self.started = time.monotonic()
 
     async def _connect(self) -> None:
-        self.nc = await client.connect(self.broker.url, name="learner", tls=self.broker.tls)
+        self.nc = await client.connect_to(self.broker, name="learner")
         self.js = self.nc.jetstream()
         limits = self.broker.stream_limits()
 
@@ -104,6 +105,7 @@ class Learner:
         if self.resume_from is not None:
             state = self.commands.load(self.resume_from)
             self.ledger = Ledger.from_cursor(state.dataset_cursor)
+            self.resumed_cursor = state.dataset_cursor
             self.malformed_before = self.ledger.num_malformed
             self.checkpointed_version = state.version
             covered = set(state.trained_ids)
@@ -112,27 +114,20 @@ class Learner:
 
     def _cursor(self) -> dict:
         self.ledger.num_malformed = self.malformed_before + self.intake.num_malformed
-        return {**self.ledger.to_cursor(), **self.reporter.position()}
+        return {**self.ledger.to_cursor(), **self.reporter.position(), "run_id": self.run_id}
 
     async def run(self) -> dict:
         cfg = self.config
         covered = self._restore()
         await self._connect()
-        stream = dispatch.PromptStream(
-            load_dataset(cfg.train_data),
-            run_id=self.names.namespace,
-            group_size=cfg.group_size,
-            prompts_per_step=cfg.prompts_per_step,
-            max_staleness=cfg.max_staleness,
-            seed=cfg.seed,
-        )
-        self.releases = Releases(cfg, self.ledger, stream, js=self.js, names=self.names,
-                                 artifacts=self.artifacts)  # fmt: skip
+        self.releases = await open_releases(cfg, self.ledger, js=self.js, names=self.names,
+            checkpoint_cursor=self.resumed_cursor, artifacts=self.artifacts)  # fmt: skip
+        self.run_id = self.releases.run_id  # in every task id (learner/dispatcher.py)
         self.evals = Evals(
             load_dataset(cfg.eval_data) if cfg.eval_data else [],
             interval=cfg.eval_interval,
             samples_per_prompt=cfg.eval_samples_per_prompt,
-            run_id=self.names.namespace,
+            run_id=self.run_id,
             results=self.ledger.eval_results,
             record=lambda version, groups, task_keys: self.reporter.record_eval(
                 version, groups, wall_s=time.monotonic() - self.started, task_keys=task_keys
@@ -149,6 +144,7 @@ class Learner:
             on_eval_group=self.evals.on_group,
         )
         self.intake_task = asyncio.create_task(self.intake.run())
+        self.depths_task = asyncio.create_task(poll_queue_depths(self.js, self.names))
         try:
             while self.version < cfg.total_steps:
                 await self._maybe_eval()
@@ -166,8 +162,9 @@ class Learner:
             await self._ack_uploaded(wait=True)
             return await self._done()
         finally:
-            self.intake_task.cancel()
-            await asyncio.gather(self.intake_task, return_exceptions=True)
+            for task in (self.intake_task, self.depths_task):
+                task.cancel()
+            await asyncio.gather(self.intake_task, self.depths_task, return_exceptions=True)
             await self.nc.close()
 
     async def _next_group(self, timeout_s: float | None = None) -> Group | None:
@@ -334,7 +331,8 @@ class Learner:
             lambda: self.js.stream_info(self.names.trajectories.stream), "stream info"
         )
         malformed = self.malformed_before + self.intake.num_malformed
-        summary = done_record(run_id=self.names.namespace, lineage=self.lineage,
+        await self.releases.finish_run()
+        summary = done_record(run_id=self.run_id, lineage=self.lineage,
                               wall_s=time.monotonic() - self.started, version=self.version,
                               ledger=self.ledger, intake=self.intake, malformed=malformed,
                               stream_state=info.state)  # fmt: skip

@@ -16,6 +16,19 @@
     tether_learner_dropped_trajectories_total{reason}  trajectories dropped (stale, errors, ...)
     tether_learner_eval_pass_at_1{env}                 last eval's pass@1 (env="all": overall)
 
+The bus's work queues, as the learner reads them from JetStream (learner/bus_metrics.py;
+gauges labelled `queue` = prompts or trajectories; only the learner exports them):
+
+    tether_bus_pending_messages{queue}        stored, not yet delivered to the consumer:
+                                              prompts no actor took, trajectories not fetched
+    tether_bus_ack_pending_messages{queue}    delivered, not yet acked: prompts being run;
+                                              trajectories held until a checkpoint covers them
+    tether_bus_redelivered_messages{queue}    unacked messages delivered more than once
+    tether_bus_stream_messages{queue}         messages the stream stores
+    tether_bus_stream_bytes{queue}            bytes the stream stores
+    tether_bus_stream_max_messages{queue}     the stream's limits (no series where unlimited)
+    tether_bus_stream_max_bytes{queue}
+
 `record_step(metrics)` updates them from the flat record the loop writes to metrics.jsonl.
 Keys read (each optional; a missing key leaves its metric alone):
 
@@ -38,11 +51,19 @@ difference from the last value seen in this process. After a resume the first st
 adds the restored total at once (one spike in `increase()`), and the counter equals the run's
 total, as metrics.jsonl does. A total that goes down (a new run in the same process) starts
 a new baseline without advancing.
+
+`record_bus(depths)` sets the tether_bus_* gauges from one `QueueDepth` per queue.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
 import prometheus_client
+
+if TYPE_CHECKING:
+    from learner.bus_metrics import QueueDepth
 
 _GAUGES = {  # record key -> the gauge that shows its last value
     "version": prometheus_client.Gauge(
@@ -97,6 +118,18 @@ DROPPED = prometheus_client.Counter(
 EVAL_PASS_AT_1 = prometheus_client.Gauge(
     "tether_learner_eval_pass_at_1", "pass@1 of the last eval (env=all: over all envs)", ["env"]
 )
+_BUS = {  # QueueDepth field -> the gauge that shows it, per queue
+    field: prometheus_client.Gauge(f"tether_bus_{name}", text, ["queue"])
+    for field, name, text in [
+        ("pending", "pending_messages", "Messages stored, not yet delivered to the consumer"),
+        ("ack_pending", "ack_pending_messages", "Messages delivered, not yet acknowledged"),
+        ("redelivered", "redelivered_messages", "Unacked messages delivered more than once"),
+        ("messages", "stream_messages", "Messages the stream stores"),
+        ("bytes", "stream_bytes", "Bytes the stream stores"),
+        ("max_messages", "stream_max_messages", "The stream's message limit (if any)"),
+        ("max_bytes", "stream_max_bytes", "The stream's byte limit (if any)"),
+    ]
+}
 _last_totals: dict[str, float] = {}
 
 
@@ -129,3 +162,15 @@ def _advance(name: str, total: float) -> float:
     last = _last_totals.get(name, 0.0)
     _last_totals[name] = total
     return total - last if total >= last else 0.0
+
+
+def record_bus(depths: Mapping[str, QueueDepth]) -> None:
+    """Set the tether_bus_* gauges of each queue (`queue` label) from its depth; a limit
+    that is None (unlimited) has no series."""
+    for queue, depth in depths.items():
+        for field, gauge in _BUS.items():
+            value = getattr(depth, field)
+            if value is None:
+                gauge.remove(queue)
+            else:
+                gauge.labels(queue=queue).set(float(value))

@@ -228,6 +228,70 @@ def learner_panels() -> list[dict]:
     ]
 
 
+def queue_panel(queue: str, title: str, description: str, legends: list[str]) -> dict:
+    """One work queue's consumer counts (tether_bus_*{queue}): pending, ack pending and
+    redelivered, with `legends` in that order."""
+    counts = ("pending_messages", "ack_pending_messages", "redelivered_messages")
+    exprs = [f'max(tether_bus_{count}{{queue="{queue}"}})' for count in counts]
+    targets = [target(expr, legend) for expr, legend in zip(exprs, legends, strict=True)]
+    return timeseries(title, description, targets, width=6, min_value=0)
+
+
+def bus_panels() -> list[dict]:
+    """The work queues as the learner reads them from JetStream (learner/bus_metrics.py)."""
+    return [
+        queue_panel(
+            "prompts",
+            "Prompts pending",
+            "Prompt tasks released and not taken by any actor (pending), taken and running "
+            "(ack pending), and running after a redelivery (a replica died or gave one back). "
+            "Pending that stays above zero: the actors are the bottleneck, and more replicas "
+            "help (the KEDA signal, docs/observability.md). Zero while actors wait for prompts: "
+            "the learner's staleness bound holds them back.",
+            ["pending", "running (ack pending)", "redelivered"],
+        ),
+        queue_panel(
+            "trajectories",
+            "Trajectories awaiting the learner",
+            "Trajectories stored and not yet fetched by the learner (pending), and fetched but "
+            "unacked (held until a checkpoint covers them: queued for training, or trained "
+            "since the last checkpoint). Pending that grows: the learner is the bottleneck, "
+            "and more actors would only fill the stream.",
+            ["not fetched (pending)", "held by the learner", "redelivered"],
+        ),
+        timeseries(
+            "Stream fill (share of its limit)",
+            "Each stream's bytes and messages over its limits. A full stream refuses new "
+            "messages (publishers retry and wait): TetherStreamNearlyFull fires above 80%.",
+            [
+                target(
+                    "max by (queue) (tether_bus_stream_bytes / tether_bus_stream_max_bytes)",
+                    "{{queue}} bytes",
+                ),
+                target(
+                    "max by (queue) (tether_bus_stream_messages / tether_bus_stream_max_messages)",
+                    "{{queue}} messages",
+                ),
+            ],
+            unit="percentunit",
+            width=6,
+            min_value=0,
+            max_value=1,
+        ),
+        timeseries(
+            "Stream bytes vs limit",
+            "Bytes each stream stores, and its byte limit (streams without one: no line).",
+            [
+                target("max by (queue) (tether_bus_stream_bytes)", "{{queue}} stored"),
+                target("max by (queue) (tether_bus_stream_max_bytes)", "{{queue}} limit"),
+            ],
+            unit="bytes",
+            width=6,
+            min_value=0,
+        ),
+    ]
+
+
 def actor_panels() -> list[dict]:
     return [
         timeseries(
@@ -490,6 +554,7 @@ def dashboard() -> dict:
         "panels": layout(
             [
                 ("Learner", learner_panels()),
+                ("Bus (JetStream)", bus_panels()),
                 ("Actors", actor_panels()),
                 ("Env servers", envserver_panels()),
                 ("Health", health_panels()),

@@ -1,19 +1,24 @@
 """A real process that exports the learner's Prometheus metrics without training, for the
 live Prometheus test: it serves /metrics with `common.metrics.serve_metrics` and feeds
 `learner.metrics.record_step` the records learner/loop.py (train) and learner/reporting.py
-(eval) write — the learner's own code path, with made-up numbers.
+(eval) write — the learner's own code path, with made-up numbers. Given a bus, it also runs
+the learner's queue-depth poll (`learner.bus_metrics.poll`) on that run's real streams:
+the tether_bus_* gauges come from JetStream itself.
 
-    python -m tests.deploy.learner_producer PORT [INTERVAL_S]
+    python -m tests.deploy.learner_producer PORT [--bus NATS_URL NAMESPACE]
 
 Runs until killed (SIGTERM).
 """
 
 from __future__ import annotations
 
-import sys
-import time
+import argparse
+import asyncio
 
+from broker import client
+from broker.names import BusNames
 from common.metrics import serve_metrics
+from learner import bus_metrics
 from learner import metrics as learner_metrics
 
 PROMPTS_PER_STEP = 4
@@ -54,18 +59,42 @@ def eval_record(pass_at_1: float) -> dict:
     }
 
 
-def main(argv: list[str]) -> None:
-    port = serve_metrics(int(argv[0]))
-    interval_s = float(argv[1]) if len(argv) > 1 else 0.3
-    print(f"learner metrics on port {port}", flush=True)
+async def _record_steps(interval_s: float) -> None:
     step = 0
     while True:
         step += 1
         learner_metrics.record_step(train_record(step))
         if step % 3 == 0:
             learner_metrics.record_step(eval_record(min(0.5 + 0.01 * step, 1.0)))
-        time.sleep(interval_s)
+        await asyncio.sleep(interval_s)
+
+
+async def _poll_bus(url: str, namespace: str, interval_s: float) -> None:
+    nc = await client.connect(url, name="learner-producer")
+    try:
+        await bus_metrics.poll(nc.jetstream(), BusNames(namespace), interval_s=interval_s)
+    finally:
+        await nc.close()
+
+
+async def _run(args: argparse.Namespace) -> None:
+    jobs = [_record_steps(args.interval_s)]
+    if args.bus:
+        jobs.append(_poll_bus(*args.bus, interval_s=args.bus_interval_s))
+    await asyncio.gather(*jobs)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m tests.deploy.learner_producer")
+    parser.add_argument("port", type=int)
+    parser.add_argument("--interval-s", type=float, default=0.3, help="seconds per step")
+    parser.add_argument("--bus", nargs=2, metavar=("NATS_URL", "NAMESPACE"))
+    parser.add_argument("--bus-interval-s", type=float, default=1.0)
+    args = parser.parse_args(argv)
+    port = serve_metrics(args.port)
+    print(f"learner metrics on port {port}", flush=True)
+    asyncio.run(_run(args))
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    main()

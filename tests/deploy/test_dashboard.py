@@ -61,6 +61,10 @@ def test_the_panels_the_docs_name_are_there():
         "Actor in-flight episodes and groups",
         "Generation stall per weight update",
         "Version lag",
+        "Prompts pending",
+        "Trajectories awaiting the learner",
+        "Stream fill (share of its limit)",
+        "Stream bytes vs limit",
     }
 
 
@@ -97,7 +101,8 @@ def test_every_metric_name_in_a_query_or_rule_is_exported_or_recorded():
     families = {re.sub(r"_(bucket|sum|count|total)$", "", n) for n in on_board}
     for name in exported:
         base = re.sub(r"_(bucket|sum|count|total)$", "", name)
-        if base.startswith(("tether_learner_", "tether_env_", "tether_actor_", "tether_broker_")):
+        roles = ("tether_learner_", "tether_bus_", "tether_env_", "tether_actor_", "tether_broker_")
+        if base.startswith(roles):
             assert base in families, f"{name} is exported but on no panel"
 
 

@@ -1,16 +1,20 @@
 """The shipped dashboard and alert rules against a real Prometheus scraping real processes.
 
     nats-server (session fixture) ◄──── actor replica (real loop, bus, /metrics, gRPC env
-                                        │ client; ScriptedEngine instead of vLLM)
-    this test: prompt tasks, policy     ▼
-    versions, its own env sessions ──► envserver (`envservers.cli --env calculator`)
-                                       learner_producer (learner.metrics.record_step, serve_metrics)
+      ▲                                 │ client; ScriptedEngine instead of vLLM)
+      │ this test: prompt tasks,        ▼
+      │ policy versions, env sessions ► envserver (`envservers.cli --env calculator`)
+      └─ stream and consumer info ───── learner_producer (learner.metrics.record_step, the
+                                        learner's queue-depth poll, serve_metrics)
     prometheus (apt's binary, config from deploy/observability.py, alerts.yml + run_rules.yml)
         scrapes all three every second
 
 Every `expr` of deploy/grafana/tether.json goes through Prometheus's /api/v1/query and must
 succeed; all but the broker-failure queries (empty in a healthy run) must return a finite
-value. Every alert and recording rule must evaluate without error on this data.
+value. Every alert and recording rule must evaluate without error on this data. The
+tether_bus_* gauges come from the run's real streams: nothing consumes its trajectories, so
+the ones the actor publishes wait there, and the count Prometheus scraped must lie between
+what JetStream reported before and after.
 """
 
 from __future__ import annotations
@@ -256,9 +260,9 @@ env = {{ addresses = ["{env_address}"], timeout_s = 10.0 }}
                 "envserver.log_level=WARNING",
             ],
         )
-        learner = stack.start(
-            "learner", [py, "-m", "tests.deploy.learner_producer", str(ports["learner"])]
-        )
+        producer = ["tests.deploy.learner_producer", str(ports["learner"])]
+        bus_args = ["--bus", broker.url, broker.namespace, "--bus-interval-s", "0.5"]
+        learner = stack.start("learner", [py, "-m", *producer, *bus_args])
         actor = stack.start("actor", [py, "-m", "tests.deploy.actor_producer", str(actor_config)])
         server = stack.start(
             "prometheus",
@@ -270,7 +274,7 @@ env = {{ addresses = ["{env_address}"], timeout_s = 10.0 }}
         traffic.append(asyncio.create_task(_env_traffic(env_address, stop)))
         await _wait_http(f"http://127.0.0.1:{ports['actor']}/metrics", 60, actor)
         traffic.append(asyncio.create_task(_actor_traffic(broker, stop)))
-        yield prom_url, stack
+        yield prom_url, stack, broker
         stop.set()
         await asyncio.gather(*traffic)  # re-raises a failure of the traffic itself
     except BaseException:
@@ -298,7 +302,7 @@ async def _answers_once_data_is_in(prom_url: str, exprs: list[str]) -> dict[str,
 
 
 async def test_every_dashboard_query_returns_data_from_real_processes(prometheus):
-    prom_url, stack = prometheus
+    prom_url, stack, _ = prometheus
     started = time.monotonic()
     exprs = queries(json.loads(DASHBOARD_PATH.read_text()))
     assert EXPECTED_EMPTY <= set(exprs)
@@ -313,7 +317,7 @@ async def test_every_dashboard_query_returns_data_from_real_processes(prometheus
 
 
 async def test_every_target_is_up_and_every_rule_evaluates(prometheus):
-    prom_url, _ = prometheus
+    prom_url, _, _ = prometheus
     targets = json.loads(_get(f"{prom_url}/api/v1/targets")[1])["data"]["activeTargets"]
     assert sorted(t["labels"]["job"] for t in targets) == ["actor", "envserver", "learner"]
     assert all(t["health"] == "up" for t in targets), targets
@@ -321,10 +325,41 @@ async def test_every_target_is_up_and_every_rule_evaluates(prometheus):
 
     groups = json.loads(_get(f"{prom_url}/api/v1/rules")[1])["data"]["groups"]
     rules = {rule["name"]: rule for group in groups for rule in group["rules"]}
-    assert len(rules) == 9  # 7 alerts + 2 recording rules
+    assert len(rules) == 10  # 8 alerts + 2 recording rules
     for name, rule in rules.items():
         assert rule["health"] == "ok", (name, rule.get("lastError"))
     # The recorded staleness share is exact here: 3 of the producer's 4 groups per step sit
     # at the bound of 1, so 1 - P(staleness <= 0) = 0.75.
     answer = _query(prom_url, "tether:learner_staleness_at_bound:ratio_rate15m")
     assert _finite_values(answer) == [pytest.approx(0.75)]
+
+
+async def test_the_bus_gauges_are_what_jetstream_says(prometheus):
+    """The trajectories the actor publishes wait in their stream (nothing fetches them), so
+    its count only grows: the count Prometheus holds a few seconds after JetStream said `a`
+    lies between `a` and what JetStream says right after the query."""
+    prom_url, _, broker = prometheus
+    queue = broker.names.trajectories
+    nc = await bus.connect(broker.url, name="observability-check")
+    try:
+        js = nc.jetstream()
+        deadline = time.monotonic() + DATA_DEADLINE_S
+        while (before := (await js.stream_info(queue.stream)).state.messages) == 0:
+            assert time.monotonic() < deadline, "the actor published no trajectory"
+            await asyncio.sleep(0.5)
+        await asyncio.sleep(3.0)  # > the producer's poll (0.5 s) + a scrape (1 s), with slack
+        scraped = {
+            name: _finite_values(
+                await asyncio.to_thread(
+                    _query, prom_url, f'tether_bus_{name}{{queue="trajectories"}}'
+                )
+            )
+            for name in ("stream_messages", "pending_messages", "stream_max_bytes")
+        }
+        after = (await js.stream_info(queue.stream)).state.messages
+    finally:
+        await nc.close()
+    [messages], [pending], [max_bytes] = scraped.values()
+    assert before <= messages <= after, (before, scraped, after)
+    assert before <= pending <= after  # none fetched: every stored trajectory is pending
+    assert max_bytes == broker.max_trajectory_bytes

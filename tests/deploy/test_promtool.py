@@ -34,7 +34,7 @@ def test_shipped_config_and_rules_pass_promtool():
         "check", "rules", "alerts.yml", "run_rules.yml", cwd=observability.PROMETHEUS_DIR
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "7 rules found" in result.stdout and "2 rules found" in result.stdout
+    assert "8 rules found" in result.stdout and "2 rules found" in result.stdout
 
 
 @needs_promtool

@@ -9,6 +9,7 @@ with which versions.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 from collections import Counter
@@ -111,6 +112,8 @@ async def test_learner_trains_evaluates_and_accounts_for_every_trajectory(
     assert both_actors_worked(actors)
     assert "tether_learner_policy_version" in metrics_text
     assert "tether_learner_trained_trajectories_total" in metrics_text
+    # The loop's queue-depth poll (learner/bus_metrics.py) read the run's streams.
+    assert 'tether_bus_stream_max_bytes{queue="trajectories"}' in metrics_text
 
 
 def both_actors_worked(actors) -> bool:
@@ -224,7 +227,8 @@ async def test_a_release_written_ahead_but_never_published_is_published_on_resum
     run = learner_run(total_steps=3, max_staleness=1, eval_interval=None)
     checkpoints = run.run_dir / "checkpoints"
     checkpoints.mkdir(parents=True)
-    (checkpoints / "dispatcher.json").write_text('{"num_released": 4}')  # steps 0 and 1
+    ahead = {"run_id": "lost-run", "num_released": 4}  # steps 0 and 1
+    (checkpoints / "dispatcher.json").write_text(json.dumps(ahead))
     actors = resumable_pair(nats_server.url, bus_names)
     async with bus(nats_server.url, bus_names) as (js, versions), running(actors):
         await run.start()
@@ -236,4 +240,5 @@ async def test_a_release_written_ahead_but_never_published_is_published_on_resum
     # Tasks 0-3 were only written ahead, 4-5 released by this learner; each group dropped
     # (stale, with a slow actor) has one replacement after them.
     replacements = len({d["group_id"] for d in dropped_lines if d["reason"] in GROUP_REASONS})
-    assert seen == {f"{bus_names.namespace}-{i}" for i in range(6 + replacements)}
+    # The lost run's id carries on, so a republished task is stored once.
+    assert seen == {f"lost-run-{i}" for i in range(6 + replacements)}
