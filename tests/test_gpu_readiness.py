@@ -5,6 +5,7 @@ there would waste the lent minutes before testing anything."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -70,10 +71,10 @@ def test_the_check_finds_a_call_that_no_longer_fits(tmp_path):
 @pytest.mark.parametrize(
     "command",
     [
-        ["learner.cli", "--config", "configs/demo.toml", "learner.train_data=unused.jsonl",
+        ["learner.cli", "--config", "configs/demo.toml", "learner.train_data=TRAIN",
          "learner.model_path=demo/tiny_model", "learner.eval_interval=null", "learner.device=cuda"],
         ["actors.cli", "--config", "configs/demo.toml", "--replicas", "1",
-         "actor.engine.device=cuda"],
+         "actor.engine.model=demo/tiny_model", "actor.engine.device=cuda"],
     ],
     ids=["learner", "actor"],
 )  # fmt: skip
@@ -83,6 +84,11 @@ def test_a_gpu_config_without_a_gpu_refuses_to_start_in_one_line(command, tmp_pa
 
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
+    train = tmp_path / "train.jsonl"  # the command line validates it before the GPU check
+    prompt, truth = [{"role": "user", "content": "1+1?"}], {"ground_truth": 2}
+    row = {"data_source": "t", "env_class": "e", "prompt": prompt, "reward_spec": truth}
+    train.write_text(json.dumps(row) + "\n")
+    command = [f"learner.train_data={train}" if a.endswith("=TRAIN") else a for a in command]
     out = subprocess.run(
         [sys.executable, "-m", *command], capture_output=True, text=True, cwd=REPO,
         timeout=180, env={**os.environ, "PYTHONPATH": str(REPO)},
