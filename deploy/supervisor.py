@@ -4,7 +4,9 @@
     start(service) ─► child in a session of its own, log appended to logs/<name>.log
     poll():
       exited?      ─► clear its session (grandchildren: vLLM engines, replicas)
-                      `finishes` and code 0: done;  else restart after the policy's backoff,
+                      `finishes` and code 0: done;  exit 2 or 69 (common/restarts.py: it
+                      cannot start as configured, or gave up on a peer): given up at once;
+                      else restart after the policy's backoff,
                       or give up when the restart budget is spent (the run fails)
       liveness?    ─► GET its /healthz; `probe_failures` misses in a row once it has answered:
                       SIGKILL (a hung process is a dead one), then the exit path above
@@ -27,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from common.restarts import RestartPolicy, RestartTracker
+from common.restarts import FINAL_EXIT_CODES, RestartPolicy, RestartTracker
 from deploy import proctree
 from deploy.processes import Child, ProcessGroup
 
@@ -141,6 +143,10 @@ class Supervisor:
         if code == 0 and state.service.finishes:
             state.done = True
             self._event(name, "finished", pid=pid, code=code)
+            return
+        if code in FINAL_EXIT_CODES:  # it said it cannot start: a restart would fail the same way
+            state.gave_up = True
+            self._event(name, "gave_up", pid=pid, code=code, reason=FINAL_EXIT_CODES[code])
             return
         state.restart_at = state.tracker.on_exit(started_at=state.started_at, exited_at=now)
         if state.restart_at is None:

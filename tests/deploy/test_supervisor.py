@@ -62,6 +62,21 @@ def test_a_crashing_service_is_restarted_until_its_budget_is_spent(tmp_path):
     assert (tmp_path / "logs" / "crasher.log").exists()
 
 
+def test_a_service_that_cannot_start_as_configured_is_not_restarted(tmp_path):
+    """Exit 2 (a bad config, model path, dataset) or 69 (gave up on the broker): restarting
+    would fail the same way, so the run ends at once with the reason."""
+    supervisor, said = _supervisor(tmp_path)
+    supervisor.start(Service("learner", _python("import sys; sys.exit(2)"), finishes=True))
+    try:
+        _poll_until(supervisor, lambda: supervisor.given_up() is not None)
+    finally:
+        supervisor.stop_all(grace_s=1)
+    events = [(e["event"], e.get("code")) for e in read_events(tmp_path)]
+    assert events == [("started", None), ("gave_up", 2)]
+    assert read_events(tmp_path)[-1]["reason"] == "cannot start as configured"
+    assert supervisor.num_restarts() == {"learner": 0}
+
+
 def test_a_dead_childs_leftovers_are_killed_before_it_restarts(tmp_path):
     # The child starts a grandchild in its session (as an actor starts vLLM engines) and
     # dies; the grandchild must not outlive it.
