@@ -21,6 +21,7 @@ from nats.js.api import ConsumerInfo, StreamInfo
 
 from broker.names import BusNames, WorkQueue
 from broker.retry import RETRYABLE_ERRORS
+from common.tasks import swallowed_cancel
 from learner import metrics
 
 log = logging.getLogger(__name__)
@@ -106,4 +107,6 @@ async def poll(
                 log.info("queue depths readable again")
             failing = False
             metrics.record_bus(depths)
+        if swallowed_cancel():  # a request's wait_for lost our cancellation (common/tasks.py)
+            raise asyncio.CancelledError
         await asyncio.sleep(interval_s)

@@ -35,6 +35,7 @@ from pathlib import Path
 from broker import client
 from broker.config import BrokerConfig
 from broker.retry import until_done
+from common.tasks import cancel_and_wait
 from learner.announce import PolicyAnnouncer
 from learner.batching import Group, samples_from_groups
 from learner.bus_metrics import poll as poll_queue_depths
@@ -162,9 +163,7 @@ class Learner:
             await self._ack_uploaded(wait=True)
             return await self._done()
         finally:
-            for task in (self.intake_task, self.depths_task):
-                task.cancel()
-            await asyncio.gather(self.intake_task, self.depths_task, return_exceptions=True)
+            await cancel_and_wait([self.intake_task, self.depths_task])
             await self.nc.close()
 
     async def _next_group(self, timeout_s: float | None = None) -> Group | None:
