@@ -21,6 +21,7 @@ from learner.trainer.checkpoint import TrainingState
 from learner.trainer.config import TrainerConfig
 from learner.trainer.trainer import Trainer
 from tests.learner.builders import random_samples, tiny_qwen2
+from tests.learner.two_ranks import exit_after_teardown
 
 BATCH_1 = {"lengths": [62, 62, 62, 12], "seed": 1}
 BATCH_2 = {"lengths": [30, 41, 55, 20, 9, 70], "seed": 2, "version": 0}
@@ -69,3 +70,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    exit_after_teardown()

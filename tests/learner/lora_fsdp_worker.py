@@ -20,6 +20,7 @@ from learner.trainer.config import TrainerConfig
 from learner.trainer.model_init import load_model
 from learner.trainer.trainer import Trainer
 from tests.learner.segment_builders import group
+from tests.learner.two_ranks import exit_after_teardown
 from weights.fsdp import full_parameters
 
 BATCHES = [
@@ -60,3 +61,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    exit_after_teardown()

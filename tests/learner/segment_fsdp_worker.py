@@ -26,6 +26,7 @@ from learner.trainer.segment_forward import forward_loss_tokens
 from learner.trainer.segments import collate_segments
 from tests.learner.builders import tiny_qwen2
 from tests.learner.segment_builders import group, shared_step
+from tests.learner.two_ranks import exit_after_teardown
 
 TOKEN_BUDGET = 64
 REDUCTION = "seq_mean_token_mean"
@@ -95,3 +96,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    exit_after_teardown()

@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 from learner.trainer.model_init import default_device, load_model
+from tests.learner.two_ranks import exit_after_teardown
 from weights.fsdp import full_parameters
 
 
@@ -45,3 +46,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    exit_after_teardown()
