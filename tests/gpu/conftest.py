@@ -4,7 +4,8 @@ skips them. Under `make gpu-check` (TETHER_GPU_REQUIRED=1) a skip is a failure i
 GPU machine must run them all (the 2-GPU tests excepted on a 1-GPU machine).
 
 Figures each test measures are added to `runs/gpu-check/results.json` (a flat object), which
-docs/gpu.md quotes."""
+docs/gpu.md quotes; TETHER_GPU_RESULTS names another file (the GPU kit writes straight into
+what the device tool brings back, so a run cut short keeps what it measured)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-RESULTS = REPO / "runs" / "gpu-check" / "results.json"
+RESULTS = Path(os.environ.get("TETHER_GPU_RESULTS") or REPO / "runs" / "gpu-check" / "results.json")
 
 
 def num_gpus() -> int:
@@ -48,7 +49,7 @@ def need_vllm() -> None:
 
 
 def record(**figures: float | str) -> None:
-    """Add figures to runs/gpu-check/results.json (read by docs/gpu.md)."""
+    """Add figures to the results file (runs/gpu-check/results.json; read by docs/gpu.md)."""
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     results = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
     results.update(figures)
