@@ -17,8 +17,10 @@ from __future__ import annotations
 import importlib
 import logging
 import multiprocessing
+import multiprocessing.util
 import os
 import signal
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -115,7 +117,24 @@ def _process_main(spec: ReplicaSpec) -> None:
         # Before the target imports torch or vLLM: CUDA reads these once, at its start.
         os.environ["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
         os.environ["CUDA_VISIBLE_DEVICES"] = spec.cuda_visible_devices
-    resolve(spec.target)(spec)
+    try:
+        resolve(spec.target)(spec)
+        code = 0
+    except SystemExit as e:  # a replica that cannot start: its line is already on stderr
+        code = e.code if isinstance(e.code, int) else 1
+    # Skip the interpreter's teardown: ~2 s of torch's and vLLM's static destructors, out of
+    # the 5 s a SIGTERMed replica has. What matters is done by now: trajectories published,
+    # tasks given back, the broker connection and the engine closed; logs are flushed here,
+    # and multiprocessing's finalizers run (semaphores unregistered: the resource tracker
+    # would otherwise warn of a leak).
+    multiprocessing.util._run_finalizers()
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+_LEAK_NOTICE = "ignore:resource_tracker:UserWarning"
 
 
 class LocalProcess:
@@ -162,6 +181,11 @@ class LocalProcesses:
 
     def __init__(self) -> None:
         self.context = multiprocessing.get_context("spawn")
+        # An engine core killed after its exit grace (VllmEngine.shutdown) leaves a semaphore
+        # that multiprocessing's resource tracker, which the first spawn below starts with
+        # this process's -W options, unlinks with a warning closing every replica's log.
+        if _LEAK_NOTICE not in sys.warnoptions:
+            sys.warnoptions.append(_LEAK_NOTICE)
 
     def start(self, spec: ReplicaSpec) -> LocalProcess:
         resolve(spec.target)  # fail here, not in the child, on a bad target

@@ -38,7 +38,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from actors.config import VllmEngineConfig
-from actors.engine_processes import in_core_worker_env
+from actors.engine_processes import in_core_worker_env, shut_down
 from actors.types import Generation, Turn
 from actors.vllm_requests import (
     TokenDelta,
@@ -325,10 +325,10 @@ class VllmEngine:
         return (await self.llm.collective_rpc("weights_checksum"))[0]
 
     def shutdown(self) -> None:
-        """Stop the engine processes (idempotent)."""
+        """Stop the engine processes (idempotent; engine_processes.shut_down)."""
         llm, self.llm = self.llm, None
         if llm is not None:
-            llm.shutdown()
+            shut_down(llm)
             # AsyncLLM.__del__ shuts down again; let that happen now (it sits in reference
             # cycles), not at interpreter exit when vLLM's module globals are gone.
             del llm

@@ -224,6 +224,50 @@ def test_actor_names_a_silent_env_server_then_stops_within_5s_of_sigterm():
     assert "did not stop" not in run.output and "Traceback" not in run.output
 
 
+def _ready(run: Run, timeout_s: float = 240.0) -> None:
+    """Wait until the replica's /readyz answers 200: its engine is up, it pulls work."""
+    import re
+    import urllib.request
+
+    _, line = run.line("/readyz on port", timeout_s=60)
+    port = int(re.search(r"on port (\d+)", line).group(1))
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2) as reply:
+                if reply.status == 200:
+                    return
+        except OSError:
+            pass
+        assert run.process.poll() is None, run.output
+        time.sleep(0.5)
+    raise AssertionError(f"replica not ready within {timeout_s}s:\n{run.output}")
+
+
+@pytest.mark.vllm
+def test_a_running_actor_stops_within_5s_of_sigterm_and_says_nothing_alarming(nats_server):
+    """SIGTERM in the state an actor spends its life in: engine up, broker and env server
+    there, no work. It took 6.3 s (the engine core's own teardown, ~3 s, then the
+    interpreter's, ~2 s); now about 1.5 s."""
+    env_port = free_port()
+    env = Run(["envservers.cli", "--env", "calculator", f"envserver.port={env_port}",
+               "envserver.metrics_port=0"])  # fmt: skip
+    try:
+        env.line("envserver ready on", timeout_s=60)
+        run = _actor(nats_server.url, f'actor.env.addresses=["127.0.0.1:{env_port}"]')
+        _ready(run)
+        signalled = time.monotonic()
+        run.process.send_signal(signal.SIGTERM)
+        assert run.wait(timeout_s=30) == 0, run.output
+        took = time.monotonic() - signalled
+    finally:
+        env.process.send_signal(signal.SIGTERM)
+        env.wait(timeout_s=30)
+    assert took < 5.0, run.output
+    for alarming in ("Traceback", "leaked semaphore", "force killing", "did not stop"):
+        assert alarming not in run.output, run.output
+
+
 # ---- env server ----------------------------------------------------------------------------
 
 
