@@ -15,6 +15,9 @@ covers it: the learner's half of at-least-once delivery.
   `covered_ids`) is acked again at once, as is a second trajectory for an already filled
   sample slot (counted as malformed): neither carries anything new.
 - A trajectory whose group disagrees about its size is malformed input: terminated, counted.
+- A trajectory of another run (its task id lacks this run's id: a straggler that an earlier
+  run's actor finished after a fresh learner took the namespace over) is terminated and
+  counted with the malformed: nothing of this run's books, and not trained on.
 - Handled ids are remembered for one checkpoint after the one that acked them (by then
   every copy that was in flight has arrived; later, none can): the set stays bounded by
   what two checkpoints cover instead of growing with the run.
@@ -43,11 +46,14 @@ class Intake:
         *,
         covered_ids: Iterable[str] = (),
         on_eval_group: Callable[[Group], None],
+        run_id: str | None = None,
         fetch_batch: int = 256,
         fetch_timeout_s: float = 0.25,
     ) -> None:
         self.consumer = consumer
         self.on_eval_group = on_eval_group
+        self.task_prefix = None if run_id is None else f"{run_id}-"
+        """Every task id of this run starts with it (learner/dispatcher.py)."""
         self.fetch_batch = fetch_batch
         self.fetch_timeout_s = fetch_timeout_s
         covered = set(covered_ids)
@@ -61,6 +67,8 @@ class Intake:
         self.num_redelivered = 0
         self.num_slot_duplicates = 0
         self.num_invalid = 0
+        self.num_other_run = 0
+        self._other_runs: set[str] = set()
 
     @property
     def num_held(self) -> int:
@@ -69,8 +77,14 @@ class Intake:
     @property
     def num_malformed(self) -> int:
         """Messages taken off the stream as bad input: invalid (terminated), undecodable
-        (terminated by the consumer), or a second trajectory for a filled sample slot."""
-        return self.num_invalid + self.num_slot_duplicates + self.consumer.num_corrupt
+        (terminated by the consumer), a second trajectory for a filled sample slot, or
+        another run's."""
+        return (
+            self.num_invalid
+            + self.num_slot_duplicates
+            + self.consumer.num_corrupt
+            + self.num_other_run
+        )
 
     def take_eval_ids(self) -> list[str]:
         """Eval trajectory ids received since the last call (the loop's checkpoint counts
@@ -97,6 +111,9 @@ class Intake:
         trajectory = received.trajectory
         trajectory_id = trajectory.trajectory_id
         self.num_received += 1
+        if self.task_prefix and not trajectory.group_id.startswith(self.task_prefix):
+            await self._drop_other_run(received)
+            return
         if trajectory_id in self._held:
             self.num_redelivered += 1
             self._held[trajectory_id].append(received)
@@ -124,6 +141,20 @@ class Intake:
                 self.on_eval_group(group)
         elif group is not None:
             self.groups.put_nowait(group)
+
+    async def _drop_other_run(self, received: ReceivedTrajectory) -> None:
+        self.num_other_run += 1
+        task_id = received.trajectory.group_id
+        run = task_id.rsplit("-", 1)[0]  # a task id is <run id>-<index> (or -eval<v>-<i>)
+        if run not in self._other_runs:  # once per run: a straggling actor sends many
+            self._other_runs.add(run)
+            log.warning(
+                "dropping trajectories of task %s and others like it: not of this run "
+                "(%s), a straggler of an earlier run in this namespace",
+                task_id,
+                self.task_prefix[:-1],
+            )
+        await _quietly(received.msg.term(), received.trajectory.trajectory_id)
 
     async def ack(self, ids: Iterable[str]) -> list[str]:
         """Acknowledge (synchronously) every held copy of `ids`; returns the ids whose ack

@@ -39,7 +39,8 @@ class Ledger:
     """Eval trajectories acknowledged: those of recorded evals, and those of evals that a
     learner process released and did not live to record."""
     num_malformed: int = 0
-    """Messages taken off the trajectory stream as bad input (learner/intake.py)."""
+    """Messages taken off the trajectory stream as bad input, or of another run
+    (learner/intake.py)."""
 
     def take_group(self, *, dropped_reason: str | None) -> None:
         """One group left the queue; `dropped_reason` None means it is (about to be) trained."""

@@ -143,6 +143,7 @@ class Learner:
             client.TrajectoryConsumer(self.js, self.names),
             covered_ids=covered,
             on_eval_group=self.evals.on_group,
+            run_id=self.run_id,
         )
         self.intake_task = asyncio.create_task(self.intake.run())
         self.depths_task = asyncio.create_task(poll_queue_depths(self.js, self.names))

@@ -97,3 +97,26 @@ def test_assembler_forgets_what_it_is_told():
     assembler = GroupAssembler(seen_ids={"a", "b", "c"})
     assembler.forget(["a", "c", "unknown"])
     assert assembler.seen_ids == {"b"}
+
+
+async def test_another_runs_stragglers_are_terminated_and_counted_not_trained(caplog):
+    """A fresh learner took the namespace over while an earlier run's actor still worked: what
+    that actor sends is not this run's (its task ids carry the other run id)."""
+    intake, log, eval_groups = _intake(run_id="ns-b2")
+    for i in range(2):
+        await intake._add(_received(log, trajectory_id=f"old/{i}", group_id="ns-a1-7",
+                                    sample_index=i))  # fmt: skip
+    evaluated = msgspec.structs.replace(
+        trajectory(trajectory_id="olde/0", group_id="ns-a1-eval3-0"), is_eval=True
+    )
+    await intake._add(
+        ReceivedTrajectory(trajectory=evaluated, msg=_Msg(log, "olde/0"), claim=None, consumer=None)
+    )
+    assert log == ["term old/0", "term old/1", "term olde/0"]
+    assert intake.num_other_run == 3 and intake.num_malformed == 3
+    assert intake.num_held == 0 and intake.groups.empty() and not eval_groups
+    assert sum("not of this run (ns-b2)" in r.message for r in caplog.records) == 2  # per run
+
+    await intake._add(_received(log, trajectory_id="new/0", group_id="ns-b2-0", sample_index=0))
+    await intake._add(_received(log, trajectory_id="new/1", group_id="ns-b2-0", sample_index=1))
+    assert intake.num_held == 2 and not intake.groups.empty()
