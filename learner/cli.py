@@ -72,8 +72,13 @@ def main(argv: list[str] | None = None) -> int:
             print(f"learner: {problem}", file=sys.stderr)
             return EXIT_CONFIG
     if args.fresh and "LOCAL_RANK" not in os.environ:
-        from learner.fresh import set_aside
+        from learner.fresh import bucket_problem, set_aside
 
+        storage = load_section(StorageConfig, args.config, "storage", overrides)
+        namespace = load_section(BrokerConfig, args.config, "broker", overrides).namespace
+        if problem := bucket_problem(storage, namespace):
+            print(f"learner {problem}", file=sys.stderr)
+            return EXIT_CONFIG
         if moved := set_aside(config.checkpoint.dir):
             print(f"learner --fresh: moved {config.checkpoint.dir} aside to {moved}", flush=True)
     if config.nproc > 1 and "LOCAL_RANK" not in os.environ:

@@ -128,6 +128,29 @@ def test_learner_a_model_path_that_does_not_exist(data):
     )
 
 
+def test_learner_fresh_where_the_bucket_holds_an_earlier_runs_checkpoints(
+    data, s3_storage, tmp_path
+):
+    """`--fresh` would mix the new run's checkpoints with the bucket's old ones: refused,
+    before anything is moved aside locally."""
+    from common.s3 import ObjectStore
+    from tests.s3_server import overrides
+
+    storage = s3_storage()
+    layout = storage.layout("freshcheck")
+    ObjectStore(storage).put_bytes(layout.directory("checkpoint", 5) + "x", b"x")
+    checkpoints = tmp_path / "checkpoints"
+    (checkpoints / "step_5").mkdir(parents=True)
+    _fails_at_once(
+        [*LEARNER[:1], "--fresh", *LEARNER[1:], f"learner.model_path={TINY_MODEL}",
+         f"learner.train_data={data}/train.jsonl", "broker.namespace=freshcheck",
+         f"learner.checkpoint.dir={checkpoints}", *overrides(storage)],
+        f"learner --fresh: s3://{storage.bucket}/{layout.prefix}/ holds checkpoints of an "
+        "earlier run (steps 5-5)",
+    )  # fmt: skip
+    assert (checkpoints / "step_5").is_dir()  # not moved aside
+
+
 def test_learner_a_malformed_dataset_is_file_line_field(data):
     _, line = _fails_at_once(
         [*LEARNER, f"learner.model_path={TINY_MODEL}", f"learner.train_data={data}/bad.jsonl"],
