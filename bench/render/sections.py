@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from bench.render import actor, costs, parts, peer, prefix, profile, projection, system
+from bench.render import actor, costs, head, parts, peer, prefix, profile, projection, system
 from bench.render.markdown import Figures
 
 NOT_MEASURED = "_Not measured yet: run `{command}`._"
@@ -31,6 +31,7 @@ SECTIONS: dict[str, Section] = {
     "prefix_sharing": Section("prefix_sharing", prefix.prefix_sharing),
     "weight_group": Section("weight_group", parts.weight_group),
     "engine_update_memory": Section("engine_update_memory", parts.engine_update_memory),
+    "head_memory": Section("head_memory", head.head_memory, "python -m bench.head_memory"),
     "lora_sync": Section("lora_sync", parts.lora_sync),
     "lora_parity": Section("lora_parity", parts.lora_parity, "python bench/lora_parity.py"),
     "peer_trl": Section("peer_trl", peer.peer_trl),

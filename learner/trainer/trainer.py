@@ -150,7 +150,10 @@ class Trainer:
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Logprob (and entropy: "none", "detached" or "grad") of each loss token, `[L]`."""
         with self._autocast():
-            return forward_loss_tokens(model, mb, entropy=entropy, device=self.device)
+            return forward_loss_tokens(
+                model, mb, entropy=entropy, device=self.device,
+                head_chunk_mb=self.config.head_chunk_mb,
+            )  # fmt: skip
 
     @torch.no_grad()
     def compute_logprobs(

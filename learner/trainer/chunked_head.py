@@ -1,0 +1,125 @@
+"""The language-model head over a real vocabulary without its `[U, V]` logits.
+
+What the loss needs from the head is, per hidden row, the log-normaliser (logsumexp) and,
+with an entropy term, the entropy; per loss token, the logit of its target. With V = 152,064
+(Qwen's vocabulary) and U = 16,384 rows one float32 `[U, V]` tensor is 10 GB, and the plain
+path keeps several (the logits, log_softmax, its exp) for backward. Here
+
+- `lse_and_entropy` computes both over chunks of rows, keeping nothing `[U, V]` for
+  backward, and recomputes each chunk's logits in backward: peak memory grows with the chunk,
+  not with U x V;
+- `target_logits` takes each loss token's logit as one dot product of its hidden row and its
+  target's weight row.
+
+Matrix products run in the dtype the plain head would use (autocast's on GPU, the weight's
+otherwise); reductions in float32. Equal to the plain path (tests/learner/test_chunked_head.py).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+CHUNK_TEMPORARIES = 4
+"""float32 `[rows, V]` tensors counted per chunk row: two alive at once (logits turned
+log-probs in place, probs turned gradient in place), and room for the library's own."""
+
+
+def chunk_rows(vocab_size: int, budget_mb: float) -> int:
+    """Rows per chunk so that a chunk's temporaries stay within `budget_mb`."""
+    per_row = vocab_size * 4 * CHUNK_TEMPORARIES
+    return max(1, int(budget_mb * 2**20) // per_row)
+
+
+def compute_dtype(weight: torch.Tensor) -> torch.dtype:
+    """The dtype the head's matrix product runs in: autocast's where it is on."""
+    device_type = weight.device.type
+    if torch.is_autocast_enabled(device_type):
+        return torch.get_autocast_dtype(device_type)
+    return weight.dtype
+
+
+def _logits(hidden, weight, bias, dtype) -> torch.Tensor:
+    """float32 logits of `hidden` rows, the product in `dtype`, autocast off (explicit)."""
+    with torch.autocast(weight.device.type, enabled=False):
+        b = None if bias is None else bias.to(dtype)
+        return F.linear(hidden.to(dtype), weight.to(dtype), b).float()
+
+
+class _LseEntropy(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, rows: int, with_entropy: bool, dtype):
+        num_rows = hidden.shape[0]
+        lse = torch.empty(num_rows, dtype=torch.float32, device=hidden.device)
+        entropy = torch.zeros(num_rows, dtype=torch.float32, device=hidden.device)
+        for start in range(0, num_rows, rows):
+            log_p = _logits(hidden[start : start + rows], weight, bias, dtype)
+            chunk_lse = torch.logsumexp(log_p, dim=-1)
+            lse[start : start + rows] = chunk_lse
+            if with_entropy:  # in place: two [rows, V] buffers
+                log_p -= chunk_lse[:, None]
+                entropy[start : start + rows] = -log_p.exp().mul_(log_p).sum(dim=-1)
+        ctx.save_for_backward(hidden, weight, bias, lse, entropy)
+        ctx.rows, ctx.with_entropy, ctx.dtype = rows, with_entropy, dtype
+        return lse, entropy
+
+    @staticmethod
+    def backward(ctx, grad_lse, grad_entropy):
+        hidden, weight, bias, lse, entropy = ctx.saved_tensors
+        dtype, rows = ctx.dtype, ctx.rows
+        grad_hidden = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
+        grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
+        grad_bias = None if bias is None else torch.zeros(bias.shape, dtype=torch.float32)
+        for start in range(0, hidden.shape[0], rows):
+            stop = start + rows
+            chunk = hidden[start:stop]
+            log_p = _logits(chunk, weight, bias, dtype)
+            log_p -= lse[start:stop, None]
+            p = log_p.exp()
+            # d lse / dz = p;  d H / dz = -p (log p + H). In place: two [rows, V] buffers.
+            if ctx.with_entropy:
+                grad_z = log_p.add_(entropy[start:stop, None]).mul_(p)
+                grad_z.mul_(-grad_entropy[start:stop, None])
+                grad_z.addcmul_(p, grad_lse[start:stop, None])
+            else:
+                grad_z = p.mul_(grad_lse[start:stop, None])
+            grad_z = grad_z.to(dtype)
+            if grad_hidden is not None:
+                grad_hidden[start:stop] = (grad_z @ weight.to(dtype)).to(hidden.dtype)
+            if dtype == torch.float32:  # no [V, H] temporary
+                grad_weight.addmm_(grad_z.T, chunk.float())
+            else:
+                grad_weight += (grad_z.T @ chunk.to(dtype)).float()
+            if grad_bias is not None:
+                grad_bias += grad_z.float().sum(dim=0).to(grad_bias.device)
+        grad_weight = grad_weight.to(weight.dtype) if ctx.needs_input_grad[1] else None
+        if grad_bias is not None:
+            grad_bias = grad_bias.to(device=bias.device, dtype=bias.dtype)
+        return grad_hidden, grad_weight, grad_bias, None, None, None
+
+
+def lse_and_entropy(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    *,
+    rows: int,
+    with_entropy: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per row of `hidden` `[U, H]` under the head `weight` `[V, H]` (+ `bias`): float32
+    `(logsumexp [U], entropy [U])`, `rows` rows at a time (entropy zeros unless asked)."""
+    return _LseEntropy.apply(hidden, weight, bias, rows, with_entropy, compute_dtype(weight))
+
+
+def target_logits(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    token_row: torch.Tensor,
+    targets: torch.Tensor,
+) -> torch.Tensor:
+    """float32 logit of `targets[i]` at hidden row `token_row[i]`, `[L]`: one dot product
+    each, in the head's compute dtype and summed in float32, as the matrix product would."""
+    dtype = compute_dtype(weight)
+    picked = (hidden[token_row].to(dtype) * weight[targets].to(dtype)).float().sum(dim=-1)
+    return picked if bias is None else picked + bias[targets].float()
