@@ -50,6 +50,9 @@ class ChatTemplate:
             raise ValueError("the tokenizer has no chat_template")
         self.tokenizer = tokenizer
         self.eos_token_id: int = tokenizer.eos_token_id
+        # Ids at or past this have no token (a model's embedding may have more rows than its
+        # tokenizer has entries: Qwen2.5 151,936 against 151,665); None: not known.
+        self.num_tokens: int | None = len(tokenizer) if hasattr(tokenizer, "__len__") else None
         base = self._render(_BASE_CONVERSATION, tools=None, add_generation_prompt=False)
         if self.eos_token_id not in base:
             raise ValueError(
@@ -93,6 +96,11 @@ class ChatTemplate:
                 "observation deltas would not match the history (template not prefix-stable)"
             )
         return full[len(head) :]
+
+    def num_undecodable(self, token_ids: list[int]) -> int:
+        """How many of `token_ids` the tokenizer has no token for (they decode to nothing)."""
+        limit = self.num_tokens
+        return 0 if limit is None else sum(1 for t in token_ids if t >= limit)
 
     def assistant_text(self, generated_ids: list[int]) -> str:
         """The assistant message text of one generated turn, as the environment should see it:

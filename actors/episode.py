@@ -42,6 +42,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+from actors import metrics
 from actors.chat import ChatTemplate
 from actors.config import EnvConfig, RolloutConfig, SamplingConfig
 from actors.env_retry import EnvFailed, close_session, open_session, step_session
@@ -175,6 +176,8 @@ class _Episode:
         )
         result.num_turns += 1
         result.turn_finish_reasons.append(generation.finish_reason)
+        if undecodable := self.chat.num_undecodable(generation.token_ids):
+            metrics.note_undecodable(undecodable, self.chat.num_tokens)
         ended = bool(generation.token_ids) and generation.token_ids[-1] == self.chat.eos_token_id
         if not ended and len(result.token_ids) >= limits.max_sequence_length:
             return "overlong"

@@ -38,6 +38,8 @@ class Ledger:
     num_eval_trajectories: int = 0
     """Eval trajectories acknowledged: those of recorded evals, and those of evals that a
     learner process released and did not live to record."""
+    num_steps_without_loss_tokens: int = 0
+    """Steps whose samples had no loss token (nothing learned; learner/loop.py warns)."""
     num_malformed: int = 0
     """Messages taken off the trajectory stream as bad input, or of another run
     (learner/intake.py)."""
@@ -51,9 +53,13 @@ class Ledger:
     def drop(self, reason: str, num_trajectories: int) -> None:
         self.dropped[reason] += num_trajectories
 
-    def train(self, num_trajectories: int, staleness: list[int]) -> None:
+    def train(self, num_trajectories: int, staleness: list[int], num_loss_tokens: int) -> bool:
+        """Count a step's trajectories; False when it had no loss token (counted too)."""
         self.num_trained += num_trajectories
         self.max_staleness_seen = max([self.max_staleness_seen, *staleness])
+        if num_loss_tokens == 0:
+            self.num_steps_without_loss_tokens += 1
+        return num_loss_tokens > 0
 
     @property
     def num_dropped(self) -> int:
@@ -73,6 +79,7 @@ class Ledger:
             "dropped": self.num_dropped,
             "dropped_by_reason": dict(self.dropped),
             "max_staleness_seen": self.max_staleness_seen,
+            "steps_without_loss_tokens": self.num_steps_without_loss_tokens,
             "eval_trajectories": self.num_eval_trajectories,
             "eval_pass_at_1": {str(v): r["pass_at_1"] for v, r in self.eval_results.items()},
         }

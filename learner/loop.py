@@ -46,7 +46,7 @@ from learner.intake import Intake
 from learner.ledger import Ledger
 from learner.releases import open_releases
 from learner.reporting import Reporter, done_record, train_record
-from learner.steps import decide_group, staleness_of
+from learner.steps import decide_group, empty_step_warning, staleness_of
 from learner.trainer.checkpoint import STATE_FILE, TrainingState, checkpoint_dir
 from learner.trainer.ranks import RankCommands
 
@@ -247,7 +247,8 @@ class Learner:
                 {"kind": "skipped", "step": step, "version": self.version, **metrics}
             )
             return
-        self.ledger.train(len(samples), staleness)
+        if not self.ledger.train(len(samples), staleness, int(metrics["num_loss_tokens"])):
+            log.warning(empty_step_warning(step, groups))
         self.version = self.commands.version
         started = time.monotonic()
         # Evals run pinned to their version: a replica that missed the broadcast (restarted

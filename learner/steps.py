@@ -104,3 +104,18 @@ def staleness_of(group: Group, version: int) -> int:
     """Versions between the group's oldest policy token and `version` (0 if it has none)."""
     oldest = oldest_version(arrays.versions for arrays in group.tokens)
     return 0 if oldest is None else version - oldest
+
+
+def empty_step_warning(step: int, groups: list[Group]) -> str:
+    """What to say of a step that trained on no loss token: nothing was learned. The usual
+    cause is every response cut at its token limit (stop reason `length`), whose loss the
+    actor's overlong filtering masks; a model that never emits EOS (random or untrained
+    weights, or a tokenizer other than the model's) does exactly that."""
+    reasons = Counter(t.stop_reason for g in groups for t in g.trajectories)
+    shown = ", ".join(f"{reason} {n}" for reason, n in reasons.most_common())
+    return (
+        f"step {step} had no loss token in any of its {sum(reasons.values())} samples "
+        f"(stop reasons: {shown}): nothing was learned. Responses cut at their limit have no "
+        "loss with actor.rollout.overlong_filtering (on by default); a model that never ends "
+        "its turn (random weights, or another tokenizer's EOS) gives only those"
+    )

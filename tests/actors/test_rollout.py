@@ -445,3 +445,42 @@ def test_limits_are_validated():
         RolloutConfig(max_turns=0)
     with pytest.raises(ValueError, match="must not exceed max_sequence_length"):
         RolloutConfig(max_input_length=100, max_sequence_length=50)
+
+
+async def test_ids_the_tokenizer_cannot_decode_are_counted_and_said_once(tokenizer, chat, caplog):
+    """Issue 28's probe: a random model with Qwen's 151,936 embedding rows and the demo's
+    434-token tokenizer samples ids that decode to nothing; the env sees no text and every
+    episode runs to its limit. The actor now says why, once, and counts them."""
+    from actors import metrics
+    from actors.types import Generation
+
+    class BeyondTheVocabulary(ScriptedEngine):
+        async def generate(self, prompt_token_ids, turn):
+            ids = [len(tokenizer) + i for i in range(turn.max_tokens)]
+            return Generation(ids, [-1.0] * len(ids), "length", [0] * len(ids))
+
+    said_before = metrics._said_undecodable
+    metrics._said_undecodable = False
+    before = metrics.UNDECODABLE_TOKENS._value.get()
+    try:
+        limits = RolloutConfig(max_turns=2, max_input_length=1024, max_generate_length=8,
+                               max_sequence_length=2048)  # fmt: skip
+        for _ in range(2):
+            result = await run_episode(
+                Rollout(
+                    engine=BeyondTheVocabulary(tokenizer, by_turn(ANSWER)),
+                    env=InProcessEnv(),
+                    chat=chat,
+                    limits=limits,
+                    sampling=SamplingConfig(temperature=1.0),
+                    env_config=NO_RETRY_DELAY,
+                ),  # fmt: skip
+                _task(),
+            )
+            assert result.num_turns >= 1
+    finally:
+        metrics._said_undecodable = said_before
+    assert chat.num_tokens == len(tokenizer)
+    assert metrics.UNDECODABLE_TOKENS._value.get() - before >= 16
+    said = [r.message for r in caplog.records if "tokenizer has no token for" in r.message]
+    assert len(said) == 1 and f"at or past {len(tokenizer)}" in said[0]

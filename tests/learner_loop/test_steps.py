@@ -6,8 +6,9 @@ import msgspec
 import pytest
 
 from learner.batching import Group
+from learner.ledger import Ledger
 from learner.reporting import truncate_lines
-from learner.steps import decide_group, staleness_of
+from learner.steps import decide_group, empty_step_warning, staleness_of
 from tests.learner.builders import trajectory
 
 
@@ -121,3 +122,18 @@ def test_resume_cuts_history_back_to_the_checkpointed_lines(tmp_path):
     assert path.read_text() == ""
     truncate_lines(tmp_path / "missing.jsonl", 3)  # nothing to cut
     assert not (tmp_path / "missing.jsonl").exists()
+
+
+def test_a_step_without_loss_tokens_is_counted_and_said_with_its_stop_reasons():
+    """The 0.5B probe of issue 28: a random model never ends its turn, every response is cut
+    at max_tokens, overlong filtering masks them all, and three steps learned nothing."""
+    ledger = Ledger()
+    assert ledger.train(8, [0, 0], num_loss_tokens=120)
+    assert not ledger.train(8, [0, 0], num_loss_tokens=0)
+    assert ledger.num_steps_without_loss_tokens == 1
+    assert ledger.totals()["steps_without_loss_tokens"] == 1
+    assert Ledger.from_cursor(ledger.to_cursor()).num_steps_without_loss_tokens == 1
+    cut = _group([0, 0], [0, 0], [0, 0], stop_reasons=["length", "length", "stop"])
+    text = empty_step_warning(7, [cut])
+    assert text.startswith("step 7 had no loss token in any of its 3 samples")
+    assert "(stop reasons: length 2, stop 1)" in text and "overlong_filtering" in text
