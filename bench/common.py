@@ -48,3 +48,20 @@ def load_average() -> Iterator[dict[str, float]]:
     loads = {"load_avg_1m_before": os.getloadavg()[0]}
     yield loads
     loads["load_avg_1m_after"] = os.getloadavg()[0]
+
+
+def status_mib(field: str) -> float:
+    """A `VmRSS`/`VmHWM` line of /proc/self/status, in MiB."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(f"{field}:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError(f"no {field} in /proc/self/status")
+
+
+def reset_peak_rss() -> float:
+    """Reset this process's resident high-water mark (VmHWM) to its current resident size
+    (Linux: `/proc/self/clear_refs` 5) and return that size, MiB. Not `getrusage`: its
+    `ru_maxrss` cannot be reset, so a temporary freed before the measurement (or a parent's
+    peak, across fork + exec) hides what the measured code adds."""
+    Path("/proc/self/clear_refs").write_text("5")
+    return status_mib("VmRSS")

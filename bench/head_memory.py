@@ -6,41 +6,36 @@
 Each measurement runs in a fresh process: hidden rows `[U, H]` and the head's weight `[V, H]`
 (float32, CPU, random) are made, then one forward and backward of the loss's head terms
 (each loss token's logprob, and the entropy with its gradient), as the learner's step does.
-The figure is the process's peak resident memory during that call minus its resident memory
-before it: what the head adds on top of the weights, the weight's gradient ([V, H]) included.
-The plain head is measured at fewer rows (at 16,384 it needs some 40 GB); its growth is
-linear in the rows, which the table shows. Writes bench/results/head_memory.json.
+The figure is the process's resident high-water mark during that call (reset just before
+it) minus its resident memory before it: what the head adds on top of the weights, the
+weight's gradient ([V, H]) included. The plain head is measured at fewer rows (at 16,384 it
+would need tens of GB); its growth is linear in the rows, which the table shows. Writes
+bench/results/head_memory.json.
 """
 
 from __future__ import annotations
 
 import argparse
 import multiprocessing
-import resource
 import time
 
-from bench.common import write_results
+from bench.common import reset_peak_rss, status_mib, write_results
 
 HIDDEN, VOCAB = 896, 152_064
-
-
-def _rss_mb() -> float:
-    with open("/proc/self/statm") as statm:
-        return int(statm.read().split()[1]) * resource.getpagesize() / 2**20
 
 
 def _measure(rows: int, chunk_mb: float | None, queue) -> None:
     import torch
     import torch.nn.functional as F
 
-    from learner.trainer.chunked_head import chunk_rows, lse_and_entropy, target_logits
+    from learner.trainer.chunked_head import chunk_rows, head_terms
 
     torch.manual_seed(0)
     hidden = torch.randn(rows, HIDDEN, requires_grad=True)
-    weight = (torch.randn(VOCAB, HIDDEN) * 0.02).requires_grad_()
+    weight = torch.empty(VOCAB, HIDDEN).normal_(0, 0.02).requires_grad_()
     targets = torch.randint(0, VOCAB, (rows,))
     token_row = torch.arange(rows)
-    before = _rss_mb()
+    before = reset_peak_rss()
     started = time.perf_counter()
     if chunk_mb is None:
         logits = F.linear(hidden, weight).float()
@@ -49,13 +44,14 @@ def _measure(rows: int, chunk_mb: float | None, queue) -> None:
         entropy = -(log_p.exp() * log_p).sum(-1)
         logprobs = logits[token_row, targets] - lse
     else:
-        lse, entropy = lse_and_entropy(
-            hidden, weight, None, rows=chunk_rows(VOCAB, chunk_mb), with_entropy=True
-        )
-        logprobs = target_logits(hidden, weight, None, token_row, targets) - lse
+        lse, entropy, picked = head_terms(
+            hidden, weight, None, token_row, targets,
+            rows=chunk_rows(VOCAB, chunk_mb), with_entropy=True,
+        )  # fmt: skip
+        logprobs = picked - lse
     (logprobs.sum() + 0.01 * entropy.sum()).backward()
     seconds = time.perf_counter() - started
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    peak = status_mib("VmHWM")
     queue.put({"growth_mb": peak - before, "seconds": seconds})
 
 

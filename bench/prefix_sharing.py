@@ -46,7 +46,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import print_table, write_results  # noqa: E402
+from bench.common import print_table, reset_peak_rss, status_mib, write_results  # noqa: E402
 
 WORKLOADS = {  # groups x samples, prompt, suffix range
     "demo": dict(num_groups=8, group_size=8, prompt_len=148, min_suffix=30, max_suffix=150),
@@ -217,14 +217,6 @@ def timed(step, model, samples) -> tuple[float, int]:
     return time.perf_counter() - started, tokens
 
 
-def _status_mib(field: str) -> float:
-    """A `VmRSS`/`VmHWM` line of /proc/self/status, in MiB."""
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(f"{field}:"):
-            return int(line.split()[1]) / 1024
-    raise RuntimeError(f"no {field} in /proc/self/status")
-
-
 def measure_memory(args) -> None:
     """Subprocess mode: one step of one variant; prints a JSON line of resident-set MiB.
 
@@ -242,10 +234,9 @@ def measure_memory(args) -> None:
     if segmented:
         use_segment_attention(model)
     samples = workload(args.memory_workload, **WORKLOADS[args.memory_workload])
-    before = _status_mib("VmRSS")
-    Path("/proc/self/clear_refs").write_text("5")  # reset VmHWM to the current RSS
+    before = reset_peak_rss()
     step(model, samples)
-    peak = _status_mib("VmHWM")
+    peak = status_mib("VmHWM")
     print(json.dumps({"peak_rss_mib": peak, "step_rss_growth_mib": peak - before}))
 
 

@@ -5,11 +5,12 @@ with an entropy term, the entropy; per loss token, the logit of its target. With
 (Qwen's vocabulary) and U = 16,384 rows one float32 `[U, V]` tensor is 10 GB, and the plain
 path keeps several (the logits, log_softmax, its exp) for backward. Here
 
-- `lse_and_entropy` computes both over chunks of rows, keeping nothing `[U, V]` for
-  backward, and recomputes each chunk's logits in backward: peak memory grows with the chunk,
-  not with U x V;
-- `target_logits` takes each loss token's logit as one dot product of its hidden row and its
-  target's weight row.
+- `head_terms` computes both over chunks of rows, keeping nothing `[U, V]` for backward,
+  and recomputes each chunk's logits in backward: peak memory grows with the chunk, not
+  with U x V;
+- and takes each loss token's logit as one dot product of its hidden row and its target's
+  weight row; its backward adds into the same weight gradient (one `[V, H]` tensor, not two
+  summed).
 
 Matrix products run in the dtype the plain head would use (autocast's on GPU, the weight's
 otherwise); reductions in float32. Equal to the plain path (tests/learner/test_chunked_head.py).
@@ -46,9 +47,12 @@ def _logits(hidden, weight, bias, dtype) -> torch.Tensor:
         return F.linear(hidden.to(dtype), weight.to(dtype), b).float()
 
 
-class _LseEntropy(torch.autograd.Function):
+class _HeadTerms(torch.autograd.Function):
+    """(lse [U], entropy [U], target logits [L]) in one Function, so that backward writes
+    one weight gradient: autograd would otherwise sum a second, dense one (an index's)."""
+
     @staticmethod
-    def forward(ctx, hidden, weight, bias, rows: int, with_entropy: bool, dtype):
+    def forward(ctx, hidden, weight, bias, token_row, targets, rows, with_entropy, dtype):
         num_rows = hidden.shape[0]
         lse = torch.empty(num_rows, dtype=torch.float32, device=hidden.device)
         entropy = torch.zeros(num_rows, dtype=torch.float32, device=hidden.device)
@@ -59,17 +63,22 @@ class _LseEntropy(torch.autograd.Function):
             if with_entropy:  # in place: two [rows, V] buffers
                 log_p -= chunk_lse[:, None]
                 entropy[start : start + rows] = -log_p.exp().mul_(log_p).sum(dim=-1)
-        ctx.save_for_backward(hidden, weight, bias, lse, entropy)
+        picked = (hidden[token_row].to(dtype) * weight[targets].to(dtype)).float().sum(dim=-1)
+        if bias is not None:
+            picked = picked + bias[targets].float()
+        ctx.save_for_backward(hidden, weight, bias, token_row, targets, lse, entropy)
         ctx.rows, ctx.with_entropy, ctx.dtype = rows, with_entropy, dtype
-        return lse, entropy
+        return lse, entropy, picked
 
     @staticmethod
-    def backward(ctx, grad_lse, grad_entropy):
-        hidden, weight, bias, lse, entropy = ctx.saved_tensors
+    def backward(ctx, grad_lse, grad_entropy, grad_picked):
+        hidden, weight, bias, token_row, targets, lse, entropy = ctx.saved_tensors
         dtype, rows = ctx.dtype, ctx.rows
         grad_hidden = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
         grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
-        grad_bias = None if bias is None else torch.zeros(bias.shape, dtype=torch.float32)
+        grad_bias = None
+        if bias is not None:
+            grad_bias = torch.zeros(bias.shape, dtype=torch.float32, device=bias.device)
         for start in range(0, hidden.shape[0], rows):
             stop = start + rows
             chunk = hidden[start:stop]
@@ -91,35 +100,35 @@ class _LseEntropy(torch.autograd.Function):
             else:
                 grad_weight += (grad_z.T @ chunk.to(dtype)).float()
             if grad_bias is not None:
-                grad_bias += grad_z.float().sum(dim=0).to(grad_bias.device)
-        grad_weight = grad_weight.to(weight.dtype) if ctx.needs_input_grad[1] else None
+                grad_bias += grad_z.float().sum(dim=0)
+        # The target logits: z[row, target] = hidden[row] . weight[target] (+ bias[target]).
+        upstream = grad_picked.float()[:, None]
+        grad_weight.index_add_(0, targets, upstream * hidden[token_row].float())
+        if grad_hidden is not None:
+            grad_hidden.index_add_(
+                0, token_row, (upstream * weight[targets].float()).to(hidden.dtype)
+            )
         if grad_bias is not None:
-            grad_bias = grad_bias.to(device=bias.device, dtype=bias.dtype)
-        return grad_hidden, grad_weight, grad_bias, None, None, None
+            grad_bias = grad_bias.index_add_(0, targets, grad_picked.float()).to(bias.dtype)
+        grad_weight = grad_weight.to(weight.dtype) if ctx.needs_input_grad[1] else None
+        return grad_hidden, grad_weight, grad_bias, None, None, None, None, None
 
 
-def lse_and_entropy(
-    hidden: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None,
-    *,
-    rows: int,
-    with_entropy: bool,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per row of `hidden` `[U, H]` under the head `weight` `[V, H]` (+ `bias`): float32
-    `(logsumexp [U], entropy [U])`, `rows` rows at a time (entropy zeros unless asked)."""
-    return _LseEntropy.apply(hidden, weight, bias, rows, with_entropy, compute_dtype(weight))
-
-
-def target_logits(
+def head_terms(
     hidden: torch.Tensor,
     weight: torch.Tensor,
     bias: torch.Tensor | None,
     token_row: torch.Tensor,
     targets: torch.Tensor,
-) -> torch.Tensor:
-    """float32 logit of `targets[i]` at hidden row `token_row[i]`, `[L]`: one dot product
-    each, in the head's compute dtype and summed in float32, as the matrix product would."""
-    dtype = compute_dtype(weight)
-    picked = (hidden[token_row].to(dtype) * weight[targets].to(dtype)).float().sum(dim=-1)
-    return picked if bias is None else picked + bias[targets].float()
+    *,
+    rows: int,
+    with_entropy: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Under the head `weight` `[V, H]` (+ `bias`), float32: per row of `hidden` `[U, H]` the
+    logsumexp and the entropy (zeros unless asked), `rows` rows at a time; and the logit of
+    `targets[i]` at row `token_row[i]`, `[L]`, one dot product each in the head's compute
+    dtype, summed in float32 as the matrix product would. A loss token's logprob is
+    `picked - lse[token_row]`."""
+    return _HeadTerms.apply(
+        hidden, weight, bias, token_row, targets, rows, with_entropy, compute_dtype(weight)
+    )

@@ -28,7 +28,7 @@ import contextlib
 
 import torch
 
-from learner.trainer.chunked_head import chunk_rows, lse_and_entropy, target_logits
+from learner.trainer.chunked_head import chunk_rows, head_terms
 from learner.trainer.losses import LossInputs, entropy_from_logits
 from learner.trainer.segments import SegmentBatch
 
@@ -95,11 +95,11 @@ def _chunked_head(head, token_row, targets, entropy: str, chunk_mb: float):
     def forward(hidden: torch.Tensor) -> torch.Tensor:
         rows = hidden[0]  # [U, H]
         weight, bias = head.weight, head.bias
-        lse, row_entropy = lse_and_entropy(
-            rows, weight, bias, rows=chunk_rows(weight.shape[0], chunk_mb),
+        lse, row_entropy, picked = head_terms(
+            rows, weight, bias, token_row, targets, rows=chunk_rows(weight.shape[0], chunk_mb),
             with_entropy=entropy != "none",
         )  # fmt: skip
-        logprobs = target_logits(rows, weight, bias, token_row, targets) - lse[token_row]
+        logprobs = picked - lse[token_row]
         token_entropy = row_entropy[token_row]
         if entropy == "detached":
             token_entropy = token_entropy.detach()

@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from learner.trainer.chunked_head import chunk_rows, lse_and_entropy, target_logits
+from learner.trainer.chunked_head import chunk_rows, head_terms
 from learner.trainer.prefix_plan import plan_pieces
 from learner.trainer.segment_forward import forward_loss_tokens
 from learner.trainer.segments import collate_segments
@@ -39,8 +39,9 @@ def _plain(hidden, weight, bias, token_row, targets):
 
 def _chunked(rows):
     def run(hidden, weight, bias, token_row, targets):
-        lse, entropy = lse_and_entropy(hidden, weight, bias, rows=rows, with_entropy=True)
-        picked = target_logits(hidden, weight, bias, token_row, targets)
+        lse, entropy, picked = head_terms(
+            hidden, weight, bias, token_row, targets, rows=rows, with_entropy=True
+        )
         return picked - lse[token_row], entropy[token_row]
 
     return run
@@ -68,8 +69,9 @@ def test_chunked_equals_plain_values_and_gradients(rows, bias):
 
 
 def test_without_entropy_the_entropy_is_zero_and_lse_still_right():
-    hidden, weight, _, _, _ = _inputs(4, bias=False)
-    lse, entropy = lse_and_entropy(hidden, weight, None, rows=5, with_entropy=False)
+    hidden, weight, _, token_row, targets = _inputs(4, bias=False)
+    lse, entropy, _ = head_terms(hidden, weight, None, token_row, targets, rows=5,
+                                 with_entropy=False)  # fmt: skip
     torch.testing.assert_close(lse, torch.logsumexp(hidden @ weight.T, -1), rtol=1e-6, atol=1e-6)
     assert not entropy.any()
 
@@ -131,6 +133,22 @@ def _largest_saved_for_backward(head) -> int:
 def test_the_chunked_head_keeps_nothing_the_size_of_the_logits():
     assert _largest_saved_for_backward(_plain) >= U * V
     assert _largest_saved_for_backward(_chunked(4)) == V * H  # the weight itself
+
+
+def _weight_grads_made(head) -> list[int]:
+    """Sizes of the gradients that reach the weight (autograd sums them if several)."""
+    inputs = _inputs(6, bias=False)
+    sizes = []
+    inputs[1].register_hook(lambda grad: sizes.append(grad.numel()))
+    logprobs, entropy = head(*inputs)
+    (logprobs.sum() + entropy.sum()).backward()
+    return sizes
+
+
+def test_one_weight_gradient_not_two_summed():
+    """A target logit taken by indexing the weight would send a second, dense `[V, H]`
+    gradient for autograd to sum with the first: at the 0.5B shape 0.5 GB each."""
+    assert _weight_grads_made(_chunked(4)) == [V * H]
 
 
 def test_an_empty_micro_batch_still_reaches_every_parameter():
