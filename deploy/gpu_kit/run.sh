@@ -30,7 +30,7 @@ fi
 
 exec > >(tee "$OUT/kit.log") 2>&1
 DEADLINE=$((SECONDS + BUDGET_S))
-left() { echo $((DEADLINE - SECONDS)); }
+left() { local l=$((DEADLINE - SECONDS)); echo $((l > 1 ? l : 1)); }  # timeout 0 would mean none
 
 say "assemble"
 (cd "$STAGE" && sha256sum -c --quiet SHA256SUMS) || { echo "kit parts missing or damaged"; ls -l "$STAGE"; exit 3; }
