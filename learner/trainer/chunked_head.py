@@ -40,11 +40,17 @@ def compute_dtype(weight: torch.Tensor) -> torch.dtype:
     return weight.dtype
 
 
+def _cast(weight, bias, dtype):
+    """The head's weight (and bias) in `dtype`, once per pass: a copy only when the dtypes
+    differ (autocast over fp32 master weights), as autocast's own cast would be."""
+    return weight.to(dtype), None if bias is None else bias.to(dtype)
+
+
 def _logits(hidden, weight, bias, dtype) -> torch.Tensor:
-    """float32 logits of `hidden` rows, the product in `dtype`, autocast off (explicit)."""
+    """float32 logits of `hidden` rows under `weight`/`bias` (already in `dtype`), the
+    product in `dtype` with autocast off (explicit)."""
     with torch.autocast(weight.device.type, enabled=False):
-        b = None if bias is None else bias.to(dtype)
-        return F.linear(hidden.to(dtype), weight.to(dtype), b).float()
+        return F.linear(hidden.to(dtype), weight, bias).float()
 
 
 class _HeadTerms(torch.autograd.Function):
@@ -56,14 +62,15 @@ class _HeadTerms(torch.autograd.Function):
         num_rows = hidden.shape[0]
         lse = torch.empty(num_rows, dtype=torch.float32, device=hidden.device)
         entropy = torch.zeros(num_rows, dtype=torch.float32, device=hidden.device)
+        w, b = _cast(weight, bias, dtype)
         for start in range(0, num_rows, rows):
-            log_p = _logits(hidden[start : start + rows], weight, bias, dtype)
+            log_p = _logits(hidden[start : start + rows], w, b, dtype)
             chunk_lse = torch.logsumexp(log_p, dim=-1)
             lse[start : start + rows] = chunk_lse
             if with_entropy:  # in place: two [rows, V] buffers
                 log_p -= chunk_lse[:, None]
                 entropy[start : start + rows] = -log_p.exp().mul_(log_p).sum(dim=-1)
-        picked = (hidden[token_row].to(dtype) * weight[targets].to(dtype)).float().sum(dim=-1)
+        picked = (hidden[token_row].to(dtype) * w[targets]).float().sum(dim=-1)
         if bias is not None:
             picked = picked + bias[targets].float()
         ctx.save_for_backward(hidden, weight, bias, token_row, targets, lse, entropy)
@@ -79,10 +86,11 @@ class _HeadTerms(torch.autograd.Function):
         grad_bias = None
         if bias is not None:
             grad_bias = torch.zeros(bias.shape, dtype=torch.float32, device=bias.device)
+        w, b = _cast(weight, bias, dtype)
         for start in range(0, hidden.shape[0], rows):
             stop = start + rows
             chunk = hidden[start:stop]
-            log_p = _logits(chunk, weight, bias, dtype)
+            log_p = _logits(chunk, w, b, dtype)
             log_p -= lse[start:stop, None]
             p = log_p.exp()
             # d lse / dz = p;  d H / dz = -p (log p + H). In place: two [rows, V] buffers.
@@ -94,7 +102,7 @@ class _HeadTerms(torch.autograd.Function):
                 grad_z = p.mul_(grad_lse[start:stop, None])
             grad_z = grad_z.to(dtype)
             if grad_hidden is not None:
-                grad_hidden[start:stop] = (grad_z @ weight.to(dtype)).to(hidden.dtype)
+                grad_hidden[start:stop] = (grad_z @ w).to(hidden.dtype)
             if dtype == torch.float32:  # no [V, H] temporary
                 grad_weight.addmm_(grad_z.T, chunk.float())
             else:

@@ -160,3 +160,16 @@ def test_an_empty_micro_batch_still_reaches_every_parameter():
     assert logprobs.shape == entropy.shape == (0,)
     (logprobs.sum() + entropy.sum()).backward()
     assert all(p.grad is not None and not p.grad.any() for p in model.parameters())
+
+
+def test_under_autocast_the_products_run_in_its_dtype_like_the_plain_head():
+    """bf16 autocast (a 1-GPU learner; here on CPU): both heads multiply in bf16 and reduce
+    in float32, so they agree to bf16 rounding, and the gradients keep their own dtypes."""
+    inputs = _inputs(7, bias=False)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        expected = _values_and_grads(_plain, inputs)
+        got = _values_and_grads(_chunked(5), inputs)
+    assert got[0].dtype == torch.float32 and got[3].dtype == inputs[1].dtype  # fp32 master
+    for name, a, b in zip(["logprobs", "entropy", "d_hidden", "d_weight"], got, expected,
+                          strict=True):  # fmt: skip
+        torch.testing.assert_close(a, b.to(a.dtype), rtol=3e-2, atol=3e-2, msg=name)
