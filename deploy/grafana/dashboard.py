@@ -386,6 +386,13 @@ def actor_panels() -> list[dict]:
                 ),
             ],
         ),
+        timeseries(
+            "Undecodable tokens",
+            "Generated token ids per second that the tokenizer has no token for: they decode "
+            "to nothing, the env sees no text. Empty in a healthy run; otherwise the weights "
+            "are random or untrained, or the tokenizer is not the model's (docs/actors.md).",
+            [target("sum(rate(tether_actor_undecodable_tokens_total[5m]))", "ids/s")],
+        ),
     ]
 
 
