@@ -58,8 +58,8 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         config = load_section(LearnerConfig, args.config, "learner", overrides)
-        load_section(BrokerConfig, args.config, "broker", overrides)
-        load_section(StorageConfig, args.config, "storage", overrides)
+        broker = load_section(BrokerConfig, args.config, "broker", overrides)
+        storage = load_section(StorageConfig, args.config, "storage", overrides)
     except ValueError as e:
         print(f"learner: {e}", file=sys.stderr)
         return 2
@@ -74,9 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.fresh and "LOCAL_RANK" not in os.environ:
         from learner.fresh import bucket_problem, set_aside
 
-        storage = load_section(StorageConfig, args.config, "storage", overrides)
-        namespace = load_section(BrokerConfig, args.config, "broker", overrides).namespace
-        if problem := bucket_problem(storage, namespace):
+        if problem := bucket_problem(storage, broker.namespace):
             print(f"learner {problem}", file=sys.stderr)
             return EXIT_CONFIG
         if moved := set_aside(config.checkpoint.dir):

@@ -18,6 +18,7 @@ to generate it, so max_staleness = 0 is the synchronous baseline.
 from __future__ import annotations
 
 import random
+import re
 import secrets
 from dataclasses import dataclass
 
@@ -55,6 +56,11 @@ def step_of_release(index: int, *, version: int, prompts_per_step: int, max_stal
 def new_run_id(namespace: str) -> str:
     """The id of a run that starts anew: its namespace and 32 random bits."""
     return f"{namespace}-{secrets.token_hex(4)}"
+
+
+def run_of(task_id: str) -> str:
+    """The run id in a task id (`<run id>-<index>` or `<run id>-eval<version>-<index>`)."""
+    return re.sub(r"-(eval\d+-)?\d+$", "", task_id)
 
 
 def dataset_order(num_rows: int, epoch: int, seed: int) -> list[int]:

@@ -33,6 +33,7 @@ import nats.errors
 
 from broker.trajectories import ReceivedTrajectory, TrajectoryConsumer
 from learner.batching import Group, GroupAssembler
+from learner.dispatcher import run_of
 
 log = logging.getLogger(__name__)
 
@@ -145,7 +146,7 @@ class Intake:
     async def _drop_other_run(self, received: ReceivedTrajectory) -> None:
         self.num_other_run += 1
         task_id = received.trajectory.group_id
-        run = task_id.rsplit("-", 1)[0]  # a task id is <run id>-<index> (or -eval<v>-<i>)
+        run = run_of(task_id)
         if run not in self._other_runs:  # once per run: a straggling actor sends many
             self._other_runs.add(run)
             log.warning(

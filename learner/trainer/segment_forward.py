@@ -54,11 +54,8 @@ def forward_loss_tokens(
     token_row, targets = batch.token_row.to(device), batch.targets.to(device)
     head = model.get_output_embeddings()
     chunked = head_chunk_mb is not None and _chunkable(model, head)
-    with (
-        _chunked_head(head, token_row, targets, entropy, head_chunk_mb)
-        if chunked
-        else (contextlib.nullcontext())
-    ):
+    plain = contextlib.nullcontext()
+    with _chunked_head(head, token_row, targets, entropy, head_chunk_mb) if chunked else plain:
         output = model(
             input_ids=batch.input_ids.to(device),
             position_ids=batch.position_ids.to(device),
@@ -90,7 +87,7 @@ def _chunkable(model: torch.nn.Module, head: torch.nn.Module | None) -> bool:
 @contextlib.contextmanager
 def _chunked_head(head, token_row, targets, entropy: str, chunk_mb: float):
     """For the block, `head(hidden [1, U, H])` returns `[1, L, 2]`: each loss token's logprob
-    and entropy (zeros when not asked; detached when "detached")."""
+    and entropy (zeros when not asked; the caller detaches it when "detached")."""
 
     def forward(hidden: torch.Tensor) -> torch.Tensor:
         rows = hidden[0]  # [U, H]
@@ -100,10 +97,7 @@ def _chunked_head(head, token_row, targets, entropy: str, chunk_mb: float):
             with_entropy=entropy != "none",
         )  # fmt: skip
         logprobs = picked - lse[token_row]
-        token_entropy = row_entropy[token_row]
-        if entropy == "detached":
-            token_entropy = token_entropy.detach()
-        return torch.stack([logprobs, token_entropy], dim=-1)[None]
+        return torch.stack([logprobs, row_entropy[token_row]], dim=-1)[None]
 
     head.forward = forward
     try:

@@ -2,7 +2,14 @@
 
 import pytest
 
-from learner.dispatcher import PromptStream, eval_tasks, num_releasable, step_of_release
+from learner.dispatcher import (
+    PromptStream,
+    eval_tasks,
+    new_run_id,
+    num_releasable,
+    run_of,
+    step_of_release,
+)
 
 
 def _rows(n):
@@ -72,3 +79,14 @@ def test_releases_stop_at_the_last_step_but_still_replace_drops():
     assert num_releasable(version=3, num_released=10, num_dropped_groups=0, **kw) == 0
     assert num_releasable(version=3, num_released=10, num_dropped_groups=1, **kw) == 1
     assert num_releasable(version=1, num_released=0, num_dropped_groups=0, **kw) == 8
+
+
+def test_the_run_of_a_task_id_is_the_run_that_made_it():
+    """learner/intake.py names an earlier run's stragglers by it, once per run."""
+    run = new_run_id("calc-a")  # the namespace has a '-' of its own
+    stream = PromptStream(_rows(20), run_id=run, group_size=2, prompts_per_step=2,
+                          max_staleness=1)  # fmt: skip
+    ids = [stream.task(i, version=0).task_id for i in (0, 17)]
+    ids += [t.task_id for t in eval_tasks(_rows(3), run_id=run, version=30, samples_per_prompt=1)]
+    assert {run_of(task_id) for task_id in ids} == {run}
+    assert run_of("calc-7") == "calc"  # a run from before run ids: its namespace
