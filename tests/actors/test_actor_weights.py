@@ -55,7 +55,9 @@ class LearnerStandIn:
 
     def __init__(self, js, broker: BrokerConfig, run_dir: Path) -> None:
         self.sender = WeightSender(
-            WeightSyncConfig(store_port=0, join_timeout_s=10.0, transfer_timeout_s=30.0)
+            WeightSyncConfig(
+                store_port=0, backend="gloo", join_timeout_s=10.0, transfer_timeout_s=30.0
+            )
         )
         self.policy = bus.PolicyStore(js, broker.names)
         self.snapshot_dir = run_dir / "weights"

@@ -39,10 +39,13 @@ def _request(temperature: float, max_tokens: int, seed=None, stop_token_ids=()) 
 
 @contextlib.contextmanager
 def _sender_and_subscription(bucket_mb: float = 64.0, transfer_timeout_s: float = 30.0):
-    """A learner's sender on a free port, and one subscription to it."""
+    """A learner's sender on a free port, and one subscription to it. Over gloo: the
+    learner here is this process, on the engine's GPU when there is one (where "auto" would
+    pick NCCL, which refuses two ranks on one GPU)."""
     sender = WeightSender(
         WeightSyncConfig(
             store_port=0,
+            backend="gloo",
             join_timeout_s=10.0,
             transfer_timeout_s=transfer_timeout_s,
             bucket_mb=bucket_mb,

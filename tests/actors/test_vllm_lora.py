@@ -67,7 +67,9 @@ def engine(request):
 @pytest.fixture
 def lora_channel(tiny_model_dir):
     sender = WeightSender(
-        WeightSyncConfig(store_port=0, join_timeout_s=10.0, transfer_timeout_s=30.0),
+        WeightSyncConfig(
+            store_port=0, backend="gloo", join_timeout_s=10.0, transfer_timeout_s=30.0
+        ),  # gloo: on a GPU machine this process shares the engine's GPU
         adapter_config=adapter_config(FINETUNE, str(tiny_model_dir)),
     )
     yield sender
@@ -224,7 +226,7 @@ async def test_a_full_weights_snapshot_drops_the_adapter(
 
 def test_an_engine_whose_max_lora_rank_is_too_small_is_refused(tiny_model_dir):
     sender = WeightSender(
-        WeightSyncConfig(store_port=0),
+        WeightSyncConfig(store_port=0, backend="gloo"),
         adapter_config=adapter_config(FinetuneConfig(mode="lora", rank=32), str(tiny_model_dir)),
     )
     try:

@@ -20,17 +20,23 @@ pytestmark = [pytest.mark.gpu, pytest.mark.vllm, pytest.mark.slow]
 
 
 def _run(runs_dir: Path, *overrides: str, gpus: str, timeout_s: float) -> tuple[dict, str]:
+    """Run deploy.local; its output goes to a log file as it comes (in TETHER_GPU_LOG_DIR
+    when set: the GPU kit's run brings it back even when the call's time ends mid-run)."""
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": gpus, "PYTHONPATH": str(REPO)}
-    result = subprocess.run(
-        [sys.executable, "-m", "deploy.local", f"local.runs_dir={runs_dir}", *overrides],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout_s,
-    )
-    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
-    return json.loads((runs_dir / "latest" / "summary.json").read_text()), result.stdout
+    log_path = Path(os.environ.get("TETHER_GPU_LOG_DIR") or runs_dir.parent) / "deploy-local.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with log_path.open("w") as log:
+        returncode = subprocess.run(
+            [sys.executable, "-m", "deploy.local", f"local.runs_dir={runs_dir}", *overrides],
+            cwd=REPO,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            timeout=timeout_s,
+        ).returncode
+    output = log_path.read_text()
+    assert returncode == 0, output[-8000:]
+    return json.loads((runs_dir / "latest" / "summary.json").read_text()), output
 
 
 def test_demo_on_one_gpu_learns_to_call_the_tool(tmp_path):
@@ -59,7 +65,7 @@ def test_learner_on_one_gpu_and_an_engine_on_another(tmp_path):
         gpus="0,1",
         timeout_s=1200,
     )
-    assert "learner on GPU(s) 0, engines on [1]" in stdout and "gloo" not in stdout
+    assert "learner on GPU(s) 0, engines on [1]" in stdout and "weights over gloo" not in stdout
     assert summary["steps"] == 5 and summary["max_staleness_seen"] <= 1
     metrics = [
         json.loads(line)
