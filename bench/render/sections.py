@@ -6,7 +6,18 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from bench.render import actor, costs, head, parts, peer, prefix, profile, projection, system
+from bench.render import (
+    actor,
+    costs,
+    head,
+    parts,
+    peer,
+    prefix,
+    profile,
+    projection,
+    scale,
+    system,
+)
 from bench.render.markdown import Figures
 
 NOT_MEASURED = "_Not measured yet: run `{command}`._"
@@ -32,6 +43,7 @@ SECTIONS: dict[str, Section] = {
     "weight_group": Section("weight_group", parts.weight_group),
     "engine_update_memory": Section("engine_update_memory", parts.engine_update_memory),
     "head_memory": Section("head_memory", head.head_memory, "python -m bench.head_memory"),
+    "scale": Section("scale", scale.scale, "make bench-scale"),
     "lora_sync": Section("lora_sync", parts.lora_sync),
     "lora_parity": Section("lora_parity", parts.lora_parity, "python bench/lora_parity.py"),
     "peer_trl": Section("peer_trl", peer.peer_trl),

@@ -1,0 +1,56 @@
+"""Renderer of bench/scale.py: the same short run at growing model sizes over a real
+151k-token vocabulary, each cost over what the machine gives for the same work (issue 28)."""
+
+from __future__ import annotations
+
+from bench.render.markdown import Figures, check, count, fixed, join, provenance, table
+
+TOP = "0.5B"
+
+
+def _sizes(f: Figures) -> list[str]:
+    sizes = {key.split("/")[0] for key in f if "/" in key}
+    return sorted(sizes, key=lambda size: f.get(f"{size}/params", 0))
+
+
+def scale(f: Figures) -> str:
+    setup = (
+        "`make bench-scale`: `python -m deploy.local` (every role, a real broker, engine and"
+        " env server), 3 steps of 2 prompts x 4 samples, a checkpoint and a snapshot after"
+        " every step, at random Qwen2 models over Qwen's 151,643-token BPE (151,936"
+        " embedding rows, tied). Each ratio divides by the machine's own figure for the same"
+        f" work, measured in the same run: one loopback TCP stream"
+        f" ({count(f.get('loopback_mb_per_s'))} MB/s), fsynced disk writes"
+        f" ({count(f.get('disk_write_mb_per_s'))} MB/s), and a bare torch loop (forward and"
+        " backward over the run's own step of tokens in the same 1,024-token micro-batches,"
+        " plain head, one AdamW step, one thread). Flat lines as the model grows: nothing"
+        " grows faster than the model."
+    )
+    rows = []
+    for size in _sizes(f):
+        g = {key.split("/", 1)[1]: value for key, value in f.items() if key.startswith(f"{size}/")}
+        rows.append([
+            size,
+            fixed(g.get("weights_gb")),
+            f"{count(g.get('learner_tokens_per_s'))} ({fixed(g.get('learner_vs_bare'))}x)",
+            f"{fixed(g.get('learner_peak_gb'), 1)} ({fixed(g.get('learner_rss_x_state'))}x)",
+            f"{fixed(g.get('actor_peak_gb'), 1)} ({fixed(g.get('actor_rss_x_weights'), 1)}x)",
+            f"{count(g.get('broadcast_mb_per_s'))} ({fixed(g.get('broadcast_of_loopback'))})",
+            f"{fixed(g.get('checkpoint_gb'))} GB in {fixed(g.get('checkpoint_s'), 1)} s"
+            f" ({fixed(g.get('checkpoint_x_disk'))}x)",
+        ])  # fmt: skip
+    header = ["model", "fp32 weights, GB", "learner tokens/s (x bare loop)",
+              "learner peak GB (x training state)", "actor peak GB (x weights)",
+              "broadcast MB/s (of loopback)", "checkpoint (x disk time)"]  # fmt: skip
+    top = {key.split("/", 1)[1]: v for key, v in f.items() if key.startswith(f"{TOP}/")}
+    state_gb = 4 * top["weights_gb"] if "weights_gb" in top else None
+    allowance = None
+    if state_gb is not None and "bare_activation_gb" in top:
+        allowance = top["learner_peak_gb"] / (1.3 * state_gb + top["bare_activation_gb"])
+    targets = "\n".join([
+        check(f"{TOP}: broadcast over loopback bandwidth", top.get("broadcast_of_loopback"),
+              0.5, ">=", fixed),
+        check(f"{TOP}: learner peak over (1.3 x training state + the bare loop's activations)",
+              allowance, 1.0, "<=", fixed),
+    ])  # fmt: skip
+    return join(setup, table(header, rows), targets, provenance(f))

@@ -1,0 +1,227 @@
+"""The scale ladder (issue #28): the same short real run (`python -m deploy.local`, every role,
+3 steps) at random Qwen2 models from 10M parameters to Qwen2-0.5B's shape, all over Qwen's
+real 151,643-token BPE vocabulary (demo/qwen_vocab.py), so the head, the wire and the
+checkpoints carry what our users' models carry. Per size, each cost divided by what the
+machine gives for the same bytes or work, measured in the same run: flat lines as the
+model grows mean nothing grows faster than the model.
+
+    learner_vs_bare       the learner's tokens/s over a bare torch loop's (forward, backward,
+                          AdamW) on the same tokens in the same micro-batches, one thread
+    <role>_rss_x_weights  each role's peak resident memory over the model's fp32 bytes
+    learner_rss_vs_bare   the learner's peak over the bare loop's (weights, gradients, AdamW
+                          state and activations, nothing else)
+    learner_rss_x_state   the learner's peak over its training state (16 bytes a parameter)
+    broadcast_of_loopback the weight broadcast's bytes/s over one loopback TCP stream's
+    checkpoint_x_disk     a checkpoint's write seconds over (its bytes / fsynced disk writes)
+
+    make bench-scale        (all four sizes, about 11 minutes on 2 cores)
+    python bench/scale.py --sizes 10M,45M
+
+Prints a table, writes bench/results/scale.json and bench/results/scale.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.common import RESULTS_DIR, load_average, report  # noqa: E402
+from bench.scale_support import (  # noqa: E402
+    LADDER,
+    RolePeaks,
+    Shape,
+    bare_loop_tokens_per_s,
+    build_model,
+    disk_bytes_per_s,
+    loopback_bytes_per_s,
+)
+from bench.tether_run import watch_run  # noqa: E402
+
+STEPS = 3
+MICRO_TOKENS = 1024
+
+
+def run_overrides(model_dir: Path) -> list[str]:
+    """The issue's probe: 3 steps of 2 prompts x 4 samples, a checkpoint and a snapshot
+    after every step, one small eval at the end."""
+    return [
+        f"learner.total_steps={STEPS}",
+        f"learner.model_path={model_dir}",
+        f"actor.engine.model={model_dir}",
+        "local.warm_start=false",
+        "learner.prompts_per_step=2",
+        "learner.group_size=4",
+        f"learner.micro_batch_tokens={MICRO_TOKENS}",
+        "actor.engine.max_num_seqs=16",
+        "learner.checkpoint.interval=1",
+        "learner.snapshot_interval=1",
+        "local.num_eval_rows=8",
+        "learner.eval_samples_per_prompt=1",
+        f"learner.eval_interval={STEPS}",
+        # A random model over 151k tokens almost never samples EOS, so every turn ends at
+        # max_generate_length; DAPO's overlong filtering would then mask every token and
+        # the learner would train on none. Here the learner's work is the point.
+        "actor.rollout.overlong_filtering=false",
+    ]
+
+
+class CheckpointTimes:
+    """When each `checkpoints/step_N/` appeared and when its state.json (written last) did:
+    the save's wall time as seen from outside, at the poll's resolution."""
+
+    def __init__(self) -> None:
+        self.started: dict[str, float] = {}
+        self.finished: dict[str, float] = {}
+
+    def poll(self, run_dir: Path, t: float) -> None:
+        root = run_dir / "checkpoints"
+        for step in root.glob("step_*") if root.is_dir() else ():
+            self.started.setdefault(step.name, t)
+            if (step / "state.json").is_file():
+                self.finished.setdefault(step.name, t)
+
+    def seconds(self) -> list[float]:
+        return [self.finished[n] - self.started[n] for n in self.finished]
+
+
+def _bare_loop(conn, model_dir: str, step_tokens: int) -> None:
+    tokens_per_s = bare_loop_tokens_per_s(
+        Path(model_dir), step_tokens=step_tokens, micro_tokens=MICRO_TOKENS
+    )
+    peak_kb = next(
+        int(line.split()[1])
+        for line in Path("/proc/self/status").read_text().splitlines()
+        if line.startswith("VmHWM:")
+    )
+    conn.send((tokens_per_s, peak_kb * 1024))
+
+
+def bare_loop(model_dir: Path, step_tokens: int) -> tuple[float, int]:
+    """(tokens/s, peak RSS bytes) of the bare loop, in a fresh process of its own."""
+    context = multiprocessing.get_context("spawn")
+    parent, child = context.Pipe()
+    process = context.Process(target=_bare_loop, args=(child, str(model_dir), step_tokens))
+    process.start()
+    child.close()  # so a child that dies ends recv() with EOFError instead of a hang
+    result = parent.recv()
+    process.join()
+    return result
+
+
+def measure(shape: Shape, model_dir: Path, work: Path, machine: dict) -> dict:
+    """One watched run at `shape`, then the bare loop on the run's own step size."""
+    peaks, checkpoints = RolePeaks(), CheckpointTimes()
+
+    def on_poll(run, launcher, t: float) -> None:
+        peaks.poll(launcher.pid)
+        checkpoints.poll(run.run_dir, t)
+
+    run = watch_run(run_overrides(model_dir), work, on_poll=on_poll, poll_s=0.25)
+    train = run.train
+    if len(train) != STEPS:
+        raise RuntimeError(f"{shape.name}: {len(train)} train records, wanted {STEPS}")
+    done = next(r for r in run.records if r["kind"] == "done")
+    if empty := done["steps_without_loss_tokens"]:
+        raise RuntimeError(f"{shape.name}: {empty} steps had no loss token to train on")
+    step_tokens = int(statistics.median(r["num_tokens"] for r in train))
+    bare_tokens_per_s, bare_peak = bare_loop(model_dir, step_tokens)
+    weights = 4 * shape.num_params
+    roles = peaks.bytes_by_role()
+    broadcast = [r["broadcast_bytes"] / r["broadcast_s"] for r in train if r["broadcast_s"] > 0]
+    checkpoint_bytes = statistics.median(
+        sum(f.stat().st_size for f in step.rglob("*") if f.is_file())
+        for step in (run.run_dir / "checkpoints").glob("step_*")
+    )
+    checkpoint_s = statistics.median(checkpoints.seconds())
+    last_counters = run.actor_samples[-1][1] if run.actor_samples else []
+    figures = {
+        "params": shape.num_params,
+        "weights_gb": weights / 1e9,
+        "wall_s": run.wall_s,
+        "step_tokens": step_tokens,
+        "learner_tokens_per_s": statistics.median(r["tokens_per_s"] for r in train),
+        "bare_tokens_per_s": bare_tokens_per_s,
+        "bare_peak_gb": bare_peak / 1e9,
+        "broadcast_mb_per_s": statistics.median(broadcast) / 1e6,
+        "checkpoint_gb": checkpoint_bytes / 1e9,
+        "checkpoint_s": checkpoint_s,
+        "generated_tokens": sum(c["tether_actor_generated_tokens_total"] for c in last_counters),
+        **{f"{role}_peak_gb": peak / 1e9 for role, peak in roles.items()},
+    }
+    figures["learner_vs_bare"] = figures["learner_tokens_per_s"] / bare_tokens_per_s
+    figures["learner_rss_vs_bare"] = roles["learner"] / bare_peak
+    # Training state: fp32 weights, gradients and AdamW's two moments, 16 bytes a parameter.
+    # What the bare loop holds beyond it is its activations (and the interpreter's own).
+    figures["learner_rss_x_state"] = roles["learner"] / (4 * weights)
+    figures["bare_activation_gb"] = max(0, bare_peak - 4 * weights) / 1e9
+    for role, peak in roles.items():
+        figures[f"{role}_rss_x_weights"] = peak / weights
+    figures["broadcast_of_loopback"] = statistics.median(broadcast) / machine["loopback"]
+    figures["checkpoint_x_disk"] = checkpoint_s / (checkpoint_bytes / machine["disk_write"])
+    return figures
+
+
+def plot(results: dict[str, dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ratios = ("learner_vs_bare", "learner_rss_vs_bare", "learner_rss_x_state",
+              "actor_rss_x_weights", "broadcast_of_loopback", "checkpoint_x_disk")  # fmt: skip
+    sizes = list(results)
+    params = [results[s]["params"] for s in sizes]
+    figure, axes = plt.subplots(2, 3, figsize=(12, 6.5), sharex=True)
+    for axis, ratio in zip(axes.flat, ratios, strict=True):
+        axis.plot(params, [results[s].get(ratio, float("nan")) for s in sizes], "o-")
+        axis.set_xscale("log")
+        axis.set_title(ratio, fontsize=10)
+        axis.set_ylim(bottom=0)
+        axis.grid(alpha=0.3)
+    for axis in axes[-1]:
+        axis.set_xlabel("parameters (151,936-row vocabulary)")
+    figure.suptitle("Tether at growing model sizes, CPU: each cost over the machine's own")
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    print(f"wrote {path}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sizes", default=",".join(s.name for s in LADDER))
+    args = parser.parse_args()
+    shapes = [s for s in LADDER if s.name in args.sizes.split(",")]
+    from demo.qwen_vocab import build_qwen_vocab_tokenizer
+    from demo.tinymodel import default_cache_root
+
+    tokenizer_dir = build_qwen_vocab_tokenizer()
+    cache = default_cache_root() / "scale"
+    cache.mkdir(parents=True, exist_ok=True)
+    results: dict[str, dict] = {}
+    with tempfile.TemporaryDirectory(prefix="tether-scale-") as scratch, load_average() as load:
+        write_read = disk_bytes_per_s(Path(scratch))
+        machine = {"loopback": loopback_bytes_per_s(), "disk_write": write_read["write"]}
+        for shape in shapes:
+            started = time.monotonic()
+            model_dir = build_model(shape, tokenizer_dir, cache)
+            print(f"== {shape.name}: {shape.num_params / 1e6:.0f}M parameters, run", flush=True)
+            work = Path(scratch) / shape.name
+            results[shape.name] = measure(shape, model_dir, work, machine)
+            print(f"== {shape.name} took {time.monotonic() - started:.0f} s", flush=True)
+    figures = {"loopback_mb_per_s": machine["loopback"] / 1e6,
+               "disk_write_mb_per_s": machine["disk_write"] / 1e6, **load}  # fmt: skip
+    for size, values in results.items():
+        figures.update({f"{size}/{key}": value for key, value in values.items()})
+    report("scale", "Scale ladder: each cost over the machine's own", figures)
+    plot(results, RESULTS_DIR / "scale.png")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,205 @@
+"""What bench/scale.py measures around a run, kept apart from the run itself: the ladder of
+model shapes, random models of those shapes over a real 151k-token vocabulary, the bare
+torch loop the learner is compared with, the machine's loopback and disk bandwidth, and the
+peak resident memory of each role's processes."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+CHUNK = 16 * 2**20
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A Qwen2 shape (head_dim = hidden / heads: vLLM's CPU attention needs >= 32)."""
+
+    name: str
+    hidden: int
+    layers: int
+    intermediate: int
+    heads: int
+    kv_heads: int
+    vocab: int = 151_936  # Qwen2's embedding rows (more than its tokenizer's entries)
+
+    @property
+    def num_params(self) -> int:
+        """Parameters with tied embeddings (what `model.parameters()` counts)."""
+        head_dim = self.hidden // self.heads
+        attention = self.hidden * head_dim * (self.heads * 2 + self.kv_heads * 2)
+        attention += head_dim * (self.heads + 2 * self.kv_heads)  # q, k, v biases
+        mlp = 3 * self.hidden * self.intermediate
+        per_layer = attention + mlp + 2 * self.hidden
+        return self.vocab * self.hidden + self.layers * per_layer + self.hidden
+
+
+LADDER = (
+    Shape("10M", hidden=64, layers=2, intermediate=256, heads=2, kv_heads=1),
+    Shape("45M", hidden=256, layers=4, intermediate=1024, heads=4, kv_heads=2),
+    Shape("120M", hidden=512, layers=8, intermediate=2048, heads=8, kv_heads=2),
+    Shape("0.5B", hidden=896, layers=24, intermediate=4864, heads=14, kv_heads=2),
+)
+"""From embedding-dominated to Qwen2-0.5B's shape (494M parameters, 1.98 GB in fp32)."""
+
+
+def build_model(shape: Shape, tokenizer_dir: Path, cache_root: Path) -> Path:
+    """A random fp32 Qwen2 of `shape` with the tokenizer in `tokenizer_dir`, built once into
+    `cache_root/<name>-<hidden>x<layers>` (random init: memory and speed, not quality)."""
+    import torch
+    from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
+
+    out = cache_root / f"{shape.name}-{shape.hidden}x{shape.layers}"
+    if (out / "config.json").is_file():
+        return out
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    config = Qwen2Config(
+        vocab_size=shape.vocab,
+        hidden_size=shape.hidden,
+        intermediate_size=shape.intermediate,
+        num_hidden_layers=shape.layers,
+        num_attention_heads=shape.heads,
+        num_key_value_heads=shape.kv_heads,
+        max_position_embeddings=4096,
+        tie_word_embeddings=True,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=None,
+    )
+    torch.manual_seed(0)
+    partial = out.with_name(out.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    Qwen2ForCausalLM(config).to(torch.float32).save_pretrained(partial)
+    tokenizer.save_pretrained(partial)
+    partial.rename(out)
+    return out
+
+
+def bare_loop_tokens_per_s(model_dir: Path, *, step_tokens: int, micro_tokens: int) -> float:
+    """What torch alone does with the learner's work: forward and backward over `step_tokens`
+    tokens in micro-batches of `micro_tokens` (one sequence each), then one AdamW step, on one
+    thread as the learner runs; tokens per second of the best of two steps after a warm-up."""
+    import torch
+    from transformers import Qwen2ForCausalLM
+
+    torch.set_num_threads(1)
+    model = Qwen2ForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
+    vocab = model.config.vocab_size
+    generator = torch.Generator().manual_seed(0)
+    sizes = [micro_tokens] * (step_tokens // micro_tokens) + [step_tokens % micro_tokens]
+    batches = [torch.randint(vocab, (1, n), generator=generator) for n in sizes if n > 1]
+
+    def step() -> float:
+        started = time.perf_counter()
+        for ids in batches:
+            logits = model(input_ids=ids).logits.float()
+            loss = torch.nn.functional.cross_entropy(logits[0, :-1], ids[0, 1:])
+            loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return time.perf_counter() - started
+
+    step()  # allocates the optimizer's state
+    return step_tokens / min(step() for _ in range(2))
+
+
+def loopback_bytes_per_s(nbytes: int = 512 * 2**20) -> float:
+    """One TCP stream over 127.0.0.1 between two threads of this process."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    received = []
+
+    def receive() -> None:
+        connection, _ = listener.accept()
+        buffer, total = bytearray(CHUNK), 0
+        with connection:
+            while (count := connection.recv_into(buffer)) > 0:
+                total += count
+        received.append(total)
+
+    thread = threading.Thread(target=receive)
+    thread.start()
+    payload = memoryview(bytearray(CHUNK))
+    started = time.perf_counter()
+    with socket.create_connection(listener.getsockname()) as sender:
+        for offset in range(0, nbytes, CHUNK):
+            sender.sendall(payload[: min(CHUNK, nbytes - offset)])
+    thread.join()
+    seconds = time.perf_counter() - started
+    listener.close()
+    assert received == [nbytes], (received, nbytes)
+    return nbytes / seconds
+
+
+def disk_bytes_per_s(directory: Path, nbytes: int = 1024 * 2**20) -> dict[str, float]:
+    """Writing `nbytes` to a new file in `directory` and fsyncing it, then reading it back
+    (from the page cache, as a resume right after a save would): bytes per second each."""
+    path = directory / "scale-disk-probe.bin"
+    payload = os.urandom(CHUNK)
+    started = time.perf_counter()
+    with path.open("wb") as out:
+        for offset in range(0, nbytes, CHUNK):
+            out.write(payload[: min(CHUNK, nbytes - offset)])
+        out.flush()
+        os.fsync(out.fileno())
+    write_s = time.perf_counter() - started
+    started = time.perf_counter()
+    with path.open("rb") as source:
+        while source.read(CHUNK):
+            pass
+    read_s = time.perf_counter() - started
+    path.unlink()
+    return {"write": nbytes / write_s, "read": nbytes / read_s}
+
+
+# ---- the roles' memory ------------------------------------------------------------------------
+
+ROLES = {"learner": "learner.cli", "actor": "actors.cli", "envserver": "envservers.cli"}
+"""Role name -> the module its top process runs (deploy/local.py's services)."""
+
+
+def _peak_kb(pid: int) -> int:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def role_of(command: str) -> str | None:
+    """The role a launcher's child runs, from its command line (None: not a role's)."""
+    return next((role for role, module in ROLES.items() if f"-m {module}" in command), None)
+
+
+class RolePeaks:
+    """Each role's peak resident memory: the sum, over the processes of the role's tree (its
+    top process under the launcher and their descendants: an actor's engine cores too), of
+    each process's high-water mark (VmHWM), kept across polls so a process that exited still
+    counts. Poll it while the run goes (`poll(launcher_pid)`)."""
+
+    def __init__(self) -> None:
+        self.peak_kb: dict[tuple[str, int], int] = {}
+
+    def poll(self, launcher_pid: int) -> None:
+        from deploy.proctree import descendants, processes
+
+        table = processes()
+        for top in (p for p in table.values() if p.ppid == launcher_pid):
+            if (role := role_of(top.command)) is None:
+                continue
+            for process in [top, *descendants(top.pid, table)]:
+                key = (role, process.pid)
+                self.peak_kb[key] = max(self.peak_kb.get(key, 0), _peak_kb(process.pid))
+
+    def bytes_by_role(self) -> dict[str, int]:
+        totals: dict[str, int] = {}
+        for (role, _), kb in self.peak_kb.items():
+            totals[role] = totals.get(role, 0) + kb * 1024
+        return totals

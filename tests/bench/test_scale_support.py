@@ -1,0 +1,78 @@
+"""What bench/scale.py divides by and sums up, checked without a run: the ladder's
+parameter counts (each ratio's denominator) against transformers' own model, the probes of
+the machine's bandwidth, the roles told apart by their command lines, and the rendered table."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+from bench.render.scale import scale
+from bench.scale import CheckpointTimes
+from bench.scale_support import LADDER, disk_bytes_per_s, loopback_bytes_per_s, role_of
+
+
+@pytest.mark.parametrize("shape", LADDER, ids=lambda s: s.name)
+def test_each_shape_counts_the_parameters_transformers_builds(shape):
+    config = Qwen2Config(
+        vocab_size=shape.vocab,
+        hidden_size=shape.hidden,
+        intermediate_size=shape.intermediate,
+        num_hidden_layers=shape.layers,
+        num_attention_heads=shape.heads,
+        num_key_value_heads=shape.kv_heads,
+        tie_word_embeddings=True,
+    )
+    with torch.device("meta"):
+        model = Qwen2ForCausalLM(config)
+    assert shape.num_params == sum(p.numel() for p in model.parameters())
+    assert shape.hidden // shape.heads >= 32  # vLLM's CPU attention
+
+
+def test_the_ladder_ends_at_qwen2_0_5b():
+    assert LADDER[-1].num_params == 494_032_768
+
+
+def test_the_bandwidth_probes_move_every_byte(tmp_path):
+    assert loopback_bytes_per_s(8 * 2**20) > 0
+    disk = disk_bytes_per_s(tmp_path, 4 * 2**20)
+    assert disk["write"] > 0 and disk["read"] > 0
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_roles_are_told_apart_by_the_module_they_run():
+    python = "/repo/.venv/bin/python -m"
+    assert role_of(f"{python} learner.cli --config c.toml") == "learner"
+    assert role_of(f"{python} actors.cli --config c.toml --replicas 1") == "actor"
+    assert role_of(f"{python} envservers.cli --config c.toml") == "envserver"
+    assert role_of("/bin/nats-server -p 4222") is None
+
+
+def test_a_checkpoint_is_timed_from_its_directory_to_its_state_file(tmp_path):
+    times = CheckpointTimes()
+    step = tmp_path / "checkpoints" / "step_00000001"
+    times.poll(tmp_path, 0.0)  # nothing yet
+    step.mkdir(parents=True)
+    times.poll(tmp_path, 1.0)
+    (step / "state.json").write_text("{}")
+    times.poll(tmp_path, 3.5)
+    times.poll(tmp_path, 9.0)  # seen again: not re-timed
+    assert times.seconds() == [2.5]
+
+
+def test_the_table_shows_each_size_and_checks_the_top_one():
+    sizes = {"10M": 9_847_360, "0.5B": 494_032_768}
+    figures = {"loopback_mb_per_s": 3000.0, "disk_write_mb_per_s": 370.0}
+    for size, params in sizes.items():
+        figures.update({
+            f"{size}/params": params, f"{size}/weights_gb": 4 * params / 1e9,
+            f"{size}/learner_tokens_per_s": 100.0, f"{size}/learner_vs_bare": 0.9,
+            f"{size}/learner_peak_gb": 9.0, f"{size}/learner_rss_x_state": 1.1,
+            f"{size}/bare_activation_gb": 1.0, f"{size}/broadcast_of_loopback": 0.4,
+        })  # fmt: skip
+    text = scale(figures)
+    assert text.index("| 10M |") < text.index("| 0.5B |")
+    assert "0.5B: broadcast over loopback bandwidth: 0.40 (target ≥ 0.50): **missed**" in text
+    # 9.0 / (1.3 * 7.9 + 1.0) = 0.80
+    assert "(1.3 x training state + the bare loop's activations): 0.80" in text
