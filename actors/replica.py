@@ -28,6 +28,7 @@ from broker.security import BrokerRefused
 from common.restarts import EXIT_CONFIG, EXIT_UNREACHABLE
 from protos.channel import client_credentials
 from protos.client import EnvClient, GrpcEnvConnector
+from weights.subscription import AdapterMismatch, WeightDtypeMismatch
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -53,7 +54,8 @@ def run_replica(spec: ReplicaSpec, build: BuildActor, *, check_env: bool = False
     once (not after the engine's start-up), and a SIGTERM meanwhile ends the process in
     well under a second. What cannot heal ends it with one line on stderr and an exit code
     the supervisor does not restart (common/restarts.py): EXIT_CONFIG for a taken metrics
-    port, a config the engine refuses (ValueError) or credentials the broker refuses;
+    port, a config the engine refuses (ValueError), credentials the broker refuses, or an
+    engine whose dtype or LoRA rank the learner's weights do not fit;
     EXIT_UNREACHABLE for a broker that did not answer within broker.connect_timeout_s."""
     from common.config import load_section
 
@@ -139,6 +141,10 @@ async def _serve(
         raise CannotStart(EXIT_UNREACHABLE, str(e)) from None
     except BrokerRefused as e:
         raise CannotStart(EXIT_CONFIG, str(e)) from None
+    except (WeightDtypeMismatch, AdapterMismatch) as e:
+        # The learner refused this engine's dtype or LoRA rank: every restart would meet
+        # the same refusal (and generate a little with weights nobody updates meanwhile).
+        raise CannotStart(EXIT_CONFIG, f"the learner refuses this engine: {e}") from None
     finally:
         if env_watch is not None:
             env_watch.cancel()

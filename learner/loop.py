@@ -268,7 +268,8 @@ class Learner:
                 "wall_s": time.monotonic() - self.started,
                 "wait_data_s": waited_s,
                 "train_s": train_s,
-                "broadcast_s": broadcast_s,
+                "broadcast_s": broadcast_s,  # with a snapshot's write when one is due
+                "broadcast_transfer_s": weights.get("transfer_s", 0.0),  # the wire alone
             },
             ledger=self.ledger,
             num_receivers=weights.get("num_receivers", 0),

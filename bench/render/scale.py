@@ -16,8 +16,8 @@ def _sizes(f: Figures) -> list[str]:
 def scale(f: Figures) -> str:
     setup = (
         "`make bench-scale`: `python -m deploy.local` (every role, a real broker, engine and"
-        " env server), 3 steps of 2 prompts x 4 samples, a checkpoint and a snapshot after"
-        " every step, at random Qwen2 models over Qwen's 151,643-token BPE (151,936"
+        " env server), 3 steps of 2 prompts x 4 samples, a checkpoint after every step, an"
+        " eval on a snapshot at the end, at random Qwen2 models over Qwen's 151,643-token BPE (151,936"
         " embedding rows, tied). Each ratio divides by the machine's own figure for the same"
         f" work, measured in the same run: one loopback TCP stream"
         f" ({count(f.get('loopback_mb_per_s'))} MB/s), fsynced disk writes"

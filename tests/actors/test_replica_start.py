@@ -1,20 +1,27 @@
 """A replica's start (actors/replica.py, actors/replicas.py, actors/env_health.py): a
-replica that cannot start as configured is not restarted, and env servers are asked at
-once, named when silent, and asked again until they answer."""
+replica that cannot start as configured (an engine the learner refuses included) is not
+restarted, and env servers are asked at once, named when silent, and asked again until they
+answer."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 
+import pytest
+
+from actors import replica
+from actors.config import ActorConfig
 from actors.env_health import check_then_watch, silent_servers
 from actors.replicas import ReplicaSpec, supervise
+from broker.config import BrokerConfig
 from common.procs import free_port
 from common.restarts import EXIT_CONFIG, EXIT_UNREACHABLE, RestartPolicy
 from envservers.config import EnvServerConfig
 from envservers.server import EnvServer
 from protos.client import EnvClient
 from tests.fakes import FakeReplicaHandle
+from weights.subscription import AdapterMismatch, WeightDtypeMismatch
 
 
 class _Launcher:
@@ -67,3 +74,31 @@ async def test_a_silent_env_server_is_named_then_asked_until_it_answers(caplog):
         assert "env servers answer now" in caplog.text
         async with EnvClient([address]) as again:
             assert await silent_servers(again) == {}
+
+
+@pytest.mark.parametrize("refusal", [WeightDtypeMismatch, AdapterMismatch])
+async def test_an_engine_the_learner_refuses_ends_the_replica_as_a_config_error(
+    refusal, monkeypatch
+):
+    # An fp32 learner refusing a bf16 engine used to end the replica with exit code 1: it was
+    # restarted, refused again, and generated a little each time with weights nobody updated.
+    async def broker_answers(*args, **kwargs):
+        return None
+
+    class RefusedActor:
+        ready = False
+
+        async def run(self, stop):
+            raise refusal("the learner computes in float32 but the engine runs in bfloat16")
+
+    async def build(spec, config, broker):
+        return RefusedActor(), lambda: None
+
+    monkeypatch.setattr(replica, "wait_for_broker", broker_answers)
+    config = ActorConfig(engine={"model": "m"}, metrics_port=0)
+    spec = ReplicaSpec(index=0, config_path=None)
+    with pytest.raises(replica.CannotStart) as refused:
+        await replica._serve(spec, build, config, BrokerConfig(), check_env=False)
+    assert refused.value.exit_code == EXIT_CONFIG
+    assert "the learner refuses this engine" in str(refused.value)
+    assert "bfloat16" in str(refused.value)
