@@ -13,9 +13,10 @@ model grows mean nothing grows faster than the model.
     learner_rss_x_state   the learner's peak over its training state (16 bytes a parameter)
     broadcast_of_loopback the weight broadcast's bytes/s over one loopback TCP stream's
     checkpoint_x_disk     a checkpoint's write seconds over (its bytes / fsynced disk writes)
+    update_stall_s        how long an engine stops generating for one update (seconds)
 
-    make bench-scale        (all four sizes, about 11 minutes on 2 cores)
-    python bench/scale.py --sizes 10M,45M
+    make bench-scale        (the four sizes in fp32, then 0.5B in bf16: ~14 min on 2 cores)
+    python bench/scale.py --sizes 10M,45M,45M@bf16
 
 Prints a table, writes bench/results/scale.json and bench/results/scale.png.
 """
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing
+import shutil
 import statistics
 import sys
 import tempfile
@@ -48,10 +50,15 @@ STEPS = 3
 MICRO_TOKENS = 1024
 
 
-def run_overrides(model_dir: Path) -> list[str]:
+BF16 = ["actor.engine.dtype=bfloat16", "learner.dtype=bfloat16"]
+"""A `<size>@bf16` run: the engine in bf16 (weights travel in it) and the learner computing in
+bf16 with fp32 master weights (the learner refuses an engine of another dtype)."""
+
+
+def run_overrides(model_dir: Path, *, bf16: bool = False) -> list[str]:
     """The issue's probe: 3 steps of 2 prompts x 4 samples, a checkpoint after every step,
     one small eval at the end (on a snapshot of its version)."""
-    return [
+    return (BF16 if bf16 else []) + [
         f"learner.total_steps={STEPS}",
         f"learner.model_path={model_dir}",
         f"actor.engine.model={model_dir}",
@@ -114,7 +121,15 @@ def bare_loop(model_dir: Path, step_tokens: int) -> tuple[float, int]:
     return result
 
 
-def measure(shape: Shape, model_dir: Path, work: Path, machine: dict) -> dict:
+def _per_update_stall_s(counters: list[dict[str, float]]) -> float:
+    """Mean seconds an engine stopped generating for one broadcast round (all replicas)."""
+    stall, kind = "tether_actor_weight_update_stall_seconds", '{kind="broadcast"}'
+    total = sum(c.get(f"{stall}_sum{kind}", 0.0) for c in counters)
+    count = sum(c.get(f"{stall}_count{kind}", 0.0) for c in counters)
+    return total / count if count else float("nan")
+
+
+def measure(shape: Shape, model_dir: Path, work: Path, machine: dict, *, bf16: bool) -> dict:
     """One watched run at `shape`, then the bare loop on the run's own step size."""
     peaks, checkpoints = RolePeaks(), CheckpointTimes()
 
@@ -122,7 +137,7 @@ def measure(shape: Shape, model_dir: Path, work: Path, machine: dict) -> dict:
         peaks.poll(launcher.pid)
         checkpoints.poll(run.run_dir, t)
 
-    run = watch_run(run_overrides(model_dir), work, on_poll=on_poll, poll_s=0.25)
+    run = watch_run(run_overrides(model_dir, bf16=bf16), work, on_poll=on_poll, poll_s=0.25)
     train = run.train
     if len(train) != STEPS:
         raise RuntimeError(f"{shape.name}: {len(train)} train records, wanted {STEPS}")
@@ -155,6 +170,7 @@ def measure(shape: Shape, model_dir: Path, work: Path, machine: dict) -> dict:
         "checkpoint_gb": checkpoint_bytes / 1e9,
         "checkpoint_s": checkpoint_s,
         "generated_tokens": sum(c["tether_actor_generated_tokens_total"] for c in last_counters),
+        "update_stall_s": _per_update_stall_s(last_counters),
         **{f"{role}_peak_gb": peak / 1e9 for role, peak in roles.items()},
     }
     figures["learner_vs_bare"] = figures["learner_tokens_per_s"] / bare_tokens_per_s
@@ -178,17 +194,22 @@ def plot(results: dict[str, dict], path: Path) -> None:
 
     ratios = ("learner_vs_bare", "learner_rss_vs_bare", "learner_rss_x_state",
               "actor_rss_x_weights", "broadcast_of_loopback", "checkpoint_x_disk")  # fmt: skip
-    sizes = list(results)
-    params = [results[s]["params"] for s in sizes]
+    series = {"fp32": [s for s in results if "@" not in s],
+              "bf16": [s for s in results if s.endswith("@bf16")]}  # fmt: skip
     figure, axes = plt.subplots(2, 3, figsize=(12, 6.5), sharex=True)
     for axis, ratio in zip(axes.flat, ratios, strict=True):
-        axis.plot(params, [results[s].get(ratio, float("nan")) for s in sizes], "o-")
+        for label, sizes in series.items():
+            if sizes:
+                params = [results[s]["params"] for s in sizes]
+                values = [results[s].get(ratio, float("nan")) for s in sizes]
+                axis.plot(params, values, "o-" if label == "fp32" else "s", label=label)
         axis.set_xscale("log")
         axis.set_title(ratio, fontsize=10)
         axis.set_ylim(bottom=0)
         axis.grid(alpha=0.3)
     for axis in axes[-1]:
         axis.set_xlabel("parameters (151,936-row vocabulary)")
+    axes.flat[0].legend(fontsize=8)
     figure.suptitle("Tether at growing model sizes, CPU: each cost over the machine's own")
     figure.tight_layout()
     figure.savefig(path, dpi=110)
@@ -197,9 +218,12 @@ def plot(results: dict[str, dict], path: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--sizes", default=",".join(s.name for s in LADDER))
+    parser.add_argument("--sizes", default=",".join([*(s.name for s in LADDER), "0.5B@bf16"]),
+                        help="ladder sizes; SIZE@bf16 runs that size in bf16")  # fmt: skip
     args = parser.parse_args()
-    shapes = [s for s in LADDER if s.name in args.sizes.split(",")]
+    by_name = {s.name: s for s in LADDER}
+    runs = [(token, by_name[token.partition("@")[0]], token.endswith("@bf16"))
+            for token in args.sizes.split(",")]  # fmt: skip
     from demo.qwen_vocab import build_qwen_vocab_tokenizer
     from demo.tinymodel import default_cache_root
 
@@ -210,13 +234,14 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="tether-scale-") as scratch, load_average() as load:
         write_read = disk_bytes_per_s(Path(scratch))
         machine = {"loopback": loopback_bytes_per_s(), "disk_write": write_read["write"]}
-        for shape in shapes:
+        for name, shape, bf16 in runs:
             started = time.monotonic()
             model_dir = build_model(shape, tokenizer_dir, cache)
-            print(f"== {shape.name}: {shape.num_params / 1e6:.0f}M parameters, run", flush=True)
-            work = Path(scratch) / shape.name
-            results[shape.name] = measure(shape, model_dir, work, machine)
-            print(f"== {shape.name} took {time.monotonic() - started:.0f} s", flush=True)
+            print(f"== {name}: {shape.num_params / 1e6:.0f}M parameters, run", flush=True)
+            work = Path(scratch) / name
+            results[name] = measure(shape, model_dir, work, machine, bf16=bf16)
+            shutil.rmtree(work)  # a 0.5B run leaves ~15 GB of checkpoints and snapshots
+            print(f"== {name} took {time.monotonic() - started:.0f} s", flush=True)
     figures = {"loopback_mb_per_s": machine["loopback"] / 1e6,
                "disk_write_mb_per_s": machine["disk_write"] / 1e6, **load}  # fmt: skip
     for size, values in results.items():

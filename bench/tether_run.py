@@ -35,6 +35,8 @@ ACTOR_COUNTERS = (
     'tether_actor_wait_seconds_total{what="prompts"}',
     'tether_actor_wait_seconds_total{what="weights"}',
     'tether_actor_wait_seconds_total{what="env"}',
+    'tether_actor_weight_update_stall_seconds_sum{kind="broadcast"}',
+    'tether_actor_weight_update_stall_seconds_count{kind="broadcast"}',
 )
 
 

@@ -10,21 +10,22 @@ TOP = "0.5B"
 
 def _sizes(f: Figures) -> list[str]:
     sizes = {key.split("/")[0] for key in f if "/" in key}
-    return sorted(sizes, key=lambda size: f.get(f"{size}/params", 0))
+    return sorted(sizes, key=lambda size: (f.get(f"{size}/params", 0), size))
 
 
 def scale(f: Figures) -> str:
     setup = (
         "`make bench-scale`: `python -m deploy.local` (every role, a real broker, engine and"
         " env server), 3 steps of 2 prompts x 4 samples, a checkpoint after every step, an"
-        " eval on a snapshot at the end, at random Qwen2 models over Qwen's 151,643-token BPE (151,936"
-        " embedding rows, tied). Each ratio divides by the machine's own figure for the same"
-        f" work, measured in the same run: one loopback TCP stream"
-        f" ({count(f.get('loopback_mb_per_s'))} MB/s), fsynced disk writes"
-        f" ({count(f.get('disk_write_mb_per_s'))} MB/s), and a bare torch loop (forward and"
-        " backward over the run's own step of tokens in the same 1,024-token micro-batches,"
-        " plain head, one AdamW step, one thread). Flat lines as the model grows: nothing"
-        " grows faster than the model."
+        " eval on a snapshot at the end, at random Qwen2 models over Qwen's 151,643-token"
+        " BPE (151,936 embedding rows, tied), in fp32 and, marked `@bf16`, with the engine"
+        " in bf16 and the learner computing in bf16 over fp32 master weights. Each ratio"
+        " divides by the machine's own figure for the same work, measured in the same run:"
+        f" one loopback TCP stream ({count(f.get('loopback_mb_per_s'))} MB/s), fsynced disk"
+        f" writes ({count(f.get('disk_write_mb_per_s'))} MB/s), and a bare torch loop"
+        " (forward and backward over the run's own step of tokens in the same 1,024-token"
+        " micro-batches, plain head, one AdamW step, one thread). Flat lines as the model"
+        " grows: nothing grows faster than the model."
     )
     rows = []
     for size in _sizes(f):
@@ -38,10 +39,12 @@ def scale(f: Figures) -> str:
             f"{count(g.get('broadcast_mb_per_s'))} ({fixed(g.get('broadcast_of_loopback'))})",
             f"{fixed(g.get('checkpoint_gb'))} GB in {fixed(g.get('checkpoint_s'), 1)} s"
             f" ({fixed(g.get('checkpoint_x_disk'))}x)",
+            fixed(g.get("update_stall_s")),
         ])  # fmt: skip
     header = ["model", "fp32 weights, GB", "learner tokens/s (x bare loop)",
               "learner peak GB (x training state)", "actor peak GB (x weights)",
-              "broadcast MB/s (of loopback)", "checkpoint (x disk time)"]  # fmt: skip
+              "broadcast MB/s (of loopback)", "checkpoint (x disk time)",
+              "engine stall per update, s"]  # fmt: skip
     top = {key.split("/", 1)[1]: v for key, v in f.items() if key.startswith(f"{TOP}/")}
     state_gb = 4 * top["weights_gb"] if "weights_gb" in top else None
     allowance = None

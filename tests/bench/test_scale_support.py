@@ -76,3 +76,21 @@ def test_the_table_shows_each_size_and_checks_the_top_one():
     assert "0.5B: broadcast over loopback bandwidth: 0.40 (target ≥ 0.50): **missed**" in text
     # 9.0 / (1.3 * 7.9 + 1.0) = 0.80
     assert "(1.3 x training state + the bare loop's activations): 0.80" in text
+
+
+def test_the_stall_per_update_is_read_from_the_actors_histogram():
+    # The series carry the update's kind: unlabelled names matched nothing (a column of NaN).
+    import prometheus_client
+
+    from bench.scale import _per_update_stall_s
+    from bench.tether_run import parse_counters
+
+    registry = prometheus_client.CollectorRegistry()
+    stall = prometheus_client.Histogram(
+        "tether_actor_weight_update_stall_seconds", "stall", ["kind"], registry=registry
+    )
+    for seconds in (0.5, 1.5):
+        stall.labels("broadcast").observe(seconds)
+    stall.labels("snapshot").observe(30.0)  # a snapshot load is not a broadcast round
+    page = prometheus_client.generate_latest(registry).decode()
+    assert _per_update_stall_s([parse_counters(page)]) == 1.0
