@@ -50,12 +50,12 @@ def load_average() -> Iterator[dict[str, float]]:
     loads["load_avg_1m_after"] = os.getloadavg()[0]
 
 
-def status_mib(field: str) -> float:
-    """A `VmRSS`/`VmHWM` line of /proc/self/status, in MiB."""
-    for line in Path("/proc/self/status").read_text().splitlines():
+def status_mib(field: str, pid: int | str = "self") -> float:
+    """A `VmRSS`/`VmHWM` line of /proc/PID/status (this process's by default), in MiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith(f"{field}:"):
             return int(line.split()[1]) / 1024
-    raise RuntimeError(f"no {field} in /proc/self/status")
+    raise RuntimeError(f"no {field} in /proc/{pid}/status")
 
 
 def reset_peak_rss() -> float:

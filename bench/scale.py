@@ -34,7 +34,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import RESULTS_DIR, load_average, report  # noqa: E402
+from bench.common import RESULTS_DIR, load_average, report, status_mib  # noqa: E402
 from bench.scale_support import (  # noqa: E402
     LADDER,
     RolePeaks,
@@ -45,6 +45,7 @@ from bench.scale_support import (  # noqa: E402
     loopback_bytes_per_s,
 )
 from bench.tether_run import watch_run  # noqa: E402
+from learner.trainer.checkpoint import STATE_FILE  # noqa: E402
 
 STEPS = 3
 MICRO_TOKENS = 1024
@@ -90,7 +91,7 @@ class CheckpointTimes:
         root = run_dir / "checkpoints"
         for step in root.glob("step_*") if root.is_dir() else ():
             self.started.setdefault(step.name, t)
-            if (step / "state.json").is_file():
+            if (step / STATE_FILE).is_file():
                 self.finished.setdefault(step.name, t)
 
     def seconds(self) -> list[float]:
@@ -101,12 +102,7 @@ def _bare_loop(conn, model_dir: str, step_tokens: int) -> None:
     tokens_per_s = bare_loop_tokens_per_s(
         Path(model_dir), step_tokens=step_tokens, micro_tokens=MICRO_TOKENS
     )
-    peak_kb = next(
-        int(line.split()[1])
-        for line in Path("/proc/self/status").read_text().splitlines()
-        if line.startswith("VmHWM:")
-    )
-    conn.send((tokens_per_s, peak_kb * 1024))
+    conn.send((tokens_per_s, int(status_mib("VmHWM") * 2**20)))
 
 
 def bare_loop(model_dir: Path, step_tokens: int) -> tuple[float, int]:
@@ -121,12 +117,12 @@ def bare_loop(model_dir: Path, step_tokens: int) -> tuple[float, int]:
     return result
 
 
-def _per_update_stall_s(counters: list[dict[str, float]]) -> float:
+def _per_update_stall_s(counters: list[dict[str, float]]) -> float | None:
     """Mean seconds an engine stopped generating for one broadcast round (all replicas)."""
     stall, kind = "tether_actor_weight_update_stall_seconds", '{kind="broadcast"}'
     total = sum(c.get(f"{stall}_sum{kind}", 0.0) for c in counters)
     count = sum(c.get(f"{stall}_count{kind}", 0.0) for c in counters)
-    return total / count if count else float("nan")
+    return total / count if count else None  # no round reached an engine
 
 
 def measure(shape: Shape, model_dir: Path, work: Path, machine: dict, *, bf16: bool) -> dict:

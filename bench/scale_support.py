@@ -13,6 +13,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from bench.common import status_mib
+
 CHUNK = 16 * 2**20
 
 
@@ -27,6 +29,21 @@ class Shape:
     heads: int
     kv_heads: int
     vocab: int = 151_936  # Qwen2's embedding rows (more than its tokenizer's entries)
+
+    def config(self, **extra):
+        """The transformers config of this shape (tied embeddings), plus `extra` fields."""
+        from transformers import Qwen2Config
+
+        return Qwen2Config(
+            vocab_size=self.vocab,
+            hidden_size=self.hidden,
+            intermediate_size=self.intermediate,
+            num_hidden_layers=self.layers,
+            num_attention_heads=self.heads,
+            num_key_value_heads=self.kv_heads,
+            tie_word_embeddings=True,
+            **extra,
+        )
 
     @property
     def num_params(self) -> int:
@@ -52,21 +69,14 @@ def build_model(shape: Shape, tokenizer_dir: Path, cache_root: Path) -> Path:
     """A random fp32 Qwen2 of `shape` with the tokenizer in `tokenizer_dir`, built once into
     `cache_root/<name>-<hidden>x<layers>` (random init: memory and speed, not quality)."""
     import torch
-    from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
+    from transformers import AutoTokenizer, Qwen2ForCausalLM
 
     out = cache_root / f"{shape.name}-{shape.hidden}x{shape.layers}"
     if (out / "config.json").is_file():
         return out
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
-    config = Qwen2Config(
-        vocab_size=shape.vocab,
-        hidden_size=shape.hidden,
-        intermediate_size=shape.intermediate,
-        num_hidden_layers=shape.layers,
-        num_attention_heads=shape.heads,
-        num_key_value_heads=shape.kv_heads,
+    config = shape.config(
         max_position_embeddings=4096,
-        tie_word_embeddings=True,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
         bos_token_id=None,
@@ -163,14 +173,12 @@ ROLES = {"learner": "learner.cli", "actor": "actors.cli", "envserver": "envserve
 """Role name -> the module its top process runs (deploy/local.py's services)."""
 
 
-def _peak_kb(pid: int) -> int:
+def _peak_bytes(pid: int) -> int:
+    """Process `pid`'s resident high-water mark; 0 once it is gone (or a zombie: no memory)."""
     try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
+        return int(status_mib("VmHWM", pid) * 2**20)
+    except (OSError, RuntimeError):
+        return 0
 
 
 def role_of(command: str) -> str | None:
@@ -185,7 +193,7 @@ class RolePeaks:
     counts. Poll it while the run goes (`poll(launcher_pid)`)."""
 
     def __init__(self) -> None:
-        self.peak_kb: dict[tuple[str, int], int] = {}
+        self.peak_bytes: dict[tuple[str, int], int] = {}
 
     def poll(self, launcher_pid: int) -> None:
         from deploy.proctree import descendants, processes
@@ -196,10 +204,10 @@ class RolePeaks:
                 continue
             for process in [top, *descendants(top.pid, table)]:
                 key = (role, process.pid)
-                self.peak_kb[key] = max(self.peak_kb.get(key, 0), _peak_kb(process.pid))
+                self.peak_bytes[key] = max(self.peak_bytes.get(key, 0), _peak_bytes(process.pid))
 
     def bytes_by_role(self) -> dict[str, int]:
         totals: dict[str, int] = {}
-        for (role, _), kb in self.peak_kb.items():
-            totals[role] = totals.get(role, 0) + kb * 1024
+        for (role, _), peak in self.peak_bytes.items():
+            totals[role] = totals.get(role, 0) + peak
         return totals

@@ -6,26 +6,18 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import Qwen2Config, Qwen2ForCausalLM
+from transformers import Qwen2ForCausalLM
 
 from bench.render.scale import scale
 from bench.scale import CheckpointTimes
 from bench.scale_support import LADDER, disk_bytes_per_s, loopback_bytes_per_s, role_of
+from learner.trainer.checkpoint import STATE_FILE
 
 
 @pytest.mark.parametrize("shape", LADDER, ids=lambda s: s.name)
 def test_each_shape_counts_the_parameters_transformers_builds(shape):
-    config = Qwen2Config(
-        vocab_size=shape.vocab,
-        hidden_size=shape.hidden,
-        intermediate_size=shape.intermediate,
-        num_hidden_layers=shape.layers,
-        num_attention_heads=shape.heads,
-        num_key_value_heads=shape.kv_heads,
-        tie_word_embeddings=True,
-    )
     with torch.device("meta"):
-        model = Qwen2ForCausalLM(config)
+        model = Qwen2ForCausalLM(shape.config())  # the config build_model saves
     assert shape.num_params == sum(p.numel() for p in model.parameters())
     assert shape.hidden // shape.heads >= 32  # vLLM's CPU attention
 
@@ -55,7 +47,7 @@ def test_a_checkpoint_is_timed_from_its_directory_to_its_state_file(tmp_path):
     times.poll(tmp_path, 0.0)  # nothing yet
     step.mkdir(parents=True)
     times.poll(tmp_path, 1.0)
-    (step / "state.json").write_text("{}")
+    (step / STATE_FILE).write_text("{}")
     times.poll(tmp_path, 3.5)
     times.poll(tmp_path, 9.0)  # seen again: not re-timed
     assert times.seconds() == [2.5]
