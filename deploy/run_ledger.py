@@ -18,9 +18,6 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-GROUP_REASONS = ("stale", "future", "unused", "nonfinite")
-"""Drop reasons that take a whole group (`errors` drops samples of a trained group)."""
-
 
 def read_jsonl(path: Path) -> list[dict]:
     if not path.exists():
@@ -35,7 +32,8 @@ class RunLedger:
     trained: list[dict]
     """trained.jsonl: one line per step."""
     dropped: list[dict]
-    """dropped.jsonl: one line per dropped group (or error samples of a trained group)."""
+    """dropped.jsonl: one line per dropped group (`whole_group`), or per reason samples were
+    removed from a trained group."""
     evals: list[dict]
     """The eval records of metrics.jsonl."""
     train_records: list[dict]
@@ -76,7 +74,7 @@ class RunLedger:
     def taken_groups(self) -> Counter[str]:
         """Prompt task ids trained on or dropped whole."""
         trained = [g for line in self.trained for g in line["group_ids"]]
-        dropped = [line["group_id"] for line in self.dropped if line["reason"] in GROUP_REASONS]
+        dropped = [line["group_id"] for line in self.dropped if line["whole_group"]]
         return Counter(trained + dropped)
 
     @property

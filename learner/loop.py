@@ -187,14 +187,13 @@ class Learner:
         self.ledger.take_group(dropped_reason=reason)
         self.window_ids.extend(group.trajectory_ids)
         if reason is not None:
-            self._count_drop(group.group_id, reason, group.trajectory_ids)
+            self._count_drop(group.group_id, reason, group.trajectory_ids, whole_group=True)
 
-    def _count_drop(self, group_id: str, reason: str, ids: list[str]) -> None:
+    def _count_drop(self, group_id: str, reason: str, ids: list[str], *, whole_group: bool):
         if ids:
             self.ledger.drop(reason, len(ids))
-            self.reporter.record_drop(
-                version=self.version, group_id=group_id, reason=reason, trajectory_ids=ids
-            )
+            self.reporter.record_drop(version=self.version, group_id=group_id, reason=reason,
+                                      whole_group=whole_group, trajectory_ids=ids)  # fmt: skip
 
     async def _take_groups(self, num_groups: int) -> tuple[list[Group], float]:
         """The next `num_groups` trainable groups, dropping (and counting) the others."""
@@ -214,7 +213,7 @@ class Learner:
                 await self.releases.release(self.version)  # its replacement
                 continue
             for reason, ids in decision.removed.items():
-                self._count_drop(group.group_id, reason, list(ids))
+                self._count_drop(group.group_id, reason, list(ids), whole_group=False)
             taken.append(decision.group)
         return taken, time.monotonic() - started
 
@@ -242,7 +241,7 @@ class Learner:
             )
             for g in groups:
                 self.ledger.num_dropped_groups += 1  # replaced, as a dropped group is
-                self._count_drop(g.group_id, "nonfinite", g.trajectory_ids)
+                self._count_drop(g.group_id, "nonfinite", g.trajectory_ids, whole_group=True)
             self.reporter.record_skip(
                 {"kind": "skipped", "step": step, "version": self.version, **metrics}
             )

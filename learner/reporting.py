@@ -6,8 +6,10 @@
   "group_ids"}`: step s is the update from version s to s + 1, trained on exactly these
   trajectories, of these groups (prompt task ids).
 - `dropped.jsonl`: one line per dropped group (or the error samples removed from a trained
-  group): `{"version", "group_id", "reason", "trajectory_ids"}`, `version` being the
-  learner's version when it decided.
+  group): `{"version", "group_id", "reason", "whole_group", "trajectory_ids"}`, `version`
+  being the learner's version when it decided; `whole_group` says whether the group left
+  with it (any reason can take a whole group: one with under two valid samples is dropped
+  for its most common problem, `errors` included).
 - `evals/global_step_<v>/`: the eval trajectories and their aggregate (`learner/eval_dump.py`).
 - stdout, when `learner.progress` says so (by default on a terminal): the progress line of
   each step and eval record, the one `make run` shows (common/progress.py).
@@ -197,13 +199,20 @@ class Reporter:
         self._log(record)
 
     def record_drop(
-        self, *, version: int, group_id: str, reason: str, trajectory_ids: list[str]
+        self,
+        *,
+        version: int,
+        group_id: str,
+        reason: str,
+        whole_group: bool,
+        trajectory_ids: list[str],
     ) -> None:
         self.dropped.write(
             {
                 "version": version,
                 "group_id": group_id,
                 "reason": reason,
+                "whole_group": whole_group,
                 "trajectory_ids": trajectory_ids,
             }
         )

@@ -4,6 +4,7 @@ can fail to is named."""
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,11 @@ def _write(path: Path, records: list[dict]) -> None:
     path.write_text("".join(json.dumps(r) + "\n" for r in records))
 
 
-def _run(tmp_path: Path, **done_changes) -> Path:
+STALE_DROP = {"version": 1, "group_id": "r-2", "reason": "stale", "whole_group": True,
+              "trajectory_ids": ["2a", "2b"]}  # fmt: skip
+
+
+def _run(tmp_path: Path, dropped: list[dict] = (STALE_DROP,), **done_changes) -> Path:
     """Two steps of two groups of two, one group dropped stale and replaced (prompt 4),
     one eval of 1 prompt x 2 samples, 2 eval samples of a lost learner's eval."""
     trained = [
@@ -32,7 +37,6 @@ def _run(tmp_path: Path, **done_changes) -> Path:
             "trajectory_ids": ["3a", "3b", "4a", "4b"],
         },
     ]
-    dropped = [{"version": 1, "group_id": "r-2", "reason": "stale", "trajectory_ids": ["2a", "2b"]}]
     done = {
         "kind": "done",
         "run_id": "r",
@@ -40,7 +44,9 @@ def _run(tmp_path: Path, **done_changes) -> Path:
         "released_groups": 5,
         "trained": 8,
         "dropped": 2,
-        "dropped_by_reason": {"stale": 2},
+        "dropped_by_reason": dict(
+            Counter(d["reason"] for d in dropped for _ in d["trajectory_ids"])
+        ),
         "eval_trajectories": 4,
         "malformed": 0,
         "stream_messages_stored": 15,
@@ -55,7 +61,7 @@ def _run(tmp_path: Path, **done_changes) -> Path:
     ]
     _write(tmp_path / "metrics.jsonl", records)
     _write(tmp_path / "trained.jsonl", trained)
-    _write(tmp_path / "dropped.jsonl", dropped)
+    _write(tmp_path / "dropped.jsonl", list(dropped))
     return tmp_path
 
 
@@ -75,6 +81,21 @@ def test_a_balanced_run_has_no_problems_and_sums_by_hand(tmp_path):
         "left_in_stream": 1,
         "versions": 2,
     }
+
+
+def test_a_group_dropped_whole_for_any_reason_is_taken(tmp_path):
+    """A group with under two valid samples goes for its most common problem, `errors`
+    included (a hung env server's episodes; a fresh-clone fault suite once failed on it)."""
+    dropped = [{**STALE_DROP, "reason": "errors"}]
+    assert RunLedger.read(_run(tmp_path, dropped)).problems() == []
+
+
+def test_samples_removed_from_a_trained_group_do_not_take_it(tmp_path):
+    """The error samples of a trained group are dropped, the group is not: prompt r-2,
+    of which only that line speaks, was never taken."""
+    dropped = [{**STALE_DROP, "reason": "errors", "whole_group": False}]
+    problems = RunLedger.read(_run(tmp_path, dropped)).problems()
+    assert problems == ["released prompts never trained or dropped: ['r-2'] (1)"]
 
 
 @pytest.mark.parametrize(

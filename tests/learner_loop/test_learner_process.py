@@ -14,7 +14,7 @@ import os
 import signal
 from collections import Counter
 
-from deploy.run_ledger import GROUP_REASONS, RunLedger
+from deploy.run_ledger import RunLedger
 from learner.trainer.checkpoint import latest_checkpoint, read_training_state
 from tests.learner_loop.conftest import bus, running
 from tests.learner_loop.scripted_actor import ScriptedActor, resumable_pair
@@ -239,6 +239,6 @@ async def test_a_release_written_ahead_but_never_published_is_published_on_resum
     seen = {t.task_id for a in actors for t in a.seen if not t.is_eval}
     # Tasks 0-3 were only written ahead, 4-5 released by this learner; each group dropped
     # (stale, with a slow actor) has one replacement after them.
-    replacements = len({d["group_id"] for d in dropped_lines if d["reason"] in GROUP_REASONS})
+    replacements = len({d["group_id"] for d in dropped_lines if d["whole_group"]})
     # The lost run's id carries on, so a republished task is stored once.
     assert seen == {f"lost-run-{i}" for i in range(6 + replacements)}
