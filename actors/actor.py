@@ -29,6 +29,7 @@ from actors import metrics
 from actors.chat import ChatTemplate
 from actors.config import ActorConfig
 from actors.episode import Rollout, run_group, validate_task
+from actors.in_flight import EngineDemand, tasks_to_take
 from actors.policy_weights import PolicyWeights, WeightsBehind
 from actors.snapshots import SnapshotSource
 from actors.trajectory import to_trajectory
@@ -63,6 +64,8 @@ class Actor:
         self.config, self.broker = config, broker
         self.engine, self.env, self.chat = engine, env, chat
         self._generating = metrics.EngineBusyClock(engine)  # what episodes generate with
+        self._demand = EngineDemand()  # how much of the engine our groups want now
+        self._env_counted = self._demand.counting(env)  # what episodes call env servers with
         self.actor_id = actor_id
         self.weights = PolicyWeights(
             engine=engine,
@@ -85,7 +88,7 @@ class Actor:
         """
         PolicyStore.follow ─► snapshot load / broadcast rounds ─► engine.version ──────┐
                                                                                       │
-        prompt work queue ──fetch(free slots)──► one task per group (≤ max_groups):   │
+        prompt work queue ──fetch(engine room)──► one task per group (actors/in_flight)│
                                                    wait engine.version ≥ min_version ◄┘
                                                    in_progress every heartbeat_s
                                                    run_group: n episodes ⇄ engine, env servers
@@ -119,9 +122,19 @@ class Actor:
         stopping = asyncio.create_task(stop.wait())
         started = time.monotonic()
         while not stop.is_set():
-            free = self.config.max_groups_in_flight - len(running)
+            self._demand.changed.clear()
+            free = tasks_to_take(
+                engine_slots=self.config.engine.max_num_seqs,
+                wanting_engine=self._demand.wanting_engine,
+                groups=len(running),
+                group_size=self._demand.largest_group,
+                max_groups=self.config.max_groups_in_flight,
+            )
             if free <= 0:
-                await asyncio.wait({*running, stopping}, return_when=asyncio.FIRST_COMPLETED)
+                # Room opens when an episode ends or goes to an env server, or a group ends.
+                room = asyncio.create_task(self._demand.changed.wait())
+                await asyncio.wait({room, stopping, *running}, return_when=asyncio.FIRST_COMPLETED)
+                room.cancel()
                 continue
             started = time.monotonic()
             try:
@@ -133,7 +146,8 @@ class Actor:
                 received = []
             metrics.WAIT_SECONDS.labels("prompts").inc(time.monotonic() - started)
             for item in received:
-                task = asyncio.create_task(self._run_task(item, stop))
+                held = self._demand.take_group(item.task.group_size)
+                task = asyncio.create_task(self._run_task(item, stop, held))
                 running.add(task)
                 task.add_done_callback(running.discard)
         stopping.cancel()
@@ -147,15 +161,18 @@ class Actor:
                 task.cancel()
             await asyncio.gather(*unfinished, return_exceptions=True)
 
-    async def _run_task(self, received: bus.ReceivedPrompt, stop: asyncio.Event) -> None:
+    async def _run_task(self, received: bus.ReceivedPrompt, stop: asyncio.Event, held: int):
+        """Run one task, whose `held` episodes `self._demand` counts until they end."""
         task = received.task
         metrics.GROUPS_IN_FLIGHT.inc()
         unfinished = 0
         heartbeat = asyncio.create_task(self._heartbeat(received))
 
         async def publish(index: int, result: EpisodeResult) -> None:
-            nonlocal unfinished
+            nonlocal unfinished, held
             unfinished -= 1
+            held -= 1
+            self._demand.end_episodes(1)
             metrics.EPISODES_IN_FLIGHT.dec()
             metrics.record_episode(task.env_class, result)
             trajectory = to_trajectory(
@@ -174,7 +191,7 @@ class Actor:
             await run_group(
                 Rollout(
                     engine=self._generating,
-                    env=self.env,
+                    env=self._env_counted,
                     chat=self.chat,
                     limits=self.config.rollout,
                     sampling=sampling,
@@ -209,6 +226,7 @@ class Actor:
                 metrics.TASKS.labels("acked").inc()
         finally:
             heartbeat.cancel()
+            self._demand.end_episodes(held)
             metrics.GROUPS_IN_FLIGHT.dec()
             metrics.EPISODES_IN_FLIGHT.dec(max(unfinished, 0))
 

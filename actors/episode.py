@@ -67,7 +67,10 @@ def task_row(task: PromptTask) -> dict:
     }
 
 
-def validate_task(task: PromptTask, *, max_group_size: int = 1024) -> None:
+MAX_GROUP_SIZE = 1024
+
+
+def validate_task(task: PromptTask, *, max_group_size: int = MAX_GROUP_SIZE) -> None:
     """Raise TaskRejected for a decodable task that still cannot be run: its scheduling
     fields, and its row by the one SkyRL row validator (common/rows.py)."""
     problems = []

@@ -54,6 +54,10 @@ VERSION_LAG = prom.Gauge(
 )
 EPISODES_IN_FLIGHT = prom.Gauge("tether_actor_episodes_in_flight", "Episodes running now")
 GROUPS_IN_FLIGHT = prom.Gauge("tether_actor_groups_in_flight", "Prompt tasks held now")
+EPISODES_AT_ENV = prom.Gauge(
+    "tether_actor_episodes_at_env",
+    "Episodes in an env server call now (a tool, a reset): holding no engine slot",
+)
 WEIGHT_UPDATE_STALL_SECONDS = prom.Histogram(
     "tether_actor_weight_update_stall_seconds",
     "Generation paused per weight update (broadcast round or snapshot load)",

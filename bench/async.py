@@ -38,57 +38,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.async_support import mode_figures, workload_overrides  # noqa: E402
 from bench.common import load_average, report  # noqa: E402
-
-BUSY = "tether_actor_engine_busy_seconds_total"
-GENERATED = "tether_actor_generated_tokens_total"
-
-
-def overrides(args, max_staleness: int) -> list[str]:
-    return [
-        f"learner.total_steps={args.steps}",
-        f"learner.max_staleness={max_staleness}",
-        # Evals only at v0 and after the last step, on 16 prompts x 1 sample (the launcher's
-        # summary needs one; neither falls in the measured steady state).
-        f"learner.eval_interval={10 * args.steps}",
-        "learner.eval_samples_per_prompt=1",
-        "local.num_eval_rows=16",
-        f"local.actor_replicas={args.replicas}",
-        f"envserver.calculator.latency_median_s={args.median_ms / 1000}",
-        f"envserver.calculator.latency_p99_s={args.p99_s}",
-        "envserver.calculator.latency_seed=0",
-    ]
-
-
-def mode_figures(run) -> dict[str, float]:
-    """Steady-state figures of one watched run (bench/tether_run.py RunRecord)."""
-    from bench.tether_run import actor_counter_at
-
-    train = run.train
-    first, last = train[0], train[-1]
-    wall = last["wall_s"] - first["wall_s"]  # learner clock
-    later = train[1:]
-    figures = {
-        "s_per_step": wall / len(later),
-        "learner_idle_frac": sum(r["wait_data_s"] for r in later) / wall,
-        "learner_train_frac": sum(r["train_s"] for r in later) / wall,
-        "learner_broadcast_frac": sum(r["broadcast_s"] for r in later) / wall,
-        "wait_data_s_per_step": sum(r["wait_data_s"] for r in later) / len(later),
-        "train_s_per_step": sum(r["train_s"] for r in later) / len(later),
-        "broadcast_s_per_step": sum(r["broadcast_s"] for r in later) / len(later),
-        "trained_tokens_per_s": sum(r["num_tokens"] for r in later) / wall,
-        "max_staleness_seen": last["max_staleness_seen"],
-    }
-    replicas = len(run.actor_samples[-1][1])
-    seen = last["t"] - first["t"]  # watcher clock
-    busy = actor_counter_at(run, BUSY, last["t"]) - actor_counter_at(run, BUSY, first["t"])
-    tokens = actor_counter_at(run, GENERATED, last["t"]) - actor_counter_at(
-        run, GENERATED, first["t"]
-    )
-    figures["actor_idle_frac"] = 1 - busy / replicas / seen
-    figures["engine_busy_s_per_step"] = busy / replicas / len(later)
-    figures["generated_tokens_per_s"] = tokens / seen
-    return figures
 
 
 def gpu_model(sync: dict[str, float]) -> dict[str, float]:
@@ -147,7 +98,9 @@ def main() -> None:
         for name, bound in (("sync", 0), ("async", args.staleness)):
             print(f"{name}: max_staleness = {bound}, {args.steps} steps ...", flush=True)
             (work / name).mkdir(parents=True, exist_ok=True)
-            run = watch_run(overrides(args, bound), work / name)
+            steps = dict(steps=args.steps, replicas=args.replicas)
+            latency = dict(median_ms=args.median_ms, p99_s=args.p99_s)
+            run = watch_run(workload_overrides(bound=bound, **steps, **latency), work / name)
             measured[name] = mode_figures(run)
     figures = combine(measured["sync"], measured["async"], args, loads)
     report(

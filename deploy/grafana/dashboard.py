@@ -306,12 +306,14 @@ def actor_panels() -> list[dict]:
         ),
         timeseries(
             "Actor in-flight episodes and groups",
-            "Episodes running now and prompt tasks (GRPO groups) held, per replica.",
+            "Episodes running now, prompt tasks (GRPO groups) held, and episodes in an env "
+            "server call (a tool: no engine slot held), per replica.",
             [
                 target(
                     "sum by (instance) (tether_actor_episodes_in_flight)", "episodes {{instance}}"
                 ),
                 target("sum by (instance) (tether_actor_groups_in_flight)", "groups {{instance}}"),
+                target("sum by (instance) (tether_actor_episodes_at_env)", "at env {{instance}}"),
             ],
         ),
         timeseries(

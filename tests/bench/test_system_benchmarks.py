@@ -10,7 +10,7 @@ import math
 
 import pytest
 
-from bench import peer_breakdown, peer_trl, peer_trl_worker, tether_run, weightsync
+from bench import async_support, peer_breakdown, peer_trl, peer_trl_worker, tether_run, weightsync
 from bench.tether_run import RunRecord
 
 async_bench = importlib.import_module("bench.async")  # `async` is a keyword
@@ -166,7 +166,7 @@ def test_async_figures_and_the_idle_arithmetic():
         busy=[0.0, 3.2, 6.4, 9.6, 12.8],
         tokens=[0, 1000, 2000, 3000, 4000],
     )
-    figures = async_bench.mode_figures(run)
+    figures = async_support.mode_figures(run)
     assert figures["s_per_step"] == 2.0
     assert figures["learner_idle_frac"] == pytest.approx(1.0 / 8)
     assert figures["learner_train_frac"] == pytest.approx(0.75)
