@@ -9,7 +9,8 @@ engine's room (actors/in_flight.py) against the fixed cap it replaced.
                  agentic-30s  median 0.5 s, p99 30 s  (a heavier tail)
     modes:     sync     max_staleness 0: generation of step s waits for update s-1
                b1       bound 1, work in flight sized by the engine's room (the default)
-               b2, b4   bounds 2 and 4, with the TIS off-policy correction
+               b2, b4   bounds 2 and 4, with TIS (ratio against the proximal policy,
+                        truncated importance weight: bench/staleness.py's column)
                b1-cap8, b2-cap8: the same with `actor.max_groups_in_flight = 8`, the demo
                         config's fixed cap before the sizing (8 groups x 8 = max_num_seqs)
 
@@ -19,6 +20,10 @@ step: 64 prompts x 2 samples, so 128 episodes: a binomial 95% band of about +-0.
 pass@1 0.5); `speedup` = the workload's synchronous seconds per step / this run's.
 
     python bench/agentic.py [--workloads tools,agentic] [--modes sync,b2] [--steps 12]
+
+The block in docs/benchmarks.md adds, per workload, bench/async.py's GPU model computed
+from its synchronous run (a MODEL, not a measurement: learner and engines on separate
+devices).
 
 Writes bench/results/agentic.json: `<workload>_<mode>_<figure>` for every run. About 25
 minutes on 2 cores (`make bench-agentic`).
@@ -38,6 +43,8 @@ from bench.async_support import mode_figures, workload_overrides  # noqa: E402
 from bench.common import load_average, report  # noqa: E402
 
 EVAL_ROWS, EVAL_SAMPLES = 64, 2
+CORRECTION = ["learner.algorithm.ratio_anchor=proximal", "learner.algorithm.importance_weight=tis"]
+"""TIS as bench/staleness.py measured it (docs/benchmarks.md, "staleness")."""
 
 
 @dataclass(frozen=True)
@@ -55,7 +62,7 @@ class Mode:
     def overrides(self) -> list[str]:
         out = []
         if self.bound > 1:  # further off-policy than one version: correct for it
-            out.append("learner.algorithm.importance_weight=tis")
+            out += CORRECTION
         if self.cap is not None:
             out.append(f"actor.max_groups_in_flight={self.cap}")
         return out

@@ -38,26 +38,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.async_support import mode_figures, workload_overrides  # noqa: E402
+from bench.async_support import gpu_model, mode_figures, workload_overrides  # noqa: E402
 from bench.common import load_average, report  # noqa: E402
-
-
-def gpu_model(sync: dict[str, float]) -> dict[str, float]:
-    """A MODEL, not a measurement: the learner and the engines on separate devices. From
-    the synchronous run: G = the learner's wait for a step's data (generation of the whole
-    batch, tool tails included, while the learner idles), T = its train + broadcast time,
-    E = engine busy seconds per step. Synchronous on GPUs: G + T per step. Asynchronous,
-    with enough staleness to hide the tails: max(T, E), the busier device."""
-    g, t, e = sync["wait_data_s_per_step"], sync["train_s_per_step"], sync["engine_busy_s_per_step"]
-    t += sync["broadcast_s_per_step"]
-    async_step = max(t, e)
-    return {
-        "model_gpu_sync_s_per_step": g + t,
-        "model_gpu_async_s_per_step": async_step,
-        "model_gpu_speedup": (g + t) / async_step,
-        "model_gpu_learner_idle_frac": 1 - t / async_step,
-        "model_gpu_actor_idle_frac": 1 - e / async_step,
-    }
 
 
 def combine(sync: dict, asynchronous: dict, args, loads: dict[str, float]) -> dict:

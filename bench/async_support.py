@@ -1,7 +1,7 @@
 """What bench/async.py and bench/agentic.py share: `make run`'s job (configs/demo.toml)
 with every calculator `add` call first waiting a log-normal latency (envservers/latency.py),
-at a staleness bound; and the steady-state figures of one such run, watched by
-bench/tether_run.py."""
+at a staleness bound; the steady-state figures of one such run, watched by
+bench/tether_run.py; and the GPU model computed from a synchronous run's parts."""
 
 from __future__ import annotations
 
@@ -63,3 +63,21 @@ def mode_figures(run) -> dict[str, float]:
     figures["engine_busy_s_per_step"] = busy / replicas / len(later)
     figures["generated_tokens_per_s"] = tokens / seen
     return figures
+
+
+def gpu_model(sync: dict[str, float]) -> dict[str, float]:
+    """A MODEL, not a measurement: the learner and the engines on separate devices. From
+    the synchronous run: G = the learner's wait for a step's data (generation of the whole
+    batch, tool tails included, while the learner idles), T = its train + broadcast time,
+    E = engine busy seconds per step. Synchronous on GPUs: G + T per step. Asynchronous,
+    with enough staleness to hide the tails: max(T, E), the busier device."""
+    g, t, e = sync["wait_data_s_per_step"], sync["train_s_per_step"], sync["engine_busy_s_per_step"]
+    t += sync["broadcast_s_per_step"]
+    async_step = max(t, e)
+    return {
+        "model_gpu_sync_s_per_step": g + t,
+        "model_gpu_async_s_per_step": async_step,
+        "model_gpu_speedup": (g + t) / async_step,
+        "model_gpu_learner_idle_frac": 1 - t / async_step,
+        "model_gpu_actor_idle_frac": 1 - e / async_step,
+    }

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from bench.render import (
     actor,
+    agentic,
     costs,
     head,
     parts,
@@ -50,6 +51,7 @@ SECTIONS: dict[str, Section] = {
     "profile_steps": Section("profile_steps", profile.profile_steps),
     "async": Section("async", system.async_speedup),
     "async-gpu-model": Section("async", system.async_gpu_model),
+    "agentic": Section("agentic", agentic.agentic, "make bench-agentic"),
     "staleness": Section("staleness", system.staleness),
     "weightsync": Section("weightsync", system.weightsync),
     "make_bench": Section("make_bench", costs.make_bench),

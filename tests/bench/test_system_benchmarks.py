@@ -4,7 +4,6 @@ numbers worked out by hand. Nothing here runs a benchmark or asserts a speed."""
 
 from __future__ import annotations
 
-import importlib
 import json
 import math
 
@@ -12,8 +11,6 @@ import pytest
 
 from bench import async_support, peer_breakdown, peer_trl, peer_trl_worker, tether_run, weightsync
 from bench.tether_run import RunRecord
-
-async_bench = importlib.import_module("bench.async")  # `async` is a keyword
 
 BUSY = "tether_actor_engine_busy_seconds_total"
 TOKENS = "tether_actor_generated_tokens_total"
@@ -183,7 +180,7 @@ def test_the_gpu_model_takes_the_busier_device():
         "broadcast_s_per_step": 0.2,  # T = 2
         "engine_busy_s_per_step": 1.5,  # E
     }
-    model = async_bench.gpu_model(sync)
+    model = async_support.gpu_model(sync)
     assert model["model_gpu_sync_s_per_step"] == 5.0
     assert model["model_gpu_async_s_per_step"] == 2.0
     assert model["model_gpu_speedup"] == 2.5
