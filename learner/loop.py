@@ -9,7 +9,8 @@ weight broadcast meet.
     │ step: take P groups (drop stale / future / errors, count, replace)             │
     │       → train (all ranks, in a thread) → v += 1 → weights → announce v (KV)   │
     │       → release the prompts v now admits                                       │
-    │ every `checkpoint.interval` versions: DCP save, then ack what it covers        │
+    │ every `checkpoint.interval` versions: DCP save beside the next wait for data   │
+    │   (learner/checkpoints.py), joined before the next train; then ack its ids     │
     │ every `eval_interval` versions: release the eval set pinned to v, record it    │
     │ end: last evals, drain released groups (dropped `unused`), checkpoint, done    │
     └────────────────────────────────────────────────────────────────────────────────┘
@@ -39,6 +40,7 @@ from common.tasks import cancel_and_wait
 from learner.announce import PolicyAnnouncer
 from learner.batching import Group, samples_from_groups
 from learner.bus_metrics import poll as poll_queue_depths
+from learner.checkpoints import Checkpoints
 from learner.config import LearnerConfig
 from learner.data import load_dataset
 from learner.evals import Evals
@@ -47,7 +49,6 @@ from learner.ledger import Ledger
 from learner.releases import open_releases
 from learner.reporting import Reporter, done_record, train_record
 from learner.steps import decide_group, empty_step_warning, staleness_of
-from learner.trainer.checkpoint import STATE_FILE, TrainingState, checkpoint_dir
 from learner.trainer.ranks import RankCommands
 
 log = logging.getLogger(__name__)
@@ -75,9 +76,8 @@ class Learner:
         self.reporter = reporter
         self.resume_from = resume_from
         self.artifacts = artifacts  # learner.artifacts.ArtifactSync when a bucket is set
-        self.window_ids: list[str] = []  # taken since the last checkpoint
+        self.checkpoints = Checkpoints(commands, root=config.checkpoint.dir, artifacts=artifacts)
         self.ledger = Ledger()
-        self.checkpointed_version = -1
         self.malformed_before = 0  # counted by earlier learner processes (the checkpoint)
         self.resumed_cursor: dict | None = None  # the checkpoint's, when one is resumed
         self.lineage = uuid.uuid4().hex[:12]
@@ -108,7 +108,7 @@ class Learner:
             self.ledger = Ledger.from_cursor(state.dataset_cursor)
             self.resumed_cursor = state.dataset_cursor
             self.malformed_before = self.ledger.num_malformed
-            self.checkpointed_version = state.version
+            self.checkpoints.checkpointed_version = state.version
             covered = set(state.trained_ids)
             log.info("resumed from %s at version %d", self.resume_from, state.version)
         return covered
@@ -156,15 +156,17 @@ class Learner:
                 await self._train(step, groups, waited_s)
                 if self.version % cfg.checkpoint.interval == 0 and self.version < cfg.total_steps:
                     await self._checkpoint()
-                await self._ack_uploaded()
+                await self.checkpoints.ack_uploaded(self.intake)
             await self._maybe_eval(final=True)
             await self.evals.wait(self.config.eval_timeout_s)
             await self._drain()
             await self._checkpoint()
-            await self._ack_uploaded(wait=True)
+            await self.checkpoints.saved()
+            await self.checkpoints.ack_uploaded(self.intake, wait=True)
             return await self._done()
         finally:
-            await cancel_and_wait([self.intake_task, self.depths_task])
+            saving = [self.checkpoints.saving] if self.checkpoints.saving else []
+            await cancel_and_wait([self.intake_task, self.depths_task, *saving])
             await self.nc.close()
 
     async def _next_group(self, timeout_s: float | None = None) -> Group | None:
@@ -185,7 +187,7 @@ class Learner:
     def _take(self, group: Group, reason: str | None) -> None:
         """Bookkeeping of one group leaving the queue (trained, or dropped with `reason`)."""
         self.ledger.take_group(dropped_reason=reason)
-        self.window_ids.extend(group.trajectory_ids)
+        self.checkpoints.window_ids.extend(group.trajectory_ids)
         if reason is not None:
             self._count_drop(group.group_id, reason, group.trajectory_ids, whole_group=True)
 
@@ -227,6 +229,7 @@ class Learner:
             step_wise=cfg.step_wise,
         )
         staleness = [staleness_of(g, step) for g in groups]
+        checkpoint_wait_s = await self.checkpoints.saved()  # it reads what training changes
         started = time.monotonic()
         metrics = await asyncio.to_thread(self.commands.train, samples)
         train_s = time.monotonic() - started
@@ -269,6 +272,7 @@ class Learner:
                 "train_s": train_s,
                 "broadcast_s": broadcast_s,  # with a snapshot's write when one is due
                 "broadcast_transfer_s": weights.get("transfer_s", 0.0),  # the wire alone
+                "checkpoint_wait_s": checkpoint_wait_s,  # what the data wait did not hide
             },
             ledger=self.ledger,
             num_receivers=weights.get("num_receivers", 0),
@@ -278,43 +282,8 @@ class Learner:
         self.reporter.record_train(record, step=step, groups=groups)
 
     async def _checkpoint(self) -> None:
-        path = checkpoint_dir(self.config.checkpoint.dir, self.commands.step)
-        if (path / STATE_FILE).is_file():
-            # Never overwrite a complete checkpoint in place (a crash mid-save would leave
-            # neither); what it misses stays unacked and is redelivered to the next run.
-            if self.version != self.checkpointed_version or self.window_ids:
-                log.warning("checkpoint %s exists; not saving over it", path)
-            return
-        # Eval trajectories count, and are acked, with the checkpoint that records them.
-        self.window_ids.extend(new_evals := self.intake.take_eval_ids())
-        self.ledger.num_eval_trajectories += len(new_evals)
-        if self.version == self.checkpointed_version and not self.window_ids:
-            return  # nothing new since the last one
-        # With a bucket, ids of checkpoints not yet verified there are still unacked: this
-        # checkpoint covers them too (a resume from it must skip them when redelivered).
-        unacked = self.artifacts.unacked_ids if self.artifacts is not None else []
-        state = TrainingState(dataset_cursor=self._cursor(), trained_ids=unacked + self.window_ids)
-        await asyncio.to_thread(self.commands.save, state)
-        self.checkpointed_version = self.version
-        if self.artifacts is not None:
-            # Acked only once the checkpoint is in the bucket: a fresh machine resumes from
-            # the bucket, and needs every trajectory its checkpoint does not cover.
-            self.artifacts.hold_acks(self.commands.step, self.window_ids)
-            self.window_ids = []
-            return
-        # The checkpoint covers these now. A failed ack keeps its id in the next window,
-        # so the next checkpoint covers it again.
-        self.window_ids = await self.intake.ack(self.window_ids)
-
-    async def _ack_uploaded(self, *, wait: bool = False) -> None:
-        """Ack what checkpoints verified in the bucket cover (`wait`: for the queued
-        uploads first, bounded by `storage.drain_timeout_s`)."""
-        if self.artifacts is None:
-            return
-        if wait:
-            await asyncio.to_thread(self.artifacts.wait_idle)
-        failed = await self.intake.ack(self.artifacts.take_durable_acks())
-        self.window_ids = failed + self.window_ids  # covered by the next checkpoint again
+        await self.checkpoints.save(version=self.version, intake=self.intake,
+                                    cursor=self._cursor, ledger=self.ledger)  # fmt: skip
 
     async def _drain(self) -> None:
         """Wait (bounded) for every released group; count each as dropped `unused`."""

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import shutil
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import KW_ONLY, dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -64,8 +65,17 @@ class RankCommands:
     artifacts: Any = None
     """learner.artifacts.ArtifactSync when a bucket is set."""
     _snapshot: tuple[Path, int] | None = field(default=None, init=False)
+    _saving: Future | None = field(default=None, init=False)
+    _saver: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="checkpoint"),
+        init=False,
+    )
 
     def _command(self, command: str, payload=None) -> None:
+        # A checkpoint being saved reads the weights and runs collectives: every command
+        # after it waits, so that nothing changes them meanwhile and every rank runs the
+        # collectives in one order (the others save in `follow`, before their next command).
+        self.wait_saved()
         _broadcast_command(command, payload, self.group)
 
     def _weights(self):
@@ -96,14 +106,27 @@ class RankCommands:
         self._command("train", samples)
         return self.trainer.train_step(samples)
 
-    def save(self, state: TrainingState) -> Path:
+    def save(self, state: TrainingState) -> Future[Path]:
+        """Start saving a checkpoint of the current weights and return at once: the caller
+        goes on (waiting for data, say) while it is written, from the live tensors, no copy.
+        Every later command waits for it first (`wait_saved`)."""
         self._command("save", state)
+        self._saving = self._saver.submit(self._save, state)
+        return self._saving
+
+    def _save(self, state: TrainingState) -> Path:
         path = self.trainer.save(self.checkpoint_dir, state)
         if self.artifacts is not None:  # uploads it, then prunes what the bucket holds
             self.artifacts.checkpoint_saved(path, state.step)
         else:
             prune_checkpoints(self.checkpoint_dir, self.keep)
         return path
+
+    def wait_saved(self) -> None:
+        """Wait for the checkpoint being saved, if any (its error, if it failed)."""
+        saving, self._saving = self._saving, None
+        if saving is not None:
+            saving.result()
 
     def load(self, path: Path) -> TrainingState:
         self._command("load", str(path))
@@ -186,6 +209,7 @@ class RankCommands:
 
     def stop(self) -> None:
         self._command("stop")
+        self._saver.shutdown()
 
 
 def follow(trainer: Trainer, *, checkpoint_dir: str, group=None) -> None:
