@@ -13,6 +13,8 @@ model grows mean nothing grows faster than the model.
     learner_rss_x_state   the learner's peak over its training state (16 bytes a parameter)
     broadcast_of_loopback the weight broadcast's bytes/s over one loopback TCP stream's
     checkpoint_x_disk     a checkpoint's write seconds over (its bytes / fsynced disk writes)
+    checkpoint_wait_s     of that write, the seconds the next step waited (the rest was
+                          hidden behind its wait for data: learner/checkpoints.py)
     update_stall_s        how long an engine stops generating for one update (seconds)
 
     make bench-scale        (the four sizes in fp32, then 0.5B in bf16: ~14 min on 2 cores)
@@ -165,6 +167,8 @@ def measure(shape: Shape, model_dir: Path, work: Path, machine: dict, *, bf16: b
         "broadcast_mb_per_s": statistics.median(broadcast) / 1e6,
         "checkpoint_gb": checkpoint_bytes / 1e9,
         "checkpoint_s": checkpoint_s,
+        # Written beside the loop: what the step after a checkpoint waited for its write.
+        "checkpoint_wait_s": statistics.mean(r.get("checkpoint_wait_s", 0.0) for r in train[1:]),
         "generated_tokens": sum(c["tether_actor_generated_tokens_total"] for c in last_counters),
         "update_stall_s": _per_update_stall_s(last_counters),
         **{f"{role}_peak_gb": peak / 1e9 for role, peak in roles.items()},

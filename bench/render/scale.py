@@ -38,12 +38,13 @@ def scale(f: Figures) -> str:
             f"{fixed(g.get('actor_peak_gb'), 1)} ({fixed(g.get('actor_rss_x_weights'), 1)}x)",
             f"{count(g.get('broadcast_mb_per_s'))} ({fixed(g.get('broadcast_of_loopback'))})",
             f"{fixed(g.get('checkpoint_gb'))} GB in {fixed(g.get('checkpoint_s'), 1)} s"
-            f" ({fixed(g.get('checkpoint_x_disk'))}x)",
+            f" ({fixed(g.get('checkpoint_x_disk'))}x), step waited"
+            f" {fixed(g.get('checkpoint_wait_s'), 1)} s",
             fixed(g.get("update_stall_s")),
         ])  # fmt: skip
     header = ["model", "fp32 weights, GB", "learner tokens/s (x bare loop)",
               "learner peak GB (x training state)", "actor peak GB (x weights)",
-              "broadcast MB/s (of loopback)", "checkpoint (x disk time)",
+              "broadcast MB/s (of loopback)", "checkpoint (x disk time), the next step's wait",
               "engine stall per update, s"]  # fmt: skip
     top = {key.split("/", 1)[1]: v for key, v in f.items() if key.startswith(f"{TOP}/")}
     state_gb = 4 * top["weights_gb"] if "weights_gb" in top else None
