@@ -12,6 +12,12 @@ its file store). Ctrl-C, or a process that spent its restart budget, stops every
 PID; nothing is left running.
 
     python -m deploy.local [--config configs/demo.toml] [section.key=value ...]
+    python -m deploy.local --resume runs/<id>|latest [section.key=value ...]
+
+`--resume` continues a run whose processes all stopped (Ctrl-C, a reboot, a preempted
+machine): every process comes back on its directory, so the learner resumes from its newest
+checkpoint, the broker from its file store (prompts released, trajectories stored and not
+yet trained, the policy KV), under the same run id; a finished run says so and exits 0.
 """
 
 from __future__ import annotations
@@ -38,6 +44,10 @@ from deploy.wiring import wiring as _wiring
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CONFIG = REPO_ROOT / "configs" / "demo.toml"
+LAUNCH_FILE = "launch.json"
+"""What started a run: its config file and overrides (`--resume` starts it again so)."""
+DONE_FILE = "learner_done.json"
+"""The learner's done record (learner/reporting.py): the run finished."""
 
 
 def free_port_block(size: int, attempts: int = 50) -> int:
@@ -76,22 +86,25 @@ def _model_dir(local: LocalRunConfig) -> Path:
 
 
 def _prepare_run_dir(
-    runs_dir: Path, run_dir: Path, local: LocalRunConfig, ports: dict[str, int]
+    run_dir: Path, local: LocalRunConfig, ports: dict[str, int], launched: dict | None
 ) -> dict[str, int]:
-    """The run directory with its dataset, logs folder and the metrics ports of its
-    processes (for `make observe`); `runs/latest` points at it. Returns those ports."""
+    """The run directory with its dataset, logs folder, what started it (`launched`: a new
+    run; None: a resumed one, which has them already) and the metrics ports of its processes
+    (for `make observe`); `runs/latest` points at it. Returns those ports."""
     from demo import data as demo_data
 
-    run_dir.mkdir(parents=True)
-    _point_latest(runs_dir, run_dir)
+    if launched is not None:
+        run_dir.mkdir(parents=True)
+        demo_data.write_dataset(
+            run_dir / "data",
+            num_train=local.num_train_rows,
+            num_eval=local.num_eval_rows,
+            seed=local.dataset_seed,
+        )
+        (run_dir / "logs").mkdir()
+        (run_dir / LAUNCH_FILE).write_text(json.dumps(launched, indent=2) + "\n")
+    _point_latest(run_dir.parent, run_dir)
     print(f"run directory: {run_dir}  (runs/latest)", flush=True)
-    demo_data.write_dataset(
-        run_dir / "data",
-        num_train=local.num_train_rows,
-        num_eval=local.num_eval_rows,
-        seed=local.dataset_seed,
-    )
-    (run_dir / "logs").mkdir()
     metrics_ports = {
         "learner": ports["learner"],
         "actor": ports["actor"],
@@ -113,11 +126,40 @@ def bus_credentials(environ=os.environ) -> tuple[NatsAuth, dict[str, str]]:
     return NatsAuth.from_environment(child_env), child_env
 
 
-def launch(config_path: Path, overrides: list[str]) -> int:
+def resumed_run(runs_dir: Path, resume: str) -> tuple[Path, dict]:
+    """The run directory `resume` names (`latest`: the newest under `runs_dir`) and what
+    started it; ValueError when it is not a run of this launcher."""
+    path = runs_dir / "latest" if resume == "latest" else Path(resume)
+    run_dir = path.resolve()
+    try:
+        launched = json.loads((run_dir / LAUNCH_FILE).read_text())
+    except (OSError, ValueError) as e:
+        raise ValueError(
+            f"--resume {resume}: not a run directory of this launcher ({run_dir / LAUNCH_FILE}"
+            f" cannot be read: {e})"
+        ) from e
+    return run_dir, launched
+
+
+def launch(config_path: Path, overrides: list[str], resume: str | None = None) -> int:
     try:
         local = load_section(LocalRunConfig, config_path, "local", overrides)
         runs_dir = (REPO_ROOT / local.runs_dir).resolve()
+        launched: dict | None = {"config": str(config_path), "overrides": list(overrides)}
         run_dir = runs_dir / _run_id()
+        if resume is not None:
+            # The same config and overrides as the run's first launch (later ones win), on
+            # its directory: its checkpoints, its broker store, its dataset, its run id.
+            run_dir, first = resumed_run(runs_dir, resume)
+            config_path = Path(first["config"])
+            overrides = [*first["overrides"], *overrides]
+            local = load_section(LocalRunConfig, config_path, "local", overrides)
+            launched = None
+            if (run_dir / DONE_FILE).is_file():
+                done = json.loads((run_dir / DONE_FILE).read_text())
+                print(f"{run_dir} finished already (version {done.get('version')}):"
+                      " nothing to resume", flush=True)  # fmt: skip
+                return 0
         model_dir = _model_dir(local)
         ports = {name: free_port() for name in ("nats", "learner", "envserver", "envserver_grpc")}
         ports["weight_store"] = free_port()
@@ -134,7 +176,10 @@ def launch(config_path: Path, overrides: list[str]) -> int:
         print(f"python -m deploy.local: {e}", file=sys.stderr)
         return 2
 
-    metrics_ports = _prepare_run_dir(runs_dir, run_dir, local, ports)
+    metrics_ports = _prepare_run_dir(run_dir, local, ports, launched)
+    if launched is None:
+        print(f"resuming {run_dir.name}: every process on its directory, checkpoints and"
+              " broker store", flush=True)  # fmt: skip
     print(gpus.summary, flush=True)
     supervisor = Supervisor(
         run_dir, policy=local.restarts, say=lambda line: print(line, flush=True)
@@ -263,9 +308,15 @@ def _follow(supervisor, metrics_path, records, total_steps, timeout_s, stopping)
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m deploy.local", description=__doc__)
     parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG)
+    parser.add_argument(
+        "--resume",
+        metavar="RUN",
+        help="continue a stopped run: runs/<id>, or latest (its config and overrides again;"
+        " overrides given now are added after them)",
+    )
     parser.add_argument("overrides", nargs="*", help="section.key=value")
     args = parser.parse_args(argv)
-    return launch(args.config.resolve(), args.overrides)
+    return launch(args.config.resolve(), args.overrides, args.resume)
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import uuid
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,9 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 METRICS_FILE = "metrics.jsonl"
+WANDB_ID_FILE = "wandb_run_id"
+"""The run directory's W&B run id: every learner process of the run (a restart, a resumed
+run) logs to the same W&B run rather than starting a new one."""
 
 
 def wandb_mode(environ: Mapping[str, str]) -> str:
@@ -54,6 +58,16 @@ def wandb_payload(record: Mapping[str, Any], prefix: str = "") -> dict[str, floa
         elif hasattr(value, "item") and getattr(value, "ndim", None) == 0:  # numpy / torch scalar
             payload[name] = value.item()
     return payload
+
+
+def wandb_run_id(run_dir: Path) -> str:
+    """The W&B run id of `run_dir`, made (and kept in it) by the run's first learner."""
+    path = run_dir / WANDB_ID_FILE
+    if not path.is_file():
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(uuid.uuid4().hex[:16])
+        os.replace(tmp, path)  # two learners racing agree on whichever landed
+    return path.read_text().strip()
 
 
 class MetricsSink:
@@ -127,6 +141,8 @@ class MetricsSink:
                 config=config,
                 dir=str(self.run_dir),
                 mode=mode,
+                id=wandb_run_id(self.run_dir),
+                resume="allow",  # the run's earlier processes' W&B run, if there is one
                 settings=wandb.Settings(console="off"),
             )
             run.define_metric("version")

@@ -6,7 +6,7 @@ import sys
 import numpy as np
 import pytest
 
-from learner.sinks import MetricsSink, wandb_mode, wandb_payload
+from learner.sinks import MetricsSink, wandb_mode, wandb_payload, wandb_run_id
 
 TRAIN_RECORD = {
     "kind": "train",
@@ -124,3 +124,11 @@ def test_wandb_offline_run_writes_under_run_dir(offline_wandb_env):
     data = run_file.read_bytes()
     assert b"env/calculator/pass_at_n" in data and b"eval/all/pass_at_1" in data
     assert len(_lines(run_dir / "metrics.jsonl")) == 3
+
+
+def test_every_learner_process_of_a_run_logs_to_one_wandb_run(tmp_path):
+    first = wandb_run_id(tmp_path)
+    assert len(first) == 16 and wandb_run_id(tmp_path) == first  # a restart, a resumed run
+    other_run = tmp_path / "other"
+    other_run.mkdir()
+    assert wandb_run_id(other_run) != first

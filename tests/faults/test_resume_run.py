@@ -1,0 +1,106 @@
+"""A whole run stopped at once (issue 33: a preempted machine, a reboot, Ctrl-C), then
+`python -m deploy.local --resume latest`: the launcher and every process it started are
+SIGKILLed after step 4 of 10, and the resumed run comes back on the same directory (its
+checkpoints, the broker's file store, the same run id), finishes with exit 0, and its books
+balance across both halves (deploy/run_ledger.py: every released prompt trained or dropped
+once, every stored trajectory counted once, versions 1..10 in order). Real parts throughout,
+as in test_faults.py: nats-server, the calculator env server, the learner, an actor replica
+with a real vLLM engine on the tiny random-weight model."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from deploy import proctree
+from deploy.chaos import leftovers
+from deploy.run_ledger import RunLedger
+from tests.faults.test_faults import ARGS
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+
+REPO = Path(__file__).resolve().parents[2]
+TOTAL_STEPS, KILL_AFTER_STEP = 10, 4
+
+
+def _launcher(runs_dir: Path, *args: str, log: Path) -> subprocess.Popen:
+    command = [sys.executable, "-m", "deploy.local", *args, f"local.runs_dir={runs_dir}"]
+    with open(log, "ab") as out:
+        return subprocess.Popen(
+            command, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+
+
+def _trained_steps(run_dir: Path) -> list[int]:
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        return []
+    lines = path.read_text().splitlines()
+    return [json.loads(line)["step"] for line in lines if '"kind": "train"' in line]
+
+
+def _kill_everything_after(launcher: subprocess.Popen, run_dir: Path, step: int) -> None:
+    """SIGKILL the launcher and all it started once `step` is trained: no process stops
+    cleanly, none writes anything more."""
+    deadline = time.monotonic() + 600
+    while not any(s >= step for s in _trained_steps(run_dir)):
+        assert launcher.poll() is None, f"the launcher exited with {launcher.returncode}"
+        assert time.monotonic() < deadline, f"step {step} never came"
+        time.sleep(0.1)
+    everyone = [launcher.pid, *(p.pid for p in proctree.descendants(launcher.pid))]
+    for pid in everyone:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    launcher.wait(timeout=30)
+
+
+def test_a_run_killed_whole_resumes_where_it_stopped_with_its_books_whole(tmp_path):
+    runs_dir, log = tmp_path / "runs", tmp_path / "launcher.log"
+    steps = [f"learner.total_steps={TOTAL_STEPS}", f"learner.eval_interval={TOTAL_STEPS // 2}"]
+    first = _launcher(runs_dir, *ARGS, *steps, log=log)
+    latest = runs_dir / "latest"
+    deadline = time.monotonic() + 120
+    while not latest.exists():
+        assert time.monotonic() < deadline and first.poll() is None, log.read_text()[-3000:]
+        time.sleep(0.1)
+    run_dir = latest.resolve()
+    _kill_everything_after(first, run_dir, KILL_AFTER_STEP)
+    assert not (run_dir / "learner_done.json").exists()
+
+    resumed = _launcher(runs_dir, "--resume", "latest", log=log)
+    assert resumed.wait(timeout=900) == 0, log.read_text()[-4000:]
+    assert latest.resolve() == run_dir  # the same run, not a new one
+    ledger = RunLedger.read(run_dir)
+    assert ledger.problems() == []
+    assert ledger.done["version"] == TOTAL_STEPS
+    assert sorted(r["version"] for r in ledger.evals) == [0, TOTAL_STEPS // 2, TOTAL_STEPS]
+    # Steps before the last checkpoint were kept, not redone: trained once, under one run id.
+    assert [line["step"] for line in ledger.trained] == list(range(TOTAL_STEPS))
+    run_ids = {g.rsplit("-", 1)[0] for line in ledger.trained for g in line["group_ids"]}
+    assert run_ids == {ledger.done["run_id"]}
+    learner_log = (run_dir / "logs" / "learner.log").read_text()
+    assert "resuming run" in learner_log
+    deadline = time.monotonic() + 15
+    while (left := leftovers(run_dir)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert left == []
+
+    # A finished run is not started again.
+    again = subprocess.run(
+        [sys.executable, "-m", "deploy.local", "--resume", str(run_dir)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert again.returncode == 0, again.stderr
+    assert "finished already" in again.stdout
