@@ -88,7 +88,7 @@ class Actor:
         """
         PolicyStore.follow ─► snapshot load / broadcast rounds ─► engine.version ──────┐
                                                                                       │
-        prompt work queue ──fetch(engine room)──► one task per group (actors/in_flight)│
+        prompt work queue ──fetch(engine room)──► one task per group (in_flight.py):   │
                                                    wait engine.version ≥ min_version ◄┘
                                                    in_progress every heartbeat_s
                                                    run_group: n episodes ⇄ engine, env servers
