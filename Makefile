@@ -84,9 +84,10 @@ lint: install
 # bench/make_bench.py turns into bench/results/make_bench.json; bench/render_docs.py then
 # rewrites docs/benchmarks.md's figures from bench/results/.
 # scale is its own target (bench-scale: ~11 min of real runs up to a 0.5B model), and so is
-# agentic (bench-agentic: ~25 min of runs with slow tools).
+# agentic (bench-agentic: ~20 min of runs with slow tools); dynamic_sampling runs by hand
+# (python bench/dynamic_sampling.py: six demo runs, ~10 min; docs/running.md).
 BENCH_HELPERS := __init__ common dense_packing make_bench pass_at_1 peer_breakdown \
-	render_docs tether_run scale agentic
+	render_docs tether_run scale agentic dynamic_sampling
 bench: install
 	@mkdir -p bench/results
 	@set -e; log=$$(mktemp); trap 'rm -f $$log' EXIT; \

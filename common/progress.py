@@ -44,11 +44,18 @@ def progress_line(
     )
     return (
         f"step {step:>3}/{total_steps} | v {record['version']:>3} | "
-        f"reward {record['reward_mean']:.2f} | {eval_text} | "
+        f"reward {record['reward_mean']:.2f}{_filtered(record)} | {eval_text} | "
         f"staleness max {record['max_staleness_seen']} | "
         f"{record['tokens_per_s']:,.0f} tok/s{_sharing(record)} | "
         f"{fmt_duration(wall)} elapsed, ~{left} left"
     )
+
+
+def _filtered(record: dict) -> str:
+    """Groups this step filtered for no reward signal (learner.dynamic_sampling): they were
+    replaced, so the reward shown is that of groups with signal."""
+    filtered = record.get("filtered_groups", 0)
+    return f" (filtered {filtered})" if filtered else ""
 
 
 def _sharing(record: dict) -> str:

@@ -62,6 +62,15 @@ class LearnerConfig(TrainerConfig):
     """Groups (prompts) per optimizer step."""
     group_size: int = pydantic.Field(default=8, ge=2)
     """Samples per prompt (GRPO group size)."""
+    dynamic_sampling: bool = False
+    """DAPO's dynamic sampling: a complete group whose trainable samples all got one reward
+    (all solved, all failed) has zero advantage everywhere and teaches nothing, so it is
+    dropped as `filtered` and a replacement prompt is released; each step then trains
+    `prompts_per_step` groups with signal (learner/steps.py)."""
+    max_filtered_per_step: int = pydantic.Field(default=16, ge=0)
+    """At most this many groups filtered per step: past it the step takes groups as they
+    come, signal or not, and says so (a task set the policy has mastered, or cannot solve,
+    would otherwise release prompts without end)."""
     step_wise: bool = False
     """Step-wise trajectories (SkyRL's `step_wise_trajectories`): each assistant turn of an
     episode is its own sequence in the loss, with the episode's advantage. Changes what

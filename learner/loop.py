@@ -152,8 +152,8 @@ class Learner:
                 await self._maybe_eval()
                 await self.releases.release(self.version)
                 step = self.version
-                groups, waited_s = await self._take_groups(cfg.prompts_per_step)
-                await self._train(step, groups, waited_s)
+                groups, waited_s, filtered = await self._take_groups(cfg.prompts_per_step)
+                await self._train(step, groups, waited_s, filtered)
                 if self.version % cfg.checkpoint.interval == 0 and self.version < cfg.total_steps:
                     await self._checkpoint()
                 await self.checkpoints.ack_uploaded(self.intake)
@@ -197,10 +197,12 @@ class Learner:
             self.reporter.record_drop(version=self.version, group_id=group_id, reason=reason,
                                       whole_group=whole_group, trajectory_ids=ids)  # fmt: skip
 
-    async def _take_groups(self, num_groups: int) -> tuple[list[Group], float]:
-        """The next `num_groups` trainable groups, dropping (and counting) the others."""
+    async def _take_groups(self, num_groups: int) -> tuple[list[Group], float, int]:
+        """The next `num_groups` trainable groups, dropping (and counting) the others;
+        also the seconds waited and the groups filtered for no signal."""
         started = idle_since = time.monotonic()
         taken: list[Group] = []
+        filtered, cap = 0, self.config.max_filtered_per_step if self.config.dynamic_sampling else 0
         while len(taken) < num_groups:
             group = await self._next_group(timeout_s=ENGINES_CHECK_S)
             if group is None:
@@ -208,18 +210,24 @@ class Learner:
                 await self.announcer.waiting_for_data(self.version, idle_s=idle_s)
                 continue
             idle_since = time.monotonic()
-            decision = decide_group(group, version=self.version, **self.group_rules)
+            decision = decide_group(group, version=self.version, filter_no_signal=filtered < cap,
+                                    **self.group_rules)  # fmt: skip
             self._take(group, decision.drop_reason)
             if decision.drop_reason is not None:
                 log.info("dropped group %s: %s", group.group_id, decision.drop_reason)
                 await self.releases.release(self.version)  # its replacement
+                filtered += decision.drop_reason == "filtered"
+                if filtered == cap and decision.drop_reason == "filtered":
+                    log.warning("step %d: %d groups without reward signal filtered, the most "
+                                "learner.max_filtered_per_step allows: it takes the rest as they "
+                                "come", self.version, cap)  # fmt: skip
                 continue
             for reason, ids in decision.removed.items():
                 self._count_drop(group.group_id, reason, list(ids), whole_group=False)
             taken.append(decision.group)
-        return taken, time.monotonic() - started
+        return taken, time.monotonic() - started, filtered
 
-    async def _train(self, step: int, groups: list[Group], waited_s: float) -> None:
+    async def _train(self, step: int, groups: list[Group], waited_s: float, filtered: int):
         cfg = self.config
         samples = samples_from_groups(
             groups,
@@ -279,6 +287,7 @@ class Learner:
             num_bytes=weights.get("num_bytes", 0),
             held_unacked=self.intake.num_held,
         )
+        record["filtered_groups"] = filtered  # learner.dynamic_sampling: no reward signal
         self.reporter.record_train(record, step=step, groups=groups)
 
     async def _checkpoint(self) -> None:

@@ -14,6 +14,8 @@
                                                        LoRA the adapter's)
     tether_learner_trained_trajectories_total          trajectories trained on
     tether_learner_dropped_trajectories_total{reason}  trajectories dropped (stale, errors, ...)
+    tether_learner_filtered_groups                     last step's groups without reward signal,
+                                                       filtered (learner.dynamic_sampling; gauge)
     tether_learner_eval_pass_at_1{env}                 last eval's pass@1 (env="all": overall)
 
 The bus's work queues, as the learner reads them from JetStream (learner/bus_metrics.py;
@@ -82,6 +84,10 @@ _GAUGES = {  # record key -> the gauge that shows its last value
     "train/prefix_sharing_ratio": prometheus_client.Gauge(
         "tether_learner_prefix_sharing_ratio",
         "Tokens of the last step's samples over the tokens trained (shared prefixes once)",
+    ),
+    "filtered_groups": prometheus_client.Gauge(
+        "tether_learner_filtered_groups",
+        "Groups the last step filtered for no reward signal (learner.dynamic_sampling)",
     ),
     "broadcast_bytes": prometheus_client.Gauge(
         "tether_learner_broadcast_bytes",

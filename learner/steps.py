@@ -16,7 +16,9 @@ A group is dropped whole, and counted, when it cannot teach anything honestly:
 - `future`: a token carries a version newer than the learner's. After a resume from a
   checkpoint older than the last announced version, actors still hold weights of the lost
   branch; what they generated comes from a policy this learner never had;
-- `stale`: its oldest policy token is older than `version - max_staleness` (the bound).
+- `stale`: its oldest policy token is older than `version - max_staleness` (the bound);
+- `filtered` (with `filter_no_signal`, learner.dynamic_sampling): its trainable samples all
+  got the same reward, so every advantage is zero and it would teach nothing.
 """
 
 from __future__ import annotations
@@ -76,7 +78,12 @@ def newest_version(versions) -> int | None:
 
 
 def decide_group(
-    group: Group, *, version: int, max_staleness: int, vocab_size: int | None = None
+    group: Group,
+    *,
+    version: int,
+    max_staleness: int,
+    vocab_size: int | None = None,
+    filter_no_signal: bool = False,
 ) -> GroupDecision:
     problems = [
         sample_problem(t, arrays, vocab_size=vocab_size)
@@ -92,6 +99,8 @@ def decide_group(
         return GroupDecision(None, "future")
     if is_too_stale(oldest_version(versions), version, max_staleness):
         return GroupDecision(None, "stale")
+    if filter_no_signal and len({group.trajectories[i].reward for i in valid}) == 1:
+        return GroupDecision(None, "filtered")
     removed: dict[str, tuple[str, ...]] = {}
     for t, problem in zip(group.trajectories, problems, strict=True):
         if problem is not None:

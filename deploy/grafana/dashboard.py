@@ -218,6 +218,13 @@ def learner_panels() -> list[dict]:
             unit="short",
         ),
         timeseries(
+            "Groups filtered for no signal",
+            "Groups the last training step dropped because all their samples got one reward "
+            "(zero advantage: learner.dynamic_sampling), each replaced by a new prompt.",
+            [target("max(tether_learner_filtered_groups)", "filtered per step")],
+            unit="short",
+        ),
+        timeseries(
             "Loss and gradient norm",
             "Loss and gradient norm (before clipping) of the last training step.",
             [

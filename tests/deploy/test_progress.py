@@ -101,6 +101,13 @@ def test_progress_line_says_what_prefix_sharing_saved():
     assert "2,000 tok/s |" in progress_line(nothing_shared, total_steps=30, last_eval=None)
 
 
+def test_progress_line_says_how_many_groups_dynamic_sampling_filtered():
+    filtered = {**_train(3, 30.0), "filtered_groups": 3}
+    line = progress_line(filtered, total_steps=30, last_eval=None)
+    assert "(filtered 3) |" in line
+    assert "filtered" not in progress_line(_train(3, 30.0), total_steps=30, last_eval=None)
+
+
 def test_record_tail_starts_over_when_a_resumed_learner_cuts_the_file_back(tmp_path):
     path = tmp_path / "metrics.jsonl"
     tail = progress.RecordTail(path)

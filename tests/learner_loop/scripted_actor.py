@@ -5,7 +5,8 @@ task's `min_version` (following the learner's policy version in the NATS KV, eve
 including a step back after a learner resume), "generates" for `delay_s`, and publishes the
 group: prompt tokens (loss mask 0), two assistant turns of policy tokens (loss mask 1,
 behaviour logprob -1.0, tagged with the loaded version) around an observation (mask 0),
-rewards that vary within the group. Trajectories are made by the real actor's
+rewards that vary within the group (with `flat_every` k, every k-th training group it
+plays has one reward for all: no signal). Trajectories are made by the real actor's
 `actors.trajectory.to_trajectory`, so a retried publish is stored once.
 
 `lag` makes a laggard: its loaded version is the announced one minus `lag` (an actor whose
@@ -63,6 +64,8 @@ class PublishedGroup:
     trajectory_ids: tuple[str, ...]
     published_at: float = 0.0
     """time.monotonic() when the stream had stored all of it."""
+    flat: bool = False
+    """Every sample got the same reward (no signal)."""
 
 
 RESUMABLE = {"patience_s": 2.0}
@@ -82,6 +85,8 @@ class ScriptedActor:
     patience_s: float | None = None
     """Hand a task back (nak) when the weights it needs have not come within this long."""
     seed: int = 0
+    flat_every: int = 0
+    """Every k-th training group gets one reward for all its samples (0: none does)."""
     seen: list[SeenTask] = field(default_factory=list)
     published: list[PublishedGroup] = field(default_factory=list)
     handed_back: list[str] = field(default_factory=list)
@@ -164,8 +169,10 @@ class ScriptedActor:
             version = self.loaded
             await asyncio.sleep(self.delay_s)
             flip = self._rng.randrange(2)
+            played = sum(not g.is_eval for g in self.published) + 1
+            flat = not task.is_eval and self.flat_every > 0 and played % self.flat_every == 0
             group = [
-                self._trajectory(task, i, version, reward=float((i + flip) % 2))
+                self._trajectory(task, i, version, reward=1.0 if flat else float((i + flip) % 2))
                 for i in range(task.group_size)
             ]
             announced = await self._read_announced()
@@ -180,6 +187,7 @@ class ScriptedActor:
                     announced_at_publish=announced,
                     trajectory_ids=tuple(t.trajectory_id for t in group),
                     published_at=time.monotonic(),
+                    flat=flat,
                 )
             )
             with contextlib.suppress(nats.errors.Error, TimeoutError):

@@ -58,6 +58,32 @@ def test_error_samples_are_removed_and_reported_or_sink_the_group():
     assert decide_group(lonely, version=1, max_staleness=0).drop_reason == "errors"
 
 
+def _rewarded(*rewards: float, stop_reasons=None) -> Group:
+    group = _group(*([1] for _ in rewards), stop_reasons=stop_reasons)
+    trajectories = [
+        msgspec.structs.replace(t, reward=r)
+        for t, r in zip(group.trajectories, rewards, strict=True)
+    ]
+    return Group("g", 0, "calculator", trajectories)
+
+
+def test_dynamic_sampling_filters_a_group_whose_samples_all_got_one_reward():
+    rules = dict(version=1, max_staleness=0, filter_no_signal=True)
+    assert decide_group(_rewarded(1.0, 1.0, 1.0), **rules).drop_reason == "filtered"
+    assert decide_group(_rewarded(0.0, 0.0), **rules).drop_reason == "filtered"
+    assert decide_group(_rewarded(0.0, 1.0, 1.0), **rules).drop_reason is None
+    # Only the trainable samples count: an error sample's 0 is no signal.
+    errored = _rewarded(1.0, 0.0, 1.0, stop_reasons=["stop", "error:env", "stop"])
+    assert decide_group(errored, **rules).drop_reason == "filtered"
+    # Off (the default, and past learner.max_filtered_per_step): trained as it is.
+    assert decide_group(_rewarded(1.0, 1.0), version=1, max_staleness=0).drop_reason is None
+
+
+def test_a_stale_group_is_stale_before_it_is_filtered():
+    stale = decide_group(_rewarded(1.0, 1.0), version=3, max_staleness=0, filter_no_signal=True)
+    assert stale.drop_reason == "stale"
+
+
 def _sample(i: int, **fields):
     """Sample i of a 4-sample group: 2 prompt tokens, 2 loss tokens of version 1."""
     values = dict(token_ids=[5, 6, 7, 8], loss_mask=[0, 0, 1, 1], versions=[-1, -1, 1, 1])

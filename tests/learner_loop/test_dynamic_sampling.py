@@ -1,0 +1,69 @@
+"""Dynamic sampling (learner.dynamic_sampling, issue 35) in the real `learner` CLI, fed by
+scripted actors some of whose groups got one reward for every sample: those are filtered
+(dropped whole as `filtered`, each replaced by a new prompt), every step still trains
+`prompts_per_step` groups, all with signal, and the books balance; past
+`max_filtered_per_step` a step takes groups as they come and says so."""
+
+from __future__ import annotations
+
+from deploy.run_ledger import RunLedger
+from tests.learner_loop.conftest import bus, running
+from tests.learner_loop.scripted_actor import ScriptedActor
+from tests.learner_loop.test_learner_process import (
+    TIMEOUT_S,
+    _assert_every_trajectory_accounted_for,
+    _training_groups,
+)
+
+
+async def _run(run, nats_server, bus_names, *, flat_every: tuple[int, int]):
+    actors = [
+        ScriptedActor(nats_server.url, bus_names, actor_id=f"a{i}", delay_s=0.02 * (i + 1),
+                      seed=i + 1, flat_every=k)
+        for i, k in enumerate(flat_every)
+    ]  # fmt: skip
+    async with bus(nats_server.url, bus_names), running(actors):
+        await run.start()
+        code = await run.wait(TIMEOUT_S)
+    assert code == 0, run.log_tail()
+    return actors
+
+
+async def test_groups_without_signal_are_filtered_and_replaced(learner_run, nats_server, bus_names):
+    run = learner_run(total_steps=4, max_staleness=1, prompts_per_step=2, dynamic_sampling=True)
+    actors = await _run(run, nats_server, bus_names, flat_every=(2, 3))
+
+    trained_lines, dropped_lines = _assert_every_trajectory_accounted_for(run, actors)
+    assert RunLedger.read(run.run_dir).problems() == []
+    flat = {gid for gid, g in _training_groups(actors).items() if g.flat}
+    filtered = [d for d in dropped_lines if d["reason"] == "filtered"]
+    assert filtered and all(d["whole_group"] for d in filtered)
+    assert {d["group_id"] for d in filtered} <= flat
+    trained = [gid for line in trained_lines for gid in line["group_ids"]]
+    assert not set(trained) & flat  # every trained group had signal
+    assert all(len(line["group_ids"]) == 2 for line in trained_lines)
+    train = run.records("train")
+    assert sum(r["filtered_groups"] for r in train) == len(filtered)
+    (done,) = run.records("done")
+    # Each group dropped whole before the end earned a replacement: 4 steps x 2, plus those
+    # (the drain's `unused`, after the last release, earn none).
+    replaced = {
+        d["group_id"] for d in dropped_lines if d["whole_group"] and d["reason"] != "unused"
+    }
+    assert done["released_groups"] == 8 + len(replaced)
+
+
+async def test_past_the_cap_a_step_takes_groups_as_they_come(learner_run, nats_server, bus_names):
+    run = learner_run(
+        total_steps=3,
+        max_staleness=1,
+        prompts_per_step=2,
+        dynamic_sampling=True,
+        max_filtered_per_step=1,
+    )
+    actors = await _run(run, nats_server, bus_names, flat_every=(1, 1))  # no signal anywhere
+
+    _assert_every_trajectory_accounted_for(run, actors)
+    assert RunLedger.read(run.run_dir).problems() == []
+    assert [r["filtered_groups"] for r in run.records("train")] == [1, 1, 1]
+    assert "the most learner.max_filtered_per_step allows" in run.log_tail(200_000)
