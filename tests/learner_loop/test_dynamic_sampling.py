@@ -2,13 +2,18 @@
 scripted actors some of whose groups got one reward for every sample: those are filtered
 (dropped whole as `filtered`, each replaced by a new prompt), every step still trains
 `prompts_per_step` groups, all with signal, and the books balance; past
-`max_filtered_per_step` a step takes groups as they come and says so."""
+`max_filtered_per_step` a step takes groups as they come and says so; a learner killed and
+resumed with it on keeps its books."""
 
 from __future__ import annotations
 
+import asyncio
+import os
+import signal
+
 from deploy.run_ledger import RunLedger
 from tests.learner_loop.conftest import bus, running
-from tests.learner_loop.scripted_actor import ScriptedActor
+from tests.learner_loop.scripted_actor import RESUMABLE, ScriptedActor
 from tests.learner_loop.test_learner_process import (
     TIMEOUT_S,
     _assert_every_trajectory_accounted_for,
@@ -67,3 +72,30 @@ async def test_past_the_cap_a_step_takes_groups_as_they_come(learner_run, nats_s
     assert RunLedger.read(run.run_dir).problems() == []
     assert [r["filtered_groups"] for r in run.records("train")] == [1, 1, 1]
     assert "the most learner.max_filtered_per_step allows" in run.log_tail(200_000)
+
+
+async def test_a_resumed_learner_filters_on_with_its_books_whole(
+    learner_run, nats_server, bus_names
+):
+    run = learner_run(total_steps=6, max_staleness=1, prompts_per_step=2, dynamic_sampling=True)
+    actors = [
+        ScriptedActor(nats_server.url, bus_names, actor_id=name, delay_s=delay, seed=seed,
+                      flat_every=2, **RESUMABLE)
+        for name, delay, seed in (("a", 0.02, 7), ("b", 0.15, 8))
+    ]  # fmt: skip
+    async with bus(nats_server.url, bus_names) as (_, versions), running(actors):
+        await run.start()
+        while not versions.versions or versions.versions[-1] < 3:
+            assert run.process.returncode is None, run.log_tail()
+            await asyncio.sleep(0.05)
+        os.kill(run.process.pid, signal.SIGKILL)
+        assert await run.wait(30) == -signal.SIGKILL
+        await run.start()
+        assert await run.wait(TIMEOUT_S) == 0, run.log_tail()
+
+    trained_lines, dropped_lines = _assert_every_trajectory_accounted_for(run, actors)
+    assert RunLedger.read(run.run_dir).problems() == []
+    assert [line["step"] for line in trained_lines] == list(range(6))
+    flat = {gid for gid, g in _training_groups(actors).items() if g.flat}
+    assert not {gid for line in trained_lines for gid in line["group_ids"]} & flat
+    assert any(d["reason"] == "filtered" for d in dropped_lines)
