@@ -307,9 +307,8 @@ class ActorConfig(StrictModel):
     """Limits of each episode."""
     max_groups_in_flight: int | None = pydantic.Field(default=None, ge=1)
     """A cap on the prompt tasks (GRPO groups) a replica works on at once. None (the
-    default): as many as its engine has room for, counting only the episodes not waiting
-    on an env server against `engine.max_num_seqs` (actors/in_flight.py), so slow tools do
-    not leave the engine idle; the staleness bound limits the total (what is released)."""
+    default): as many as its engine has room for, episodes at a tool not counted
+    (actors/in_flight.py); the staleness bound limits the total (what is released)."""
     heartbeat_s: float = pydantic.Field(default=2.0, gt=0)
     """Interval of in-progress acks on a running task; must be well under the broker's
     prompt_ack_wait_s, else the task is redelivered while still running."""
