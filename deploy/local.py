@@ -141,25 +141,29 @@ def resumed_run(runs_dir: Path, resume: str) -> tuple[Path, dict]:
     return run_dir, launched
 
 
+def _plan(config_path: Path, overrides: list[str], resume: str | None):
+    """(run directory, config file, overrides, the [local] section, what to record as the
+    run's launch): a new run's, or with `resume` the run's first launch again (overrides
+    given now come after its own) on its directory (None recorded: it has its record)."""
+    local = load_section(LocalRunConfig, config_path, "local", overrides)
+    runs_dir = (REPO_ROOT / local.runs_dir).resolve()
+    if resume is None:
+        launched = {"config": str(config_path), "overrides": list(overrides)}
+        return runs_dir / _run_id(), config_path, overrides, local, launched
+    run_dir, first = resumed_run(runs_dir, resume)
+    config_path, overrides = Path(first["config"]), [*first["overrides"], *overrides]
+    local = load_section(LocalRunConfig, config_path, "local", overrides)
+    return run_dir, config_path, overrides, local, None
+
+
 def launch(config_path: Path, overrides: list[str], resume: str | None = None) -> int:
     try:
-        local = load_section(LocalRunConfig, config_path, "local", overrides)
-        runs_dir = (REPO_ROOT / local.runs_dir).resolve()
-        launched: dict | None = {"config": str(config_path), "overrides": list(overrides)}
-        run_dir = runs_dir / _run_id()
-        if resume is not None:
-            # The same config and overrides as the run's first launch (later ones win), on
-            # its directory: its checkpoints, its broker store, its dataset, its run id.
-            run_dir, first = resumed_run(runs_dir, resume)
-            config_path = Path(first["config"])
-            overrides = [*first["overrides"], *overrides]
-            local = load_section(LocalRunConfig, config_path, "local", overrides)
-            launched = None
-            if (run_dir / DONE_FILE).is_file():
-                done = json.loads((run_dir / DONE_FILE).read_text())
-                print(f"{run_dir} finished already (version {done.get('version')}):"
-                      " nothing to resume", flush=True)  # fmt: skip
-                return 0
+        run_dir, config_path, overrides, local, launched = _plan(config_path, overrides, resume)
+        if launched is None and (run_dir / DONE_FILE).is_file():
+            done = json.loads((run_dir / DONE_FILE).read_text())
+            print(f"{run_dir} finished already (version {done.get('version')}): nothing to"
+                  " resume", flush=True)  # fmt: skip
+            return 0
         model_dir = _model_dir(local)
         ports = {name: free_port() for name in ("nats", "learner", "envserver", "envserver_grpc")}
         ports["weight_store"] = free_port()
