@@ -62,10 +62,10 @@ class Actor:
                 f"broker.prompt_ack_wait_s ({broker.prompt_ack_wait_s})"
             )
         self.config, self.broker = config, broker
-        self.engine, self.env, self.chat = engine, env, chat
-        self._generating = metrics.EngineBusyClock(engine)  # what episodes generate with
         self._demand = EngineDemand()  # how much of the engine our groups want now
-        self._env_counted = self._demand.counting(env)  # what episodes call env servers with
+        self.engine, self.chat = engine, chat
+        self.env = self._demand.counting(env)  # its calls in flight count as engine room
+        self._generating = metrics.EngineBusyClock(engine)  # what episodes generate with
         self.actor_id = actor_id
         self.weights = PolicyWeights(
             engine=engine,
@@ -191,7 +191,7 @@ class Actor:
             await run_group(
                 Rollout(
                     engine=self._generating,
-                    env=self._env_counted,
+                    env=self.env,
                     chat=self.chat,
                     limits=self.config.rollout,
                     sampling=sampling,

@@ -41,13 +41,12 @@ from deploy.config import LocalRunConfig, load_run_config
 from deploy.gpus import gpu_wiring
 from deploy.supervisor import Service, Supervisor, http_probe
 from deploy.wiring import wiring as _wiring
+from learner.sinks import DONE_FILE
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CONFIG = REPO_ROOT / "configs" / "demo.toml"
 LAUNCH_FILE = "launch.json"
 """What started a run: its config file and overrides (`--resume` starts it again so)."""
-DONE_FILE = "learner_done.json"
-"""The learner's done record (learner/reporting.py): the run finished."""
 
 
 def free_port_block(size: int, attempts: int = 50) -> int:

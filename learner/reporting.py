@@ -34,7 +34,7 @@ from learner.config import LearnerConfig
 from learner.env_metrics import rollout_metrics
 from learner.eval_dump import write_aggregated_results, write_eval_dump
 from learner.metrics import record_step
-from learner.sinks import METRICS_FILE, MetricsSink
+from learner.sinks import DONE_FILE, METRICS_FILE, MetricsSink
 from learner.staleness import oldest_version
 
 TRAINED_FILE = "trained.jsonl"
@@ -246,7 +246,7 @@ class Reporter:
     def record_done(self, summary: dict) -> None:
         self._log(summary)
         record_step(summary)
-        (self.run_dir / "learner_done.json").write_text(json.dumps(summary, indent=2) + "\n")
+        (self.run_dir / DONE_FILE).write_text(json.dumps(summary, indent=2) + "\n")
 
     def _decode(self, token_ids: list[int]) -> str:
         if self._tokenizer is None:

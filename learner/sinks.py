@@ -32,6 +32,8 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 METRICS_FILE = "metrics.jsonl"
+DONE_FILE = "learner_done.json"
+"""The learner's final (`done`) record, also the last line of metrics.jsonl: the run finished."""
 WANDB_ID_FILE = "wandb_run_id"
 """The run directory's W&B run id: every learner process of the run (a restart, a resumed
 run) logs to the same W&B run rather than starting a new one."""

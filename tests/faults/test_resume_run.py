@@ -22,6 +22,7 @@ import pytest
 from deploy import proctree
 from deploy.chaos import leftovers
 from deploy.run_ledger import RunLedger
+from learner.sinks import DONE_FILE
 from tests.faults.test_faults import ARGS
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
@@ -74,7 +75,7 @@ def test_a_run_killed_whole_resumes_where_it_stopped_with_its_books_whole(tmp_pa
         time.sleep(0.1)
     run_dir = latest.resolve()
     _kill_everything_after(first, run_dir, KILL_AFTER_STEP)
-    assert not (run_dir / "learner_done.json").exists()
+    assert not (run_dir / DONE_FILE).exists()
 
     resumed = _launcher(runs_dir, "--resume", "latest", log=log)
     assert resumed.wait(timeout=900) == 0, log.read_text()[-4000:]

@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import json
 import os
+import signal
 import sys
 import urllib.request
 from dataclasses import dataclass, field
@@ -95,6 +96,15 @@ class LearnerRun:
     def kill(self) -> None:
         with contextlib.suppress(ProcessLookupError):
             self.process.kill()
+
+    async def kill_at(self, versions, version: int) -> None:
+        """SIGKILL the learner once the KV (`versions`, a bus() watcher) announces
+        `version`, and wait for it to be gone."""
+        while not versions.versions or versions.versions[-1] < version:
+            assert self.process.returncode is None, self.log_tail()
+            await asyncio.sleep(0.05)
+        os.kill(self.process.pid, signal.SIGKILL)
+        assert await self.wait(30) == -signal.SIGKILL
 
     def log_tail(self, num_chars: int = 4000) -> str:
         return self.log_path.read_text(errors="replace")[-num_chars:]

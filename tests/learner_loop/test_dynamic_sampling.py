@@ -7,10 +7,6 @@ resumed with it on keeps its books."""
 
 from __future__ import annotations
 
-import asyncio
-import os
-import signal
-
 from deploy.run_ledger import RunLedger
 from tests.learner_loop.conftest import bus, running
 from tests.learner_loop.scripted_actor import RESUMABLE, ScriptedActor
@@ -85,11 +81,7 @@ async def test_a_resumed_learner_filters_on_with_its_books_whole(
     ]  # fmt: skip
     async with bus(nats_server.url, bus_names) as (_, versions), running(actors):
         await run.start()
-        while not versions.versions or versions.versions[-1] < 3:
-            assert run.process.returncode is None, run.log_tail()
-            await asyncio.sleep(0.05)
-        os.kill(run.process.pid, signal.SIGKILL)
-        assert await run.wait(30) == -signal.SIGKILL
+        await run.kill_at(versions, 3)
         await run.start()
         assert await run.wait(TIMEOUT_S) == 0, run.log_tail()
 

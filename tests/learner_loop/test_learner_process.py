@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import signal
 from collections import Counter
 
 from deploy.run_ledger import RunLedger
@@ -191,11 +189,7 @@ async def test_killed_learner_resumes_without_gap_repeat_or_loss(
     actors = resumable_pair(nats_server.url, bus_names)
     async with bus(nats_server.url, bus_names) as (js, versions), running(actors):
         await run.start()
-        while not versions.versions or versions.versions[-1] < 5:
-            assert run.process.returncode is None, run.log_tail()
-            await asyncio.sleep(0.05)
-        os.kill(run.process.pid, signal.SIGKILL)
-        assert await run.wait(30) == -signal.SIGKILL
+        await run.kill_at(versions, 5)
         checkpoint = latest_checkpoint(run.run_dir / "checkpoints")
         resumed_at = read_training_state(checkpoint).version
         assert resumed_at == 4  # checkpoints every 2 versions; killed at 5 or later
