@@ -96,14 +96,17 @@ class VllmEngine:
 
         from common.cuda_driver import require_cuda
         from weights.config import WeightSyncConfig
-        from weights.dtypes import resolve_dtype
+        from weights.dtypes import lora_dtype_problem, resolve_dtype
         from weights.nccl_env import prepare_role
 
         if config.device == "cuda":  # a GPU config: no silent CPU engine
             require_cuda("actor.engine.device")
         # Before vLLM's workers start (they inherit it) and run their first collective.
         prepare_role(WeightSyncConfig().transfer_timeout_s)
-        dtype = resolve_dtype(config.dtype, on_gpu=torch.cuda.is_available())
+        on_gpu = torch.cuda.is_available()
+        dtype = resolve_dtype(config.dtype, on_gpu=on_gpu)
+        if problem := lora_dtype_problem(dtype, enable_lora=config.enable_lora, on_gpu=on_gpu):
+            raise ValueError(problem)
         args = AsyncEngineArgs(
             **config.vllm_engine_args(),
             dtype=dtype,
@@ -119,7 +122,7 @@ class VllmEngine:
         worker_env = in_core_worker_env(
             config.cpu_threads_bind,
             num_workers=config.num_gpus,
-            on_gpu=torch.cuda.is_available(),
+            on_gpu=on_gpu,
             usable_cores=os.sched_getaffinity(0),
         )
         # No local name for the AsyncLLM: something in vLLM keeps this frame alive, and a

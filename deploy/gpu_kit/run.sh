@@ -5,10 +5,10 @@
 #   bash deploy/gpu_kit/run.sh stage    # keep the parts that came (a warm machine keeps /tmp)
 #   bash deploy/gpu_kit/run.sh check [STAGE...]   # assemble and install (once), then test
 #
-# STAGEs, in the order given (default: all four): broadcast (the bf16 broadcast test of
-# tests/gpu), demo (the 1-GPU demo through deploy.local), engines (make test's engine and LoRA
-# tests on CUDA in fp32), stalled (the one that ran out of time on 2026-11-26, alone, with a
-# stack dump if it hangs). A warm machine keeps the install, so a later call can run the rest.
+# STAGEs, in the order given (default: all five): broadcast (the bf16 broadcast test of
+# tests/gpu), lora (vLLM's LoRA in a bf16 CUDA engine, tests/gpu), demo (the 1-GPU demo
+# through deploy.local), engines (make test's engine and LoRA tests on CUDA in fp32), stalled
+# (the streamed round failing part-way, alone, with a stack dump if it hangs). A warm machine keeps the install, so a later call can run the rest.
 #
 # `check` writes what it saw to $OUT (the device tool brings it back): kit.log (everything),
 # results.json (the figures tests/gpu records), failures.txt (each failure's reason, as it
@@ -34,9 +34,9 @@ if [[ ${1:-} == stage ]]; then
 fi
 
 STAGES=("${@:2}")
-[[ ${#STAGES[@]} -gt 0 ]] || STAGES=(broadcast demo engines stalled)
+[[ ${#STAGES[@]} -gt 0 ]] || STAGES=(broadcast lora demo engines stalled)
 for stage in "${STAGES[@]}"; do
-  [[ $stage =~ ^(broadcast|demo|engines|stalled)$ ]] || { echo "unknown stage $stage (broadcast, demo, engines, stalled)"; exit 2; }
+  [[ $stage =~ ^(broadcast|lora|demo|engines|stalled)$ ]] || { echo "unknown stage $stage (broadcast, lora, demo, engines, stalled)"; exit 2; }
 done
 exec > >(tee -a "$OUT/kit.log") 2>&1
 DEADLINE=$((SECONDS + BUDGET_S))
@@ -118,6 +118,11 @@ broadcast() {
   say "the GPU tests' engine: a broadcast into a bf16 CUDA engine against transformers"
   timeout "$(upto 120)" "${PYTEST[@]}" --junitxml="$OUT/junit-broadcast.xml" \
     "tests/gpu/test_engine_broadcast.py::test_broadcast_into_cuda_engine_matches_transformers[gloo]"
+}
+
+lora() {
+  say "the GPU tests' LoRA engine: adapter rounds into a bf16 CUDA engine against PEFT"
+  timeout "$(upto 120)" "${PYTEST[@]}" --junitxml="$OUT/junit-lora.xml" tests/gpu/test_lora_engine.py
 }
 
 demo() {

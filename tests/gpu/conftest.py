@@ -19,6 +19,13 @@ REPO = Path(__file__).resolve().parents[2]
 RESULTS = Path(os.environ.get("TETHER_GPU_RESULTS") or REPO / "runs" / "gpu-check" / "results.json")
 
 
+NEAR_TIE = 0.1
+"""Logit gap (bf16 compute) under which transformers' own top two count as tied."""
+
+
+PROMPTS = ["What is 17 + 25?", "What is 3 * 4?", "Hello"]
+
+
 def num_gpus() -> int:
     import torch
 
@@ -62,3 +69,41 @@ def tiny_model_dir() -> Path:
     from demo.tinymodel import build_random_tiny_model
 
     return build_random_tiny_model()
+
+
+@pytest.fixture(scope="module")
+def prompts(tiny_model_dir) -> list[list[int]]:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    return [
+        tokenizer.encode(
+            tokenizer.apply_chat_template(
+                [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False
+            ),
+            add_special_tokens=False,
+        )
+        for text in PROMPTS
+    ]
+
+
+def greedy_agreement(model, prompt: list[int], tokens: list[int]) -> tuple[int, int]:
+    """(tokens equal to transformers' argmax, tokens that differ only at a near-tie); raises
+    on a token transformers does not come close to choosing."""
+    import torch
+
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1 : -1]  # [T, V]
+    exact = near = 0
+    for position, token in enumerate(tokens):
+        best = int(logits[position].argmax())
+        if best == token:
+            exact += 1
+            continue
+        gap = float(logits[position, best] - logits[position, token])
+        assert gap < NEAR_TIE, (
+            f"token {position}: vLLM chose {token}, transformers {best} by {gap:.3f}"
+        )
+        near += 1
+        break  # after a tie the continuations legitimately differ
+    return exact, near

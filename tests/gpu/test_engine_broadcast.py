@@ -7,8 +7,8 @@ transformers' recomputation (the logprob gap), and the in-flight update's stall.
 
 Both dtypes sides are `auto`: bf16 on GPU. bf16 greedy decoding may legitimately differ from
 an fp32 reference where the reference itself has a near-tie, so a differing token is
-accepted only where transformers' own logits put it within `NEAR_TIE` of its argmax; the
-exact agreement is recorded."""
+accepted only where transformers' own logits put it within `NEAR_TIE` (conftest) of its
+argmax; the exact agreement is recorded."""
 
 from __future__ import annotations
 
@@ -18,16 +18,12 @@ import threading
 import pytest
 import torch
 
-from tests.gpu.conftest import need_gpus, need_vllm, record
+from tests.gpu.conftest import greedy_agreement, need_gpus, need_vllm, record
 from weights.config import WeightSyncConfig
 from weights.sender import WeightSender
 from weights.subscription import WeightSubscription
 
 pytestmark = [pytest.mark.gpu, pytest.mark.vllm, pytest.mark.slow]
-
-NEAR_TIE = 0.1
-"""Logit gap (bf16 compute) under which transformers' own top two count as tied."""
-PROMPTS = ["What is 17 + 25?", "What is 3 * 4?", "Hello"]
 
 
 @pytest.fixture(scope="module")
@@ -51,22 +47,6 @@ async def cuda_engine(tiny_model_dir):
     engine.shutdown()
 
 
-@pytest.fixture(scope="module")
-def prompts(tiny_model_dir) -> list[list[int]]:
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
-    return [
-        tokenizer.encode(
-            tokenizer.apply_chat_template(
-                [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False
-            ),
-            add_special_tokens=False,
-        )
-        for text in PROMPTS
-    ]
-
-
 def _perturbed(tiny_model_dir, seed: int) -> torch.nn.Module:
     """The tiny model with noise added, its weights rounded to bf16 (what the engine gets),
     computing in fp32 on CPU: the reference."""
@@ -79,26 +59,6 @@ def _perturbed(tiny_model_dir, seed: int) -> torch.nn.Module:
             param.add_(torch.randn(param.shape, generator=generator) * 0.05)
             param.copy_(param.to(torch.bfloat16).to(torch.float32))
     return model.eval()
-
-
-@torch.no_grad()
-def _agreement(model, prompt: list[int], tokens: list[int]) -> tuple[int, int]:
-    """(tokens equal to transformers' argmax, tokens that differ only at a near-tie); raises
-    on a token transformers does not come close to choosing."""
-    logits = model(torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1 : -1]  # [T, V]
-    exact = near = 0
-    for position, token in enumerate(tokens):
-        best = int(logits[position].argmax())
-        if best == token:
-            exact += 1
-            continue
-        gap = float(logits[position, best] - logits[position, token])
-        assert gap < NEAR_TIE, (
-            f"token {position}: vLLM chose {token}, transformers {best} by {gap:.3f}"
-        )
-        near += 1
-        break  # after a tie the continuations legitimately differ
-    return exact, near
 
 
 async def _push(engine, model, backend: str, version: int):
@@ -147,7 +107,7 @@ async def test_broadcast_into_cuda_engine_matches_transformers(
     for prompt in prompts:
         out = await cuda_engine.generate(prompt, Turn(greedy, max_tokens=24))
         assert out.versions == [version] * len(out.token_ids)
-        e, n = _agreement(model, prompt, out.token_ids)
+        e, n = greedy_agreement(model, prompt, out.token_ids)
         exact, near, total = exact + e, near + n, total + len(out.token_ids)
     assert exact >= 0.5 * total  # wrong weights would agree on almost nothing
     gaps = []

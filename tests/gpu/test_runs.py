@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import USERS_START_METHOD
 from tests.gpu.conftest import REPO, need_gpus, need_vllm, record
 
 pytestmark = [pytest.mark.gpu, pytest.mark.vllm, pytest.mark.slow]
@@ -23,6 +24,8 @@ def _run(runs_dir: Path, *overrides: str, gpus: str, timeout_s: float) -> tuple[
     """Run deploy.local; its output goes to a log file as it comes (in TETHER_GPU_LOG_DIR
     when set: the GPU kit's run brings it back even when the call's time ends mid-run)."""
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": gpus, "PYTHONPATH": str(REPO)}
+    if USERS_START_METHOD is None:  # the roles as users run them: vLLM's own choice
+        env.pop("VLLM_WORKER_MULTIPROC_METHOD")
     log_path = Path(os.environ.get("TETHER_GPU_LOG_DIR") or runs_dir.parent) / "deploy-local.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("w") as log:

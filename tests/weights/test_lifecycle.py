@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from weights.communicator import TransferTimeout, WeightGroup
-from weights.dtypes import dtype_mismatch, resolve_dtype
+from weights.dtypes import dtype_mismatch, lora_dtype_problem, resolve_dtype
 from weights.rendezvous import connect_store
 from weights.snapshot import SnapshotWriter, safetensors_weights
 
@@ -82,6 +82,15 @@ def test_dtypes_resolve_per_device_and_a_mismatch_says_what_to_set():
     message = dtype_mismatch("float32", "bfloat16")
     assert 'actor.engine.dtype = "float32"' in message and 'learner.dtype = "bfloat16"' in message
     assert "float32 or bfloat16 only" in dtype_mismatch("bfloat16", "float16")
+
+
+def test_a_float32_lora_engine_on_a_gpu_is_refused_with_what_to_set():
+    # vLLM's LoRA kernels on CUDA take no float32 (an AssertionError in the engine on an H100).
+    message = lora_dtype_problem("float32", enable_lora=True, on_gpu=True)
+    assert 'actor.engine.dtype = "bfloat16"' in message and "enable_lora" in message
+    assert lora_dtype_problem("bfloat16", enable_lora=True, on_gpu=True) is None
+    assert lora_dtype_problem("float32", enable_lora=True, on_gpu=False) is None  # CPU tests
+    assert lora_dtype_problem("float32", enable_lora=False, on_gpu=True) is None  # merged
 
 
 def test_snapshot_is_written_shard_by_shard_and_reads_back(tmp_path):
