@@ -256,11 +256,12 @@ async def engine_rounds(model_dir: Path, named: list, *, bucket_mb: float, round
             by_mode[mode].append(
                 await engine_round(engine, sender, subscription, named, version, pid)
             )
+        rss_after = status_kb(pid)["VmRSS"] * 1024  # what the engine holds between rounds
     finally:
         subscription.leave()
         sender.close()
         engine.shutdown()
-    return by_mode, rss_before
+    return by_mode, rss_before, rss_after
 
 
 async def measure(model_dir: Path, *, bucket_mb: float, rounds: int) -> dict:
@@ -272,7 +273,9 @@ async def measure(model_dir: Path, *, bucket_mb: float, rounds: int) -> dict:
     named = [(name, param.detach()) for name, param in model.named_parameters()]
     largest = largest_bucket_bytes(named, int(bucket_mb * MB))
     received = receive_path_growths(named, bucket_mb=bucket_mb, rounds=rounds)
-    by_mode, rss_before = await engine_rounds(model_dir, named, bucket_mb=bucket_mb, rounds=rounds)
+    by_mode, rss_before, rss_after = await engine_rounds(
+        model_dir, named, bucket_mb=bucket_mb, rounds=rounds
+    )
     figures: dict[str, float | int | str] = {
         "model_parameters": sum(t.numel() for _, t in named),
         "model_mb": tensor_bytes(named) / MB,
@@ -280,6 +283,7 @@ async def measure(model_dir: Path, *, bucket_mb: float, rounds: int) -> dict:
         "largest_bucket_mb": largest / MB,
         "rounds_per_mode": rounds,
         "engine_rss_mb_before": rss_before / MB,
+        "engine_rss_mb_after": rss_after / MB,
     }
     growths = {"receive_only": received}
     growths.update(

@@ -34,6 +34,11 @@ from typing import Any
 import torch
 from safetensors import SafetensorError
 
+from weights.cpu_packing import (
+    drop_embedding_copies,
+    drop_lm_head_copies,
+    dropping_embedding_copies,
+)
 from weights.lora import apply_adapter, read_adapter_dir
 from weights.receiver import WeightChannel
 from weights.snapshot import safetensors_weights
@@ -142,6 +147,8 @@ class WeightSyncExtension:
         def recorded():
             nonlocal num_bytes
             for name, tensor in weights:
+                if not self._tether_load_started:  # its reload packs it again (cpu_packing)
+                    drop_lm_head_copies(model)
                 self._tether_load_started = True
                 num_bytes += tensor.numel() * tensor.element_size()
                 if track:
@@ -151,11 +158,15 @@ class WeightSyncExtension:
         with set_current_vllm_config(self.vllm_config):
             try:
                 self.model_runner.reload_weights(
-                    weights_iterator=with_aliases(recorded(), self._tether_aliases)
+                    weights_iterator=dropping_embedding_copies(
+                        model, with_aliases(recorded(), self._tether_aliases)
+                    )
                 )
             except BaseException:  # whatever stopped it: no layer may stay on the meta device
                 finalize_layerwise_reload(model, self.vllm_config.model_config)
                 raise
+            finally:
+                drop_embedding_copies(model)  # one packed late (finalize) or before any round
         self._tether_checksum = fingerprint.values if track else None
         return num_bytes
 

@@ -187,8 +187,14 @@ def engine_update_memory(f: Figures) -> str:
             + [count(f.get(f"{mode}_sender_transfer_ms")) for mode in ("streamed", "staged")],
         ],
     )
-    targets = "\n".join(
-        check(f"{label}, largest buckets", f.get(f"{mode}_growth_largest_buckets"), 2, "<=", fixed)
+    targets = "\n".join(  # four places: a growth at the bound reads 2.00 either way
+        check(
+            f"{label}, largest buckets",
+            f.get(f"{mode}_growth_largest_buckets"),
+            2,
+            "<=",
+            lambda v: fixed(v, 4),
+        )
         for mode, label in modes[:2]
     )
     return join(setup, growth, times, targets, provenance(f))
