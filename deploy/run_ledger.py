@@ -1,9 +1,12 @@
 """A run's books, from its own records, and whether they balance: what the fault suite and
 `make soak` check after every run that something was killed in.
 
-    training prompts released  = groups trained + groups dropped whole, each id once
-    trajectories stored         = trained + dropped (by reason) + eval + malformed
+    training prompts released  = groups trained + groups dropped whole (or filtered), each
+                                  id once
+    trajectories stored         = trained + dropped (by reason) + filtered + eval + malformed
                                   + still in the stream at the end
+
+Filtered: groups without reward signal that dynamic sampling set aside (learner/ledger.py).
     no trajectory trained twice, none both trained and dropped; versions 1..N in order
 
 The records are the learner's: `metrics.jsonl` (its `done` record holds the stream's and
@@ -17,6 +20,8 @@ import json
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
+
+from learner.ledger import FILTERED
 
 
 def read_jsonl(path: Path) -> list[dict]:
@@ -61,14 +66,23 @@ class RunLedger:
 
     @property
     def dropped_ids(self) -> Counter[str]:
+        """Every trajectory set aside, dropped or filtered."""
         return Counter(i for line in self.dropped for i in line["trajectory_ids"])
 
     @property
     def dropped_by_reason(self) -> Counter[str]:
+        """Trajectories dropped, by reason (the filtered ones apart)."""
         counts: Counter[str] = Counter()
         for line in self.dropped:
-            counts[line["reason"]] += len(line["trajectory_ids"])
+            if line["reason"] != FILTERED:
+                counts[line["reason"]] += len(line["trajectory_ids"])
         return counts
+
+    @property
+    def num_filtered(self) -> int:
+        return sum(
+            len(line["trajectory_ids"]) for line in self.dropped if line["reason"] == FILTERED
+        )
 
     @property
     def taken_groups(self) -> Counter[str]:
@@ -88,8 +102,9 @@ class RunLedger:
             "groups_taken": sum(self.taken_groups.values()),
             "stored": d["stream_messages_stored"],
             "trained": sum(self.trained_ids.values()),
-            "dropped": sum(self.dropped_ids.values()),
+            "dropped": sum(self.dropped_by_reason.values()),
             "dropped_by_reason": dict(self.dropped_by_reason),
+            "filtered": self.num_filtered,
             "eval": d["eval_trajectories"],
             "eval_recorded": self.eval_samples_recorded,
             "malformed": d["malformed"],
@@ -120,13 +135,12 @@ class RunLedger:
         if unknown := sorted(set(taken) - set(released)):
             out.append(f"groups taken that were never released: {unknown[:5]}")
         s = self.summary()
-        accounted = s["trained"] + s["dropped"] + s["eval"] + s["malformed"] + s["left_in_stream"]
-        if s["stored"] != accounted:
+        parts = ("trained", "dropped", "filtered", "eval", "malformed", "left_in_stream")
+        if s["stored"] != sum(s[part] for part in parts):
             out.append(
-                f"stored {s['stored']} != trained {s['trained']} + dropped {s['dropped']} + eval "
-                f"{s['eval']} + malformed {s['malformed']} + left {s['left_in_stream']}"
+                f"stored {s['stored']} != " + " + ".join(f"{part} {s[part]}" for part in parts)
             )
-        if d["trained"] != s["trained"] or d["dropped"] != s["dropped"]:
+        if any(d.get(total, 0) != s[total] for total in ("trained", "dropped", "filtered")):
             out.append(f"the done record's totals disagree with the history: {d} vs {s}")
         if Counter(d["dropped_by_reason"]) != self.dropped_by_reason:
             out.append("the done record's drop reasons disagree with dropped.jsonl")

@@ -3,8 +3,12 @@ queue, counted exactly once. The ledger is also the checkpoint cursor: what a re
 must know to continue the count (`to_cursor` / `from_cursor`).
 
     released prompts = taken groups + groups still outstanding
-    taken trajectories = trained + dropped (by reason)
-    stored trajectories = trained + dropped + eval + malformed + still in the stream
+    taken trajectories = trained + dropped (by reason) + filtered
+    stored trajectories = trained + dropped + filtered + eval + malformed + still in the stream
+
+Filtered trajectories are those of groups without reward signal that dynamic sampling set
+aside (`learner.dynamic_sampling`): kept apart from the dropped ones, which something went
+wrong with, although both earn their group a replacement.
 
 A dropped group earns a replacement prompt (`num_dropped_groups`), so the dispatcher's
 admission arithmetic (learner/dispatcher.py) can keep the learner fed.
@@ -15,6 +19,9 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field, fields
 from typing import Any
+
+FILTERED = "filtered"
+"""The drop reason of a group set aside for no reward signal (learner/steps.py)."""
 
 
 @dataclass
@@ -62,8 +69,13 @@ class Ledger:
         return num_loss_tokens > 0
 
     @property
+    def num_filtered(self) -> int:
+        return self.dropped[FILTERED]
+
+    @property
     def num_dropped(self) -> int:
-        return sum(self.dropped.values())
+        """Trajectories dropped for a problem (the filtered ones apart)."""
+        return sum(self.dropped.values()) - self.num_filtered
 
     @property
     def num_outstanding_groups(self) -> int:
@@ -77,7 +89,8 @@ class Ledger:
             "outstanding_groups": self.num_outstanding_groups,
             "trained": self.num_trained,
             "dropped": self.num_dropped,
-            "dropped_by_reason": dict(self.dropped),
+            "dropped_by_reason": {r: n for r, n in self.dropped.items() if r != FILTERED},
+            "filtered": self.num_filtered,
             "max_staleness_seen": self.max_staleness_seen,
             "steps_without_loss_tokens": self.num_steps_without_loss_tokens,
             "eval_trajectories": self.num_eval_trajectories,

@@ -45,7 +45,7 @@ from learner.config import LearnerConfig
 from learner.data import load_dataset
 from learner.evals import Evals
 from learner.intake import Intake
-from learner.ledger import Ledger
+from learner.ledger import FILTERED, Ledger
 from learner.releases import open_releases
 from learner.reporting import Reporter, done_record, train_record
 from learner.steps import decide_group, empty_step_warning, staleness_of
@@ -216,8 +216,8 @@ class Learner:
             if decision.drop_reason is not None:
                 log.info("dropped group %s: %s", group.group_id, decision.drop_reason)
                 await self.releases.release(self.version)  # its replacement
-                filtered += decision.drop_reason == "filtered"
-                if filtered == cap and decision.drop_reason == "filtered":
+                filtered += decision.drop_reason == FILTERED
+                if filtered == cap and decision.drop_reason == FILTERED:
                     log.warning("step %d: %d groups without reward signal filtered, the most "
                                 "learner.max_filtered_per_step allows: it takes the rest as they "
                                 "come", self.version, cap)  # fmt: skip

@@ -32,6 +32,7 @@ import numpy as np
 from broker.codec import TokenArrays
 from broker.wire import Trajectory
 from learner.batching import Group
+from learner.ledger import FILTERED
 from learner.staleness import is_too_stale, oldest_version
 
 
@@ -100,7 +101,7 @@ def decide_group(
     if is_too_stale(oldest_version(versions), version, max_staleness):
         return GroupDecision(None, "stale")
     if filter_no_signal and len({group.trajectories[i].reward for i in valid}) == 1:
-        return GroupDecision(None, "filtered")
+        return GroupDecision(None, FILTERED)
     removed: dict[str, tuple[str, ...]] = {}
     for t, problem in zip(group.trajectories, problems, strict=True):
         if problem is not None:

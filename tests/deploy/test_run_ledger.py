@@ -20,7 +20,7 @@ STALE_DROP = {"version": 1, "group_id": "r-2", "reason": "stale", "whole_group":
               "trajectory_ids": ["2a", "2b"]}  # fmt: skip
 
 
-def _run(tmp_path: Path, dropped: list[dict] = (STALE_DROP,), **done_changes) -> Path:
+def _run(tmp_path: Path, drop_lines: list[dict] = (STALE_DROP,), **done_changes) -> Path:
     """Two steps of two groups of two, one group dropped stale and replaced (prompt 4),
     one eval of 1 prompt x 2 samples, 2 eval samples of a lost learner's eval."""
     trained = [
@@ -45,8 +45,9 @@ def _run(tmp_path: Path, dropped: list[dict] = (STALE_DROP,), **done_changes) ->
         "trained": 8,
         "dropped": 2,
         "dropped_by_reason": dict(
-            Counter(d["reason"] for d in dropped for _ in d["trajectory_ids"])
+            Counter(d["reason"] for d in drop_lines for _ in d["trajectory_ids"])
         ),
+        "filtered": 0,
         "eval_trajectories": 4,
         "malformed": 0,
         "stream_messages_stored": 15,
@@ -61,7 +62,7 @@ def _run(tmp_path: Path, dropped: list[dict] = (STALE_DROP,), **done_changes) ->
     ]
     _write(tmp_path / "metrics.jsonl", records)
     _write(tmp_path / "trained.jsonl", trained)
-    _write(tmp_path / "dropped.jsonl", list(dropped))
+    _write(tmp_path / "dropped.jsonl", list(drop_lines))
     return tmp_path
 
 
@@ -75,6 +76,7 @@ def test_a_balanced_run_has_no_problems_and_sums_by_hand(tmp_path):
         "trained": 8,
         "dropped": 2,
         "dropped_by_reason": {"stale": 2},
+        "filtered": 0,
         "eval": 4,
         "eval_recorded": 2,
         "malformed": 0,
@@ -98,12 +100,23 @@ def test_samples_removed_from_a_trained_group_do_not_take_it(tmp_path):
     assert problems == ["released prompts never trained or dropped: ['r-2'] (1)"]
 
 
+def test_a_filtered_group_is_taken_and_its_own_line(tmp_path):
+    """Dynamic sampling's groups without signal: taken, replaced, and their own line of the
+    books (stored = trained + dropped + filtered + eval + malformed + left)."""
+    filtered = [{**STALE_DROP, "reason": "filtered"}]
+    ledger = RunLedger.read(_run(tmp_path, filtered, dropped=0, filtered=2, dropped_by_reason={}))
+    assert ledger.problems() == []
+    summary = ledger.summary()
+    assert (summary["dropped"], summary["filtered"], summary["dropped_by_reason"]) == (0, 2, {})
+
+
 @pytest.mark.parametrize(
     ("done_changes", "problem"),
     [
         ({"released_groups": 6}, "released prompts never trained or dropped: ['r-5']"),
         ({"stream_messages_stored": 16}, "stored 16 != trained 8"),
         ({"trained": 7}, "totals disagree"),
+        ({"filtered": 2, "stream_messages_stored": 17}, "totals disagree"),
         ({"dropped_by_reason": {"future": 2}}, "drop reasons disagree"),
         ({"eval_trajectories": 1, "stream_messages_stored": 12}, "eval samples recorded 2"),
         ({"version": 3}, "versions are not 1..3"),

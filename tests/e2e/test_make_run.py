@@ -200,7 +200,9 @@ def test_every_published_trajectory_is_trained_dropped_or_eval(finished_run):
     )
     assert summary["trained"] == len(trained) == STEPS * PROMPTS_PER_STEP * GROUP_SIZE
     assert summary["dropped"] == len(dropped)
-    assert summary["published"] == summary["trained"] + summary["dropped"] + eval_samples
+    assert summary["published"] == (
+        summary["trained"] + summary["dropped"] + summary["filtered"] + eval_samples
+    )
 
 
 def test_the_bus_password_is_in_no_file_log_or_output(finished_run):

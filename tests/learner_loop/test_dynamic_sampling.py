@@ -46,6 +46,10 @@ async def test_groups_without_signal_are_filtered_and_replaced(learner_run, nats
     train = run.records("train")
     assert sum(r["filtered_groups"] for r in train) == len(filtered)
     (done,) = run.records("done")
+    # The books keep them apart from the drops: stored = trained + dropped + filtered + eval.
+    assert done["filtered"] == sum(len(d["trajectory_ids"]) for d in filtered)
+    assert "filtered" not in done["dropped_by_reason"]
+    assert RunLedger.read(run.run_dir).summary()["filtered"] == done["filtered"]
     # Each group dropped whole before the end earned a replacement: 4 steps x 2, plus those
     # (the drain's `unused`, after the last release, earn none).
     replaced = {

@@ -163,3 +163,16 @@ def test_a_step_without_loss_tokens_is_counted_and_said_with_its_stop_reasons():
     text = empty_step_warning(7, [cut])
     assert text.startswith("step 7 had no loss token in any of its 3 samples")
     assert "(stop reasons: length 2, stop 1)" in text and "overlong_filtering" in text
+
+
+def test_filtered_groups_earn_replacements_and_a_line_apart_from_the_drops():
+    ledger = Ledger(num_released=4)
+    ledger.take_group(dropped_reason="filtered")
+    ledger.drop("filtered", 4)
+    ledger.take_group(dropped_reason="stale")
+    ledger.drop("stale", 4)
+    assert ledger.num_dropped_groups == 2  # both replaced
+    totals = ledger.totals()
+    assert (totals["dropped"], totals["filtered"]) == (4, 4)
+    assert totals["dropped_by_reason"] == {"stale": 4}
+    assert Ledger.from_cursor(ledger.to_cursor()).totals() == totals  # resumed, the same
