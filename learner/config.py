@@ -13,6 +13,7 @@ import pydantic
 
 from common.config import StrictModel
 from common.progress import ProgressSetting
+from learner.difficulty import DifficultyConfig
 from learner.trainer.config import TrainerConfig
 from weights.config import WeightSyncConfig
 
@@ -71,6 +72,8 @@ class LearnerConfig(TrainerConfig):
     """At most this many groups filtered per step: past it the step takes groups as they
     come, signal or not, and says so (a task set the policy has mastered, or cannot solve,
     would otherwise release prompts without end)."""
+    difficulty: DifficultyConfig = DifficultyConfig()
+    """Online difficulty filtering: saturated prompts visited less often (`enabled`)."""
     step_wise: bool = False
     """Step-wise trajectories (SkyRL's `step_wise_trajectories`): each assistant turn of an
     episode is its own sequence in the loss, with the episode's advantage. Changes what

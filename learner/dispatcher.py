@@ -1,7 +1,10 @@
 """The dispatcher: decides which prompts exist on the bus, and when (the tether).
 
 Training prompts form an endless, deterministic stream: epoch e visits the dataset in a
-permutation seeded by (seed, e); the i-th prompt released gets task id `<run id>-<i>`. The run
+permutation seeded by (seed, e); the i-th prompt released gets task id `<run id>-<i>`. With
+online difficulty filtering (learner/difficulty.py) the stream may pass over saturated rows
+of that order, so the i-th prompt is the i-th row visited and the stream keeps the row of
+each prompt in flight, for the learner to record its group's outcome against. The run
 id is new for every run (`new_run_id`) and kept by the run's write-ahead and checkpoints
 (learner/releases.py), so a resumed learner re-releases the same ids and JetStream's
 deduplication stores them once, while a new run on the same bus never collides with an
@@ -23,6 +26,7 @@ import secrets
 from dataclasses import dataclass
 
 from broker.wire import PromptTask
+from learner.difficulty import DifficultyFilter
 from learner.staleness import oldest_allowed_version, release_horizon
 
 
@@ -79,17 +83,79 @@ class PromptStream:
     prompts_per_step: int
     max_staleness: int
     seed: int = 0
+    difficulty: DifficultyFilter | None = None
+    """Online difficulty filtering; None visits every row of every epoch."""
 
     def __post_init__(self) -> None:
         if not self.rows:
             raise ValueError("the training dataset is empty")
         self._orders: dict[int, list[int]] = {}
+        self.position = 0
+        """With difficulty filtering: the next position of the dataset order to consider."""
+        self.rows_in_flight: dict[int, int] = {}
+        """With difficulty filtering: release index -> dataset row, until its group is taken."""
 
-    def task(self, index: int, *, version: int) -> PromptTask:
-        epoch, position = divmod(index, len(self.rows))
+    def _row_at(self, position: int) -> int:
+        epoch, offset = divmod(position, len(self.rows))
         if epoch not in self._orders:
             self._orders = {epoch: dataset_order(len(self.rows), epoch, self.seed)}
-        row = self.rows[self._orders[epoch][position]]
+        return self._orders[epoch][offset]
+
+    def row_of(self, index: int) -> int:
+        """The dataset row of the `index`-th prompt (new indices in increasing order)."""
+        if self.difficulty is None:
+            return self._row_at(index)
+        if index not in self.rows_in_flight:
+            for _ in range(len(self.rows)):  # past a whole epoch passed over, visit anyway
+                position, self.position = self.position, self.position + 1
+                if self.difficulty.visits(self._row_at(position), position):
+                    break
+            self.rows_in_flight[index] = self._row_at(position)
+        return self.rows_in_flight[index]
+
+    def taken(self, task_id: str, rewards: list[float] | None) -> None:
+        """The group of `task_id` left the queue: its outcome (`rewards`, None for a group
+        dropped for a problem) counts against its row."""
+        if self.difficulty is None:
+            return
+        row = self.rows_in_flight.pop(int(task_id.rsplit("-", 1)[1]), None)
+        if row is not None and rewards is not None:
+            self.difficulty.observe(row, rewards)
+
+    def report(self) -> dict:
+        """A train record's fields: prompts passed over so far, and per data source the
+        share of rows seen that are saturated (empty without filtering)."""
+        if self.difficulty is None:
+            return {}
+        shares = self.difficulty.saturated_share(self.rows)
+        return {"prompts_skipped": self.difficulty.num_skipped} | {
+            f"difficulty/saturated/{source}": share for source, share in shares.items()
+        }
+
+    def state(self) -> dict | None:
+        """What a checkpoint and the write-ahead keep of the stream (None without filtering)."""
+        if self.difficulty is None:
+            return None
+        rows = {str(i): row for i, row in self.rows_in_flight.items()}
+        return {"position": self.position, "rows_in_flight": rows, **self.difficulty.state()}
+
+    def restore(self, checkpoint: dict | None, write_ahead: dict | None, checkpointed: int):
+        """Resume from the checkpoint's state, then the write-ahead's releases past its
+        `checkpointed` count (a write-ahead no newer than the checkpoint changes nothing)."""
+        if self.difficulty is None:
+            return
+        for state in (checkpoint, write_ahead):
+            if not state:
+                continue
+            self.position = max(self.position, state["position"])
+            rows = {int(i): row for i, row in state["rows_in_flight"].items()}
+            floor = 0 if state is checkpoint else checkpointed
+            self.rows_in_flight.update({i: row for i, row in rows.items() if i >= floor})
+        if checkpoint:
+            self.difficulty.restore(checkpoint)
+
+    def task(self, index: int, *, version: int) -> PromptTask:
+        row = self.rows[self.row_of(index)]
         step = step_of_release(
             index,
             version=version,

@@ -115,7 +115,9 @@ class Learner:
 
     def _cursor(self) -> dict:
         self.ledger.num_malformed = self.malformed_before + self.intake.num_malformed
-        return {**self.ledger.to_cursor(), **self.reporter.position(), "run_id": self.run_id}
+        stream = {"difficulty": state} if (state := self.releases.stream.state()) else {}
+        return {**self.ledger.to_cursor(), **self.reporter.position(), "run_id": self.run_id,
+                **stream}  # fmt: skip
 
     async def run(self) -> dict:
         cfg = self.config
@@ -188,6 +190,8 @@ class Learner:
         """Bookkeeping of one group leaving the queue (trained, or dropped with `reason`)."""
         self.ledger.take_group(dropped_reason=reason)
         self.checkpoints.window_ids.extend(group.trajectory_ids)
+        outcome = group.rewards if reason in (None, FILTERED) else None  # None: went wrong
+        self.releases.stream.taken(group.group_id, outcome)  # learner.difficulty counts it
         if reason is not None:
             self._count_drop(group.group_id, reason, group.trajectory_ids, whole_group=True)
 
@@ -288,6 +292,7 @@ class Learner:
             held_unacked=self.intake.num_held,
         )
         record["filtered_groups"] = filtered  # learner.dynamic_sampling: no reward signal
+        record.update(self.releases.stream.report())  # learner.difficulty: prompts passed over
         self.reporter.record_train(record, step=step, groups=groups)
 
     async def _checkpoint(self) -> None:

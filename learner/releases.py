@@ -24,6 +24,7 @@ from common.files import write_atomically
 from learner import dispatcher as dispatch
 from learner.config import LearnerConfig
 from learner.data import load_dataset
+from learner.difficulty import DifficultyFilter
 from learner.ledger import Ledger
 
 log = logging.getLogger(__name__)
@@ -37,6 +38,8 @@ class WriteAhead:
 
     run_id: str
     num_released: int
+    difficulty: dict | None = None
+    """The prompt stream's state after those releases, with difficulty filtering."""
 
 
 @dataclass(frozen=True)
@@ -56,7 +59,7 @@ def read_write_ahead(checkpoint_root: str | Path, *, namespace: str) -> WriteAhe
     if not path.is_file():
         return None
     data = json.loads(path.read_text())
-    return WriteAhead(data.get("run_id", namespace), data["num_released"])
+    return WriteAhead(data.get("run_id", namespace), data["num_released"], data.get("difficulty"))
 
 
 def start_run(config: LearnerConfig, *, namespace: str, checkpoint_cursor: dict | None) -> RunStart:
@@ -104,6 +107,7 @@ async def open_releases(
     await until_done(
         lambda: runs.begin_run(js, names, start.run_id, fresh=start.fresh), "run start"
     )
+    difficulty = config.difficulty
     stream = dispatch.PromptStream(
         load_dataset(config.train_data),
         run_id=start.run_id,
@@ -111,6 +115,13 @@ async def open_releases(
         prompts_per_step=config.prompts_per_step,
         max_staleness=config.max_staleness,
         seed=config.seed,
+        difficulty=DifficultyFilter(difficulty, config.seed) if difficulty.enabled else None,
+    )
+    cursor = checkpoint_cursor or {}
+    stream.restore(
+        cursor.get("difficulty"),
+        start.write_ahead.difficulty if start.write_ahead else None,
+        checkpointed=cursor.get("num_released", 0),
     )
     return Releases(
         config,
@@ -172,9 +183,12 @@ class Releases:
             total_steps=cfg.total_steps,
         )
         if count > 0:
+            for index in range(self.ledger.num_released, self.ledger.num_released + count):
+                self.stream.row_of(index)  # chosen before the write-ahead, which keeps them
             self.ledger.num_released += count
             ahead = json.dumps(
                 {"run_id": self.stream.run_id, "num_released": self.ledger.num_released}
+                | ({"difficulty": state} if (state := self.stream.state()) else {})
             )
             write_atomically(self.path, ahead)
             if self.artifacts is not None:  # a fresh machine resuming from the bucket needs it

@@ -95,3 +95,31 @@ async def test_a_resumed_learner_filters_on_with_its_books_whole(
     flat = {gid for gid, g in _training_groups(actors).items() if g.flat}
     assert not {gid for line in trained_lines for gid in line["group_ids"]} & flat
     assert any(d["reason"] == "filtered" for d in dropped_lines)
+
+
+async def test_difficulty_filtering_passes_over_saturated_prompts_across_a_resume(
+    learner_run, nats_server, bus_names
+):
+    """learner.difficulty on, every group without signal (12 dataset rows, window 1): from
+    the second epoch on the stream passes over most rows; a learner killed and resumed keeps
+    its books and its count of prompts passed over."""
+    fields = {"difficulty.enabled": True, "difficulty.window": 1, "difficulty.keep": 0.25}
+    run = learner_run(total_steps=12, max_staleness=1, prompts_per_step=2, **fields)
+    actors = [
+        ScriptedActor(nats_server.url, bus_names, actor_id=name, delay_s=delay, seed=seed,
+                      flat_every=1, **RESUMABLE)
+        for name, delay, seed in (("a", 0.02, 7), ("b", 0.1, 8))
+    ]  # fmt: skip
+    async with bus(nats_server.url, bus_names) as (_, versions), running(actors):
+        await run.start()
+        await run.kill_at(versions, 8)
+        await run.start()
+        assert await run.wait(TIMEOUT_S) == 0, run.log_tail()
+
+    trained_lines, _ = _assert_every_trajectory_accounted_for(run, actors)
+    assert RunLedger.read(run.run_dir).problems() == []
+    assert [line["step"] for line in trained_lines] == list(range(12))
+    train = run.records("train")
+    skipped = [r["prompts_skipped"] for r in train]
+    assert skipped == sorted(skipped) and skipped[-1] > 0  # counted on across the resume
+    assert train[-1]["difficulty/saturated/calculator"] == 1.0
