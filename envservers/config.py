@@ -8,6 +8,7 @@ from typing import Any, Literal
 import pydantic
 
 from common.config import CertKeyFiles, StrictModel
+from envservers.tool_formats import parser_for
 
 MiB = 1024 * 1024
 
@@ -160,6 +161,9 @@ class EnvServerConfig(StrictModel):
     """Server-side cap on one step when the client sets no shorter deadline."""
     max_tool_calls_per_step: int = pydantic.Field(8, ge=1)
     """Tool calls run per assistant message; more are error observations."""
+    tool_format: str = "hermes"
+    """How the model writes tool calls: `hermes` (Qwen2.5/Qwen3, our tiny model), `qwen3_coder`,
+    `llama3_json`, `mistral` (envservers/tool_formats.py, docs/envservers.md)."""
     max_observation_chars: int = pydantic.Field(16_384, ge=256)
     """Longest observation message (a tool's result) Step returns; a longer one keeps its
     head and tail around a marker saying how many characters were cut."""
@@ -201,4 +205,13 @@ class EnvServerConfig(StrictModel):
                 raise ValueError(f"envs: {name!r} needs a [envserver.openenv.{rest}] section")
         if "mcp" in self.envs and not self.mcp.servers:
             raise ValueError("envs: 'mcp' needs at least one [envserver.mcp.servers.NAME]")
+        parser_for(self.tool_format)  # an unknown format: the error lists the supported ones
         return self
+
+    @property
+    def tool_rules(self) -> dict[str, Any]:
+        """How every tool environment reads an assistant message (ToolEnv's arguments)."""
+        return {
+            "max_tool_calls_per_step": self.max_tool_calls_per_step,
+            "tool_format": self.tool_format,
+        }

@@ -64,7 +64,7 @@ def _calculator(config: EnvServerConfig) -> EnvProvider:
     latency = None
     if slow.latency_median_s > 0:
         latency = ToolLatency(slow.latency_median_s, slow.latency_p99_s, slow.latency_seed)
-    return CalculatorProvider(config.max_tool_calls_per_step, latency)
+    return CalculatorProvider(config.tool_rules, latency)
 
 
 register("calculator", _calculator)

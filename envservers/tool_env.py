@@ -1,7 +1,8 @@
 """The episode logic shared by our tool-using environments (calculator, sql, python, mcp,
 noop): the message-space counterpart of skyrl-gym's `BaseTextEnv` with tool groups.
 
-One step reads one assistant message:
+One step reads one assistant message (its tool calls in the model family's format,
+`envserver.tool_format`: envservers/tool_formats.py):
 
     tool calls present          -> run each, one {"role": "tool"} message per call, reward 0
     else <answer>X</answer>     -> done; reward = score(X) under the row's reward_spec
@@ -20,7 +21,8 @@ from __future__ import annotations
 from typing import Any
 
 from envservers import rewards
-from envservers.tool_parsing import ToolCallError, extract_tag, parse_tool_calls
+from envservers.tool_formats import parser_for
+from envservers.tool_parsing import ToolCallError, extract_tag
 from envservers.tools import ToolGroup
 from envservers.types import Environment, validate_task
 from protos.types import Observation, StepResult
@@ -31,8 +33,11 @@ class ToolEnv(Environment):
 
     answer_tag = "answer"
 
-    def __init__(self, *, max_tool_calls_per_step: int = 8, max_turns: int = 32):
+    def __init__(
+        self, *, max_tool_calls_per_step: int = 8, max_turns: int = 32, tool_format: str = "hermes"
+    ):
         self.max_tool_calls_per_step = max_tool_calls_per_step
+        self.parse_tool_calls = parser_for(tool_format)  # the model family's way of calling
         self.max_turns = max_turns
         self.tools: ToolGroup | None = None
         self.task: dict[str, Any] = {}
@@ -77,7 +82,7 @@ class ToolEnv(Environment):
     async def step(self, action_text: str) -> StepResult:
         assert self.tools is not None, "step before reset"
         self.turns += 1
-        calls = parse_tool_calls(action_text)
+        calls = self.parse_tool_calls(action_text)
         if not calls:
             answer = extract_tag(action_text, self.answer_tag)
             if answer is None:

@@ -88,11 +88,11 @@ class CalculatorEnv(ToolEnv):
 class CalculatorProvider(EnvProvider):
     description = "arithmetic tools (add, subtract, multiply, divide); exact-answer reward"
 
-    def __init__(self, max_tool_calls_per_step: int = 8, latency: ToolLatency | None = None):
-        self.max_tool_calls_per_step = max_tool_calls_per_step
+    def __init__(
+        self, tool_rules: dict[str, Any] | None = None, latency: ToolLatency | None = None
+    ):
+        self.tool_rules = tool_rules or {}  # EnvServerConfig.tool_rules
         self.latency = latency  # one seeded stream shared by every session
 
     def make(self) -> CalculatorEnv:
-        return CalculatorEnv(
-            max_tool_calls_per_step=self.max_tool_calls_per_step, latency=self.latency
-        )
+        return CalculatorEnv(latency=self.latency, **self.tool_rules)

@@ -115,9 +115,9 @@ class McpServer:
 class McpProvider(EnvProvider):
     description = "tools of configured MCP servers (stdio), via the mcp SDK"
 
-    def __init__(self, config: McpConfig, max_tool_calls_per_step: int = 8):
+    def __init__(self, config: McpConfig, tool_rules: dict[str, Any] | None = None):
         self.config = config
-        self.max_tool_calls_per_step = max_tool_calls_per_step
+        self.tool_rules = tool_rules or {}  # EnvServerConfig.tool_rules
         self.servers = {
             name: McpServer(name, c, config.tool_timeout_s) for name, c in config.servers.items()
         }
@@ -159,7 +159,7 @@ class McpProvider(EnvProvider):
 
     def make(self) -> McpEnv:
         assert self.tools is not None, "make before start"
-        return McpEnv(self.tools, max_tool_calls_per_step=self.max_tool_calls_per_step)
+        return McpEnv(self.tools, **self.tool_rules)
 
     async def stop(self) -> None:
         for server in self.servers.values():
@@ -176,4 +176,4 @@ class McpEnv(ToolEnv):
 
 
 def build_provider(config: EnvServerConfig) -> McpProvider:
-    return McpProvider(config.mcp, config.max_tool_calls_per_step)
+    return McpProvider(config.mcp, config.tool_rules)

@@ -83,9 +83,7 @@ class PythonProvider(EnvProvider):
             raise ValueError(f"python env: the sandbox does not work here: {result.output!r}")
 
     def make(self) -> PythonEnv:
-        return PythonEnv(
-            self.config.python, max_tool_calls_per_step=self.config.max_tool_calls_per_step
-        )
+        return PythonEnv(self.config.python, **self.config.tool_rules)
 
 
 def build_provider(config: EnvServerConfig) -> PythonProvider:

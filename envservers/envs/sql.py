@@ -198,7 +198,7 @@ class SqlProvider(EnvProvider):
         self.config = config
 
     def make(self) -> SqlEnv:
-        return SqlEnv(self.config.sql, max_tool_calls_per_step=self.config.max_tool_calls_per_step)
+        return SqlEnv(self.config.sql, **self.config.tool_rules)
 
 
 def build_provider(config: EnvServerConfig) -> SqlProvider:
