@@ -40,6 +40,7 @@ from deploy import progress
 from deploy.config import LocalRunConfig, load_run_config
 from deploy.gpus import gpu_wiring
 from deploy.supervisor import Service, Supervisor, http_probe
+from deploy.wiring import demo_format_problem
 from deploy.wiring import wiring as _wiring
 from learner.sinks import DONE_FILE
 
@@ -172,6 +173,9 @@ def launch(config_path: Path, overrides: list[str], resume: str | None = None) -
         run = load_run_config(config_path, args)
         if run.learner is None or run.actor is None or run.envserver is None:
             raise ValueError(f"{config_path}: a run needs [learner], [actor] and [envserver]")
+        engine_model = run.actor.engine.model
+        if problem := demo_format_problem(run.envserver.tool_format, engine_model, model_dir):
+            raise ValueError(problem)
         gpus = gpu_wiring(run, local, visible_gpus())  # which GPU each process gets
         args += gpus.overrides
         auth, bus_env = bus_credentials()

@@ -40,3 +40,19 @@ def wiring(
         f"envserver.port={ports['envserver_grpc']}",
         f"envserver.metrics_port={ports['envserver']}",
     ]
+
+
+DEMO_TOOL_FORMAT = "hermes"
+"""The tool-call format the demo's tiny model is taught (demo/chat_template.py)."""
+
+
+def demo_format_problem(tool_format: str, engine_model: str, demo_model: Path) -> str | None:
+    """None unless a run serves the demo's tiny model with a tool-call format its chat
+    template does not teach (every call it made would be lost); then the error."""
+    if tool_format == DEMO_TOOL_FORMAT or Path(engine_model) != Path(demo_model):
+        return None
+    return (
+        f"envserver.tool_format = {tool_format!r}: the demo's tiny model writes its calls as "
+        f"{DEMO_TOOL_FORMAT!r} (its chat template teaches no other); the other formats need "
+        "a model of that family (learner.model_path and actor.engine.model; docs/envservers.md)"
+    )
