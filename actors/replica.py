@@ -239,4 +239,5 @@ def env_client(config: EnvConfig):
         max_message_bytes=config.max_message_bytes,
         credentials=credentials,
         server_name=tls.server_name,
+        tool_format=config.tool_format or "",
     )

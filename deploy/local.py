@@ -173,8 +173,8 @@ def launch(config_path: Path, overrides: list[str], resume: str | None = None) -
         run = load_run_config(config_path, args)
         if run.learner is None or run.actor is None or run.envserver is None:
             raise ValueError(f"{config_path}: a run needs [learner], [actor] and [envserver]")
-        engine_model = run.actor.engine.model
-        if problem := demo_format_problem(run.envserver.tool_format, engine_model, model_dir):
+        asked = run.actor.env.tool_format or run.envserver.tool_format  # the actor's wins
+        if problem := demo_format_problem(asked, run.actor.engine.model, model_dir):
             raise ValueError(problem)
         gpus = gpu_wiring(run, local, visible_gpus())  # which GPU each process gets
         args += gpus.overrides

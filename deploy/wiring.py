@@ -52,7 +52,8 @@ def demo_format_problem(tool_format: str, engine_model: str, demo_model: Path) -
     if tool_format == DEMO_TOOL_FORMAT or Path(engine_model) != Path(demo_model):
         return None
     return (
-        f"envserver.tool_format = {tool_format!r}: the demo's tiny model writes its calls as "
+        f"tool-call format {tool_format!r} (actor.env.tool_format, else envserver.tool_format): "
+        f"the demo's tiny model writes its calls as "
         f"{DEMO_TOOL_FORMAT!r} (its chat template teaches no other); the other formats need "
         "a model of that family (learner.model_path and actor.engine.model; docs/envservers.md)"
     )

@@ -28,9 +28,11 @@ import grpc
 from envservers import metrics
 from envservers.config import EnvServerConfig
 from envservers.responses import cap_observations, reset_response, step_response
+from envservers.tool_env import ToolEnv
+from envservers.tool_formats import parser_for
 from envservers.types import Environment, EnvProvider
 from protos import env_pb2, env_pb2_grpc
-from protos.types import Observation
+from protos.types import Observation, tool_format_problem
 
 log = logging.getLogger(__name__)
 Code = grpc.StatusCode
@@ -92,12 +94,14 @@ class EnvService(env_pb2_grpc.EnvServiceServicer):
                 f"too many open sessions ({self.config.max_sessions}); close some",
             )
         task = await self._task(request, context)
+        if request.tool_format and (problem := tool_format_problem(request.tool_format)):
+            await self._fail(context, "Reset", Code.INVALID_ARGUMENT, f"tool_format: {problem}")
         # Reserve the id (and a slot) before the first await: a concurrent Reset of the same
         # id waits for this one's answer, and a burst cannot pass max_sessions.
         pending: asyncio.Future = asyncio.get_running_loop().create_future()
         self._resetting[session_id] = (request.env_class, pending)
         try:
-            reset = await self._reset_env(provider, request.env_class, task, context)
+            reset = await self._reset_env(provider, request, task, context)
             response = reset_response(session_id, reset.observation)
             self.sessions[session_id] = Session(
                 session_id, request.env_class, reset.env, response, time.monotonic()
@@ -160,11 +164,14 @@ class EnvService(env_pb2_grpc.EnvServiceServicer):
         return task
 
     async def _reset_env(
-        self, provider: EnvProvider, env_class: str, task: dict[str, Any], context
+        self, provider: EnvProvider, request, task: dict[str, Any], context
     ) -> _Reset:
-        """A fresh env reset from `task`; on any failure it is closed and the call fails."""
-        fail = self._fail
+        """A fresh env reset from `task` (a tool environment reading calls in the request's
+        `tool_format` when it names one); on any failure it is closed and the call fails."""
+        fail, env_class = self._fail, request.env_class
         env = provider.make()
+        if request.tool_format and isinstance(env, ToolEnv):
+            env.parse_tool_calls = parser_for(request.tool_format)
         try:
             async with asyncio.timeout(self._time_left(context)):
                 return _Reset(env, await env.reset(task))

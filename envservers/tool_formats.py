@@ -36,6 +36,8 @@ from envservers.tool_parsing import (
     call_from_json,
     parse_tool_calls,
 )
+from protos.types import TOOL_FORMATS as FORMAT_NAMES
+from protos.types import tool_format_problem
 
 Parsed = list[ToolCall | ToolCallError]
 
@@ -152,7 +154,10 @@ TOOL_FORMATS: dict[str, Callable[[str], Parsed]] = {
 }
 
 
+assert tuple(TOOL_FORMATS) == FORMAT_NAMES, "protos/types.py names the formats the wire carries"
+
+
 def parser_for(name: str) -> Callable[[str], Parsed]:
-    if name not in TOOL_FORMATS:
-        raise ValueError(f"unknown tool-call format {name!r}: supported are {sorted(TOOL_FORMATS)}")
+    if problem := tool_format_problem(name):
+        raise ValueError(problem)
     return TOOL_FORMATS[name]

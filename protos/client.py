@@ -109,6 +109,7 @@ class EnvClient:
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         credentials: grpc.ChannelCredentials | None = None,
         server_name: str = "",
+        tool_format: str = "",
     ):
         self.addresses = [addresses] if isinstance(addresses, str) else list(addresses)
         if not self.addresses:
@@ -119,6 +120,7 @@ class EnvClient:
         self.max_message_bytes = max_message_bytes
         self.credentials = credentials
         self.server_name = server_name
+        self.tool_format = tool_format  # asked of every session; "": the server's own
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._stubs: dict[str, env_pb2_grpc.EnvServiceStub] = {}
         self._next = itertools.cycle(self.addresses)
@@ -154,7 +156,10 @@ class EnvClient:
     ) -> EnvSession:
         """Reset a new session of `env_class` from a dataset row."""
         request = env_pb2.ResetRequest(
-            env_class=env_class, task_json=json.dumps(task), session_id=uuid.uuid4().hex
+            env_class=env_class,
+            task_json=json.dumps(task),
+            session_id=uuid.uuid4().hex,
+            tool_format=self.tool_format,
         )
         addresses: list[str] = []
 

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\tenv.proto\x12\rtether.env.v1\":\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\"\x18\n\x08ToolSpec\x12\x0c\n\x04json\x18\x01 \x01(\t\",\n\x07\x45nvInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\"\x11\n\x0fListEnvsRequest\"8\n\x10ListEnvsResponse\x12$\n\x04\x65nvs\x18\x01 \x03(\x0b\x32\x16.tether.env.v1.EnvInfo\"H\n\x0cResetRequest\x12\x11\n\tenv_class\x18\x01 \x01(\t\x12\x11\n\ttask_json\x18\x02 \x01(\t\x12\x12\n\nsession_id\x18\x03 \x01(\t\"\x90\x01\n\rResetResponse\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12,\n\x08messages\x18\x02 \x03(\x0b\x32\x1a.tether.env.v1.ChatMessage\x12&\n\x05tools\x18\x03 \x03(\x0b\x32\x17.tether.env.v1.ToolSpec\x12\x15\n\rmetadata_json\x18\x04 \x01(\t\">\n\x0bStepRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0e\n\x06\x61\x63tion\x18\x02 \x01(\t\x12\x0b\n\x03seq\x18\x03 \x01(\r\"u\n\x0cStepResponse\x12\x30\n\x0cobservations\x18\x01 \x03(\x0b\x32\x1a.tether.env.v1.ChatMessage\x12\x0e\n\x06reward\x18\x02 \x01(\x01\x12\x0c\n\x04\x64one\x18\x03 \x01(\x08\x12\x15\n\rmetadata_json\x18\x04 \x01(\t\"\"\n\x0c\x43loseRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"\x0f\n\rCloseResponse2\xa2\x02\n\nEnvService\x12K\n\x08ListEnvs\x12\x1e.tether.env.v1.ListEnvsRequest\x1a\x1f.tether.env.v1.ListEnvsResponse\x12\x42\n\x05Reset\x12\x1b.tether.env.v1.ResetRequest\x1a\x1c.tether.env.v1.ResetResponse\x12?\n\x04Step\x12\x1a.tether.env.v1.StepRequest\x1a\x1b.tether.env.v1.StepResponse\x12\x42\n\x05\x43lose\x12\x1b.tether.env.v1.CloseRequest\x1a\x1c.tether.env.v1.CloseResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\tenv.proto\x12\rtether.env.v1\":\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\"\x18\n\x08ToolSpec\x12\x0c\n\x04json\x18\x01 \x01(\t\",\n\x07\x45nvInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\"\x11\n\x0fListEnvsRequest\"8\n\x10ListEnvsResponse\x12$\n\x04\x65nvs\x18\x01 \x03(\x0b\x32\x16.tether.env.v1.EnvInfo\"]\n\x0cResetRequest\x12\x11\n\tenv_class\x18\x01 \x01(\t\x12\x11\n\ttask_json\x18\x02 \x01(\t\x12\x12\n\nsession_id\x18\x03 \x01(\t\x12\x13\n\x0btool_format\x18\x04 \x01(\t\"\x90\x01\n\rResetResponse\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12,\n\x08messages\x18\x02 \x03(\x0b\x32\x1a.tether.env.v1.ChatMessage\x12&\n\x05tools\x18\x03 \x03(\x0b\x32\x17.tether.env.v1.ToolSpec\x12\x15\n\rmetadata_json\x18\x04 \x01(\t\">\n\x0bStepRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0e\n\x06\x61\x63tion\x18\x02 \x01(\t\x12\x0b\n\x03seq\x18\x03 \x01(\r\"u\n\x0cStepResponse\x12\x30\n\x0cobservations\x18\x01 \x03(\x0b\x32\x1a.tether.env.v1.ChatMessage\x12\x0e\n\x06reward\x18\x02 \x01(\x01\x12\x0c\n\x04\x64one\x18\x03 \x01(\x08\x12\x15\n\rmetadata_json\x18\x04 \x01(\t\"\"\n\x0c\x43loseRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"\x0f\n\rCloseResponse2\xa2\x02\n\nEnvService\x12K\n\x08ListEnvs\x12\x1e.tether.env.v1.ListEnvsRequest\x1a\x1f.tether.env.v1.ListEnvsResponse\x12\x42\n\x05Reset\x12\x1b.tether.env.v1.ResetRequest\x1a\x1c.tether.env.v1.ResetResponse\x12?\n\x04Step\x12\x1a.tether.env.v1.StepRequest\x1a\x1b.tether.env.v1.StepResponse\x12\x42\n\x05\x43lose\x12\x1b.tether.env.v1.CloseRequest\x1a\x1c.tether.env.v1.CloseResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -42,17 +42,17 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_LISTENVSRESPONSE']._serialized_start=179
   _globals['_LISTENVSRESPONSE']._serialized_end=235
   _globals['_RESETREQUEST']._serialized_start=237
-  _globals['_RESETREQUEST']._serialized_end=309
-  _globals['_RESETRESPONSE']._serialized_start=312
-  _globals['_RESETRESPONSE']._serialized_end=456
-  _globals['_STEPREQUEST']._serialized_start=458
-  _globals['_STEPREQUEST']._serialized_end=520
-  _globals['_STEPRESPONSE']._serialized_start=522
-  _globals['_STEPRESPONSE']._serialized_end=639
-  _globals['_CLOSEREQUEST']._serialized_start=641
-  _globals['_CLOSEREQUEST']._serialized_end=675
-  _globals['_CLOSERESPONSE']._serialized_start=677
-  _globals['_CLOSERESPONSE']._serialized_end=692
-  _globals['_ENVSERVICE']._serialized_start=695
-  _globals['_ENVSERVICE']._serialized_end=985
+  _globals['_RESETREQUEST']._serialized_end=330
+  _globals['_RESETRESPONSE']._serialized_start=333
+  _globals['_RESETRESPONSE']._serialized_end=477
+  _globals['_STEPREQUEST']._serialized_start=479
+  _globals['_STEPREQUEST']._serialized_end=541
+  _globals['_STEPRESPONSE']._serialized_start=543
+  _globals['_STEPRESPONSE']._serialized_end=660
+  _globals['_CLOSEREQUEST']._serialized_start=662
+  _globals['_CLOSEREQUEST']._serialized_end=696
+  _globals['_CLOSERESPONSE']._serialized_start=698
+  _globals['_CLOSERESPONSE']._serialized_end=713
+  _globals['_ENVSERVICE']._serialized_start=716
+  _globals['_ENVSERVICE']._serialized_end=1006
 # @@protoc_insertion_point(module_scope)

@@ -41,14 +41,16 @@ class ListEnvsResponse(_message.Message):
     def __init__(self, envs: _Optional[_Iterable[_Union[EnvInfo, _Mapping]]] = ...) -> None: ...
 
 class ResetRequest(_message.Message):
-    __slots__ = ("env_class", "task_json", "session_id")
+    __slots__ = ("env_class", "task_json", "session_id", "tool_format")
     ENV_CLASS_FIELD_NUMBER: _ClassVar[int]
     TASK_JSON_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    TOOL_FORMAT_FIELD_NUMBER: _ClassVar[int]
     env_class: str
     task_json: str
     session_id: str
-    def __init__(self, env_class: _Optional[str] = ..., task_json: _Optional[str] = ..., session_id: _Optional[str] = ...) -> None: ...
+    tool_format: str
+    def __init__(self, env_class: _Optional[str] = ..., task_json: _Optional[str] = ..., session_id: _Optional[str] = ..., tool_format: _Optional[str] = ...) -> None: ...
 
 class ResetResponse(_message.Message):
     __slots__ = ("session_id", "messages", "tools", "metadata_json")

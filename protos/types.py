@@ -8,6 +8,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+TOOL_FORMATS = ("hermes", "qwen3_coder", "llama3_json", "mistral")
+"""How a model writes its tool calls: what an actor may ask of an env server for its
+sessions (ResetRequest.tool_format) and what envservers/tool_formats.py reads."""
+
+
+def tool_format_problem(name: str) -> str | None:
+    """None for a known tool-call format; else the error, with the supported list."""
+    if name in TOOL_FORMATS:
+        return None
+    return f"unknown tool-call format {name!r}: supported are {sorted(TOOL_FORMATS)}"
+
 
 @dataclass
 class Observation:

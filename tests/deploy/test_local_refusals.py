@@ -10,11 +10,11 @@ from deploy.wiring import demo_format_problem
 
 
 def test_a_format_the_demo_model_is_not_taught_is_refused(tmp_path, capsys):
-    code = local.main([f"local.runs_dir={tmp_path}", "envserver.tool_format=mistral"])
-    assert code == 2
-    (line,) = capsys.readouterr().err.strip().splitlines()
-    assert "envserver.tool_format = 'mistral'" in line and "'hermes'" in line
-    assert not any(tmp_path.iterdir())  # nothing was started, no run directory made
+    for setting in ("envserver.tool_format=mistral", "actor.env.tool_format=mistral"):
+        assert local.main([f"local.runs_dir={tmp_path}", setting]) == 2
+        (line,) = capsys.readouterr().err.strip().splitlines()
+        assert "tool-call format 'mistral'" in line and "'hermes'" in line
+        assert not any(tmp_path.iterdir())  # nothing was started, no run directory made
 
 
 def test_any_format_goes_with_a_model_of_the_users_own():

@@ -62,6 +62,7 @@ def test_wire_surface():
         ("env_class", string),
         ("task_json", string),
         ("session_id", string),
+        ("tool_format", string),  # the client's model's tool-call format; "": the server's
     ]
     assert _fields(env_pb2.ResetResponse) == [
         ("session_id", string),

@@ -229,3 +229,26 @@ async def test_client_retries_unavailable_and_round_robins():
         async with EnvClient([dead], max_retries=1, backoff_s=0.01, timeout_s=2) as client:
             code, _ = await _status(client.open("calculator", calculator_task()))
             assert code == Code.UNAVAILABLE
+
+
+async def test_each_session_reads_calls_in_the_format_its_client_asks(env_server, stub):
+    """One server (hermes by default) serves a Qwen3-Coder actor and a Hermes actor at once;
+    a format it does not know is refused at reset."""
+    qwen3 = (
+        "<tool_call>\n<function=add>\n<parameter=a>\n17\n</parameter>\n"
+        "<parameter=b>\n25\n</parameter>\n</function>\n</tool_call>"
+    )
+    async with EnvClient(env_server.address, tool_format="qwen3_coder") as coder:
+        session = await coder.open("calculator", calculator_task())
+        assert (await session.step(qwen3)).observations == [{"role": "tool", "content": "42"}]
+        assert (await session.step(ADD)).observations[0]["content"].startswith("error: ")
+        await session.close()
+    async with EnvClient(env_server.address) as hermes:
+        session = await hermes.open("calculator", calculator_task())
+        assert (await session.step(ADD)).observations == [{"role": "tool", "content": "42"}]
+        await session.close()
+    request = env_pb2.ResetRequest(
+        env_class="calculator", task_json=json.dumps(calculator_task()), tool_format="harmony"
+    )
+    code, details = await _status(stub.Reset(request))
+    assert code == Code.INVALID_ARGUMENT and "tool_format" in details and "mistral" in details

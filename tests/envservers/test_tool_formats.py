@@ -114,3 +114,12 @@ def test_an_unknown_format_in_the_config_is_refused_with_the_supported_list():
 
     with pytest.raises(ValueError, match=r"unknown tool-call format 'harmony'.*'llama3_json'"):
         EnvServerConfig(envs=["calculator"], tool_format="harmony")
+
+
+def test_an_actor_asks_for_a_known_format_or_none():
+    from actors.config import EnvConfig
+
+    assert EnvConfig().tool_format is None  # each env server's own
+    assert EnvConfig(tool_format="llama3_json").tool_format == "llama3_json"
+    with pytest.raises(ValueError, match=r"unknown tool-call format 'harmony'.*'mistral'"):
+        EnvConfig(tool_format="harmony")
