@@ -63,13 +63,10 @@ class DifficultyFilter:
         return len(history) == self.config.window and not any(history)
 
     def visits(self, row: int, position: int) -> bool:
-        """Whether the stream, at `position`, visits `row` (counting what it passes over)."""
+        """Whether the stream, at `position`, visits `row`."""
         if not self.saturated(row):
             return True
-        if random.Random(f"{self.seed}:difficulty:{position}").random() < self.config.keep:
-            return True
-        self.num_skipped += 1
-        return False
+        return random.Random(f"{self.seed}:difficulty:{position}").random() < self.config.keep
 
     def saturated_share(self, rows: list[dict]) -> dict[str, float]:
         """Per data source, the share of its rows with outcomes that are saturated now."""

@@ -106,10 +106,13 @@ class PromptStream:
         if self.difficulty is None:
             return self._row_at(index)
         if index not in self.rows_in_flight:
-            for _ in range(len(self.rows)):  # past a whole epoch passed over, visit anyway
-                position, self.position = self.position, self.position + 1
+            position = self.position
+            for _ in range(len(self.rows) - 1):  # past a whole epoch passed over, visit anyway
                 if self.difficulty.visits(self._row_at(position), position):
                     break
+                self.difficulty.num_skipped += 1
+                position += 1
+            self.position = position + 1
             self.rows_in_flight[index] = self._row_at(position)
         return self.rows_in_flight[index]
 
@@ -144,15 +147,13 @@ class PromptStream:
         `checkpointed` count (a write-ahead no newer than the checkpoint changes nothing)."""
         if self.difficulty is None:
             return
-        for state in (checkpoint, write_ahead):
-            if not state:
-                continue
-            self.position = max(self.position, state["position"])
-            rows = {int(i): row for i, row in state["rows_in_flight"].items()}
-            floor = 0 if state is checkpoint else checkpointed
-            self.rows_in_flight.update({i: row for i, row in rows.items() if i >= floor})
         if checkpoint:
+            self.position = checkpoint["position"]
+            self.rows_in_flight = _rows_in_flight(checkpoint, since=0)
             self.difficulty.restore(checkpoint)
+        if write_ahead:
+            self.position = max(self.position, write_ahead["position"])
+            self.rows_in_flight |= _rows_in_flight(write_ahead, since=checkpointed)
 
     def task(self, index: int, *, version: int) -> PromptTask:
         row = self.rows[self.row_of(index)]
@@ -169,6 +170,12 @@ class PromptStream:
             min_version=oldest_allowed_version(step, self.max_staleness),
             group_size=self.group_size,
         )
+
+
+def _rows_in_flight(state: dict, *, since: int) -> dict[int, int]:
+    """A saved stream state's release index -> row, of the indices from `since` on."""
+    rows = {int(i): row for i, row in state["rows_in_flight"].items()}
+    return {i: row for i, row in rows.items() if i >= since}
 
 
 def eval_tasks(

@@ -107,3 +107,53 @@ def greedy_agreement(model, prompt: list[int], tokens: list[int]) -> tuple[int, 
         near += 1
         break  # after a tie the continuations legitimately differ
     return exact, near
+
+
+async def start_bf16_engine(tiny_model_dir, **settings):
+    """A CUDA engine on the tiny model at 0.3 of the GPU, in bf16 (`auto` on GPU)."""
+    need_gpus(1)
+    need_vllm()
+    from actors.config import VllmEngineConfig
+    from actors.vllm_engine import VllmEngine
+
+    engine = await VllmEngine.start(
+        VllmEngineConfig(model=str(tiny_model_dir), max_model_len=1024, max_num_seqs=8,
+                         gpu_memory_utilization=0.3, **settings)
+    )  # fmt: skip
+    assert engine.dtype == "bfloat16"
+    return engine
+
+
+async def greedy_against(engine, model, prompts, version: int) -> tuple[int, int]:
+    """(tokens equal to transformers' argmax, tokens generated) of greedy output on `prompts`,
+    every token of `version`; a difference anywhere but at a near-tie raises."""
+    from actors.config import SamplingConfig
+    from actors.types import Turn
+
+    exact = total = 0
+    for prompt in prompts:
+        out = await engine.generate(prompt, Turn(SamplingConfig(temperature=0.0), max_tokens=24))
+        assert out.versions == [version] * len(out.token_ids)
+        exact += greedy_agreement(model, prompt, out.token_ids)[0]
+        total += len(out.token_ids)
+    return exact, total
+
+
+async def sampled_logprob_gap(engine, model, prompts, *, seed: int):
+    """|vLLM logprob - transformers' recomputation| of every token sampled at T = 1.0."""
+    import torch
+
+    from actors.config import SamplingConfig
+    from actors.types import Turn
+
+    gaps = []
+    for i, prompt in enumerate(prompts):
+        out = await engine.generate(
+            prompt, Turn(SamplingConfig(temperature=1.0), max_tokens=48, seed=seed + i)
+        )
+        with torch.no_grad():
+            ids = torch.tensor([prompt + out.token_ids])
+            logits = model(ids).logits[0, len(prompt) - 1 : -1]
+            reference = torch.log_softmax(logits, -1).gather(-1, ids[0, len(prompt) :, None])[:, 0]
+        gaps.append((torch.tensor(out.logprobs) - reference).abs())
+    return torch.cat(gaps)

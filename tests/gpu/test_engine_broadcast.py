@@ -18,7 +18,13 @@ import threading
 import pytest
 import torch
 
-from tests.gpu.conftest import greedy_agreement, need_gpus, need_vllm, record
+from tests.gpu.conftest import (
+    greedy_against,
+    need_gpus,
+    record,
+    sampled_logprob_gap,
+    start_bf16_engine,
+)
 from weights.config import WeightSyncConfig
 from weights.sender import WeightSender
 from weights.subscription import WeightSubscription
@@ -28,21 +34,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.vllm, pytest.mark.slow]
 
 @pytest.fixture(scope="module")
 async def cuda_engine(tiny_model_dir):
-    need_gpus(1)
-    need_vllm()
-    from actors.config import VllmEngineConfig
-    from actors.vllm_engine import VllmEngine
-
-    engine = await VllmEngine.start(
-        VllmEngineConfig(
-            model=str(tiny_model_dir),
-            max_model_len=1024,
-            max_num_seqs=8,
-            gpu_memory_utilization=0.3,
-            track_weights_checksum=True,
-        )
-    )
-    assert engine.dtype == "bfloat16"  # auto on GPU
+    engine = await start_bf16_engine(tiny_model_dir, track_weights_checksum=True)
     yield engine
     engine.shutdown()
 
@@ -95,32 +87,13 @@ async def test_broadcast_into_cuda_engine_matches_transformers(
     if backend == "nccl":
         need_gpus(2)
         torch.cuda.set_device(1)  # the sender's GPU; the engine's worker holds GPU 0
-    from actors.config import SamplingConfig
-    from actors.types import Turn
-
     model = _perturbed(tiny_model_dir, seed=11 if backend == "nccl" else 12)
     version = cuda_engine.version + 1
     report, update = await _push(cuda_engine, model, backend, version)
     assert report.ok and report.num_receivers == 1 and update.version == version
-    exact = near = total = 0
-    greedy = SamplingConfig(temperature=0.0)
-    for prompt in prompts:
-        out = await cuda_engine.generate(prompt, Turn(greedy, max_tokens=24))
-        assert out.versions == [version] * len(out.token_ids)
-        e, n = greedy_agreement(model, prompt, out.token_ids)
-        exact, near, total = exact + e, near + n, total + len(out.token_ids)
+    exact, total = await greedy_against(cuda_engine, model, prompts, version)
     assert exact >= 0.5 * total  # wrong weights would agree on almost nothing
-    gaps = []
-    for i, prompt in enumerate(prompts):
-        out = await cuda_engine.generate(
-            prompt, Turn(SamplingConfig(temperature=1.0), max_tokens=48, seed=100 + i)
-        )
-        with torch.no_grad():
-            ids = torch.tensor([prompt + out.token_ids])
-            logits = model(ids).logits[0, len(prompt) - 1 : -1]
-            reference = torch.log_softmax(logits, -1).gather(-1, ids[0, len(prompt) :, None])[:, 0]
-        gaps.append((torch.tensor(out.logprobs) - reference).abs())
-    gap = torch.cat(gaps)
+    gap = await sampled_logprob_gap(cuda_engine, model, prompts, seed=100)
     record(**{
         f"{backend}_broadcast_mb_per_s": round(report.mb_per_s, 1),
         f"{backend}_update_stall_ms": round(update.stall_s * 1e3, 1),

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.gpu.conftest import greedy_agreement, need_gpus, need_vllm, record
+from tests.gpu.conftest import greedy_against, record, sampled_logprob_gap, start_bf16_engine
 
 pytestmark = [pytest.mark.gpu, pytest.mark.vllm, pytest.mark.slow]
 
@@ -20,22 +20,7 @@ RANK = 8
 
 @pytest.fixture(scope="module")
 async def lora_cuda_engine(tiny_model_dir):
-    need_gpus(1)
-    need_vllm()
-    from actors.config import VllmEngineConfig
-    from actors.vllm_engine import VllmEngine
-
-    engine = await VllmEngine.start(
-        VllmEngineConfig(
-            model=str(tiny_model_dir),
-            max_model_len=1024,
-            max_num_seqs=8,
-            gpu_memory_utilization=0.3,
-            enable_lora=True,
-            max_lora_rank=RANK,
-        )
-    )
-    assert engine.dtype == "bfloat16"  # auto on GPU
+    engine = await start_bf16_engine(tiny_model_dir, enable_lora=True, max_lora_rank=RANK)
     yield engine
     engine.shutdown()
 
@@ -90,11 +75,8 @@ async def _push_adapter(engine, model, tiny_model_dir, version: int):
 async def test_lora_adapter_rounds_into_a_bf16_cuda_engine_match_peft(
     lora_cuda_engine, tiny_model_dir, prompts
 ):
-    from actors.config import SamplingConfig
-    from actors.types import Turn
-
     engine = lora_cuda_engine
-    exact = near = total = 0
+    exact = total = 0
     stalls = []
     for seed in (1, 2):  # a second adapter replaces the first in the slot
         model = _adapted(tiny_model_dir, seed)
@@ -102,25 +84,10 @@ async def test_lora_adapter_rounds_into_a_bf16_cuda_engine_match_peft(
         report, update = await _push_adapter(engine, model, tiny_model_dir, version)
         assert report.ok and report.num_receivers == 1 and update.version == version
         stalls.append(update.stall_s)
-        for prompt in prompts:
-            out = await engine.generate(
-                prompt, Turn(SamplingConfig(temperature=0.0), max_tokens=24)
-            )
-            assert out.versions == [version] * len(out.token_ids)
-            e, n = greedy_agreement(model, prompt, out.token_ids)
-            exact, near, total = exact + e, near + n, total + len(out.token_ids)
+        e, t = await greedy_against(engine, model, prompts, version)
+        exact, total = exact + e, total + t
     assert exact >= 0.5 * total  # an adapter not applied would agree on almost nothing
-    gaps = []
-    for i, prompt in enumerate(prompts):
-        out = await engine.generate(
-            prompt, Turn(SamplingConfig(temperature=1.0), max_tokens=48, seed=200 + i)
-        )
-        with torch.no_grad():
-            ids = torch.tensor([prompt + out.token_ids])
-            logits = model(ids).logits[0, len(prompt) - 1 : -1]
-            reference = torch.log_softmax(logits, -1).gather(-1, ids[0, len(prompt) :, None])[:, 0]
-        gaps.append((torch.tensor(out.logprobs) - reference).abs())
-    gap = torch.cat(gaps)
+    gap = await sampled_logprob_gap(engine, model, prompts, seed=200)
     record(
         lora_update_stall_ms=round(max(stalls) * 1e3, 1),
         lora_greedy_exact_fraction=round(exact / max(total, 1), 3),

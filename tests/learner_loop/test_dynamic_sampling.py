@@ -30,6 +30,24 @@ async def _run(run, nats_server, bus_names, *, flat_every: tuple[int, int]):
     return actors
 
 
+async def _killed_and_resumed(
+    run, nats_server, bus_names, *, flat_every: int, at: int, slow_delay_s: float = 0.15
+):
+    """The learner run to its end, killed once version `at` is announced and started again,
+    fed by two resumable scripted actors (a fast one and one of `slow_delay_s`)."""
+    actors = [
+        ScriptedActor(nats_server.url, bus_names, actor_id=name, delay_s=delay, seed=seed,
+                      flat_every=flat_every, **RESUMABLE)
+        for name, delay, seed in (("a", 0.02, 7), ("b", slow_delay_s, 8))
+    ]  # fmt: skip
+    async with bus(nats_server.url, bus_names) as (_, versions), running(actors):
+        await run.start()
+        await run.kill_at(versions, at)
+        await run.start()
+        assert await run.wait(TIMEOUT_S) == 0, run.log_tail()
+    return actors
+
+
 async def test_groups_without_signal_are_filtered_and_replaced(learner_run, nats_server, bus_names):
     run = learner_run(total_steps=4, max_staleness=1, prompts_per_step=2, dynamic_sampling=True)
     actors = await _run(run, nats_server, bus_names, flat_every=(2, 3))
@@ -78,16 +96,7 @@ async def test_a_resumed_learner_filters_on_with_its_books_whole(
     learner_run, nats_server, bus_names
 ):
     run = learner_run(total_steps=6, max_staleness=1, prompts_per_step=2, dynamic_sampling=True)
-    actors = [
-        ScriptedActor(nats_server.url, bus_names, actor_id=name, delay_s=delay, seed=seed,
-                      flat_every=2, **RESUMABLE)
-        for name, delay, seed in (("a", 0.02, 7), ("b", 0.15, 8))
-    ]  # fmt: skip
-    async with bus(nats_server.url, bus_names) as (_, versions), running(actors):
-        await run.start()
-        await run.kill_at(versions, 3)
-        await run.start()
-        assert await run.wait(TIMEOUT_S) == 0, run.log_tail()
+    actors = await _killed_and_resumed(run, nats_server, bus_names, flat_every=2, at=3)
 
     trained_lines, dropped_lines = _assert_every_trajectory_accounted_for(run, actors)
     assert RunLedger.read(run.run_dir).problems() == []
@@ -105,16 +114,9 @@ async def test_difficulty_filtering_passes_over_saturated_prompts_across_a_resum
     its books and its count of prompts passed over."""
     fields = {"difficulty.enabled": True, "difficulty.window": 1, "difficulty.keep": 0.25}
     run = learner_run(total_steps=12, max_staleness=1, prompts_per_step=2, **fields)
-    actors = [
-        ScriptedActor(nats_server.url, bus_names, actor_id=name, delay_s=delay, seed=seed,
-                      flat_every=1, **RESUMABLE)
-        for name, delay, seed in (("a", 0.02, 7), ("b", 0.1, 8))
-    ]  # fmt: skip
-    async with bus(nats_server.url, bus_names) as (_, versions), running(actors):
-        await run.start()
-        await run.kill_at(versions, 8)
-        await run.start()
-        assert await run.wait(TIMEOUT_S) == 0, run.log_tail()
+    actors = await _killed_and_resumed(
+        run, nats_server, bus_names, flat_every=1, at=8, slow_delay_s=0.1
+    )
 
     trained_lines, _ = _assert_every_trajectory_accounted_for(run, actors)
     assert RunLedger.read(run.run_dir).problems() == []
