@@ -26,6 +26,22 @@ CHUNK_TEMPORARIES = 4
 log-probs in place, probs turned gradient in place), and room for the library's own."""
 
 
+AUTO_BUDGET_MB = {"cuda": 1024.0, "cpu": 128.0}
+"""`head_chunk_mb = "auto"` per device type. Each chunk reads the whole `[V, H]` weight in
+forward, in the backward's recomputation and for its gradient: on a GPU that traffic and the
+launches dominate small chunks (H100, bf16, 16,384 rows, V = 152,064, hidden 896: 128 MB
+chunks took 402 ms against the plain head's 184, 1,024 MB 177 ms; hidden 3,584: 1,144, 296
+and 233 ms; bench/head_memory.py --device cuda). On a CPU the products are compute-bound and
+memory is what is short."""
+
+
+def chunk_budget_mb(setting: float | str | None, device: torch.device) -> float | None:
+    """The chunk budget a `head_chunk_mb` setting means on `device` (None: the plain head)."""
+    if setting != "auto":
+        return setting
+    return AUTO_BUDGET_MB["cuda" if device.type == "cuda" else "cpu"]
+
+
 def chunk_rows(vocab_size: int, budget_mb: float) -> int:
     """Rows per chunk so that a chunk's temporaries stay within `budget_mb`."""
     per_row = vocab_size * 4 * CHUNK_TEMPORARIES
@@ -51,6 +67,20 @@ def _logits(hidden, weight, bias, dtype) -> torch.Tensor:
     product in `dtype` with autocast off (explicit)."""
     with torch.autocast(weight.device.type, enabled=False):
         return F.linear(hidden.to(dtype), weight, bias).float()
+
+
+def _add_weight_grad(grad_weight, grad_z, chunk, dtype) -> None:
+    """`grad_weight` (float32, `[V, H]`) += grad_z.T @ chunk, the product in `dtype`, with
+    no `[V, H]` temporary where the library allows: cuBLAS accumulates a bf16 product into
+    a float32 output in place (`out_dtype`, CUDA only); elsewhere a bf16 product is
+    materialised, then added."""
+    if dtype == torch.float32:
+        grad_weight.addmm_(grad_z.T, chunk.float())
+    elif grad_weight.is_cuda:
+        torch.addmm(grad_weight, grad_z.T, chunk.to(dtype), out_dtype=torch.float32,
+                    out=grad_weight)  # fmt: skip
+    else:
+        grad_weight += (grad_z.T @ chunk.to(dtype)).float()
 
 
 class _HeadTerms(torch.autograd.Function):
@@ -103,10 +133,7 @@ class _HeadTerms(torch.autograd.Function):
             grad_z = grad_z.to(dtype)
             if grad_hidden is not None:
                 grad_hidden[start:stop] = (grad_z @ w).to(hidden.dtype)
-            if dtype == torch.float32:  # no [V, H] temporary
-                grad_weight.addmm_(grad_z.T, chunk.float())
-            else:
-                grad_weight += (grad_z.T @ chunk.to(dtype)).float()
+            _add_weight_grad(grad_weight, grad_z, chunk, dtype)
             if grad_bias is not None:
                 grad_bias += grad_z.float().sum(dim=0)
         # The target logits: z[row, target] = hidden[row] . weight[target] (+ bias[target]).

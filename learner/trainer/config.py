@@ -11,7 +11,7 @@ raise a ValueError that says what to change.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 import pydantic
 
@@ -184,11 +184,13 @@ class TrainerConfig(StrictModel):
     gives the learner GPUs does too)."""
     gradient_checkpointing: bool = False
     """Recompute activations in backward to save memory."""
-    head_chunk_mb: float | None = pydantic.Field(default=128.0, gt=0)
+    head_chunk_mb: Annotated[float, pydantic.Field(gt=0)] | Literal["auto"] | None = "auto"
     """Working memory of the language-model head, which then never builds the `[tokens,
     vocabulary]` logits: log-normaliser and entropy in chunks of rows, recomputed in
-    backward (learner/trainer/chunked_head.py; for Qwen2/3, Llama, Mistral). None: the
-    plain head (at 16K tokens and a 152K vocabulary, 10 GB per float32 copy of the logits)."""
+    backward (learner/trainer/chunked_head.py; for Qwen2/3, Llama, Mistral). `auto`: 1,024
+    MB on a GPU, where each chunk re-reads the head's weight and small chunks made the head
+    2x slower (docs/gpu.md), 128 MB on CPU. `null` (command line): the plain head (at 16K
+    tokens and a 152K vocabulary, 10 GB per float32 copy of the logits)."""
     micro_batch_tokens: int = pydantic.Field(default=8192, ge=1)
     """Token budget of one packed micro-batch (forward + backward), counted as trained: a
     shared prefix counts once."""

@@ -35,6 +35,7 @@ import torch
 import torch.distributed as dist
 
 from learner.trainer.checkpoint import TrainingState, load_checkpoint, save_checkpoint
+from learner.trainer.chunked_head import chunk_budget_mb
 from learner.trainer.config import TrainerConfig
 from learner.trainer.lora import adapter_files, with_adapter, with_adapter_config
 from learner.trainer.losses import policy_loss
@@ -88,6 +89,7 @@ class Trainer:
         self.dtype = dtype or compute_dtype(config.dtype, self.device)
         """The compute dtype (parameters and optimizer state stay fp32)."""
         self.bf16 = self.dtype == torch.bfloat16
+        self.head_chunk_mb = chunk_budget_mb(config.head_chunk_mb, self.device)
         self.dtype_name = str(self.dtype).removeprefix("torch.")
         """The same, as the weight broadcast and the engines name it (`bfloat16`)."""
         self.weights_dtype = torch.bfloat16 if self.bf16 else None
@@ -152,7 +154,7 @@ class Trainer:
         with self._autocast():
             return forward_loss_tokens(
                 model, mb, entropy=entropy, device=self.device,
-                head_chunk_mb=self.config.head_chunk_mb,
+                head_chunk_mb=self.head_chunk_mb,
             )  # fmt: skip
 
     @torch.no_grad()

@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from learner.trainer.chunked_head import chunk_rows, head_terms
+from learner.trainer.chunked_head import chunk_budget_mb, chunk_rows, head_terms
 from learner.trainer.prefix_plan import plan_pieces
 from learner.trainer.segment_forward import forward_loss_tokens
 from learner.trainer.segments import collate_segments
@@ -173,3 +173,10 @@ def test_under_autocast_the_products_run_in_its_dtype_like_the_plain_head():
     for name, a, b in zip(["logprobs", "entropy", "d_hidden", "d_weight"], got, expected,
                           strict=True):  # fmt: skip
         torch.testing.assert_close(a, b.to(a.dtype), rtol=3e-2, atol=3e-2, msg=name)
+
+
+def test_auto_budget_is_larger_on_a_gpu_and_an_explicit_one_is_kept():
+    assert chunk_budget_mb("auto", torch.device("cpu")) == 128
+    assert chunk_budget_mb("auto", torch.device("cuda", 1)) == 1024
+    assert chunk_budget_mb(64.0, torch.device("cuda")) == 64
+    assert chunk_budget_mb(None, torch.device("cpu")) is None  # the plain head
