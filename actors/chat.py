@@ -20,12 +20,23 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-# A fixed conversation ending with an assistant turn; only its rendering's shape matters.
+# A fixed conversation ending with an assistant turn; only its rendering's shape matters. Its
+# assistant turn reasons first, so that a template which drops past reasoning once a new
+# query follows (Qwen3's, demo/family_templates.py) shows it in `observation_ids`' check.
 _BASE_CONVERSATION = [
     {"role": "system", "content": "S"},
     {"role": "user", "content": "U"},
-    {"role": "assistant", "content": "A"},
+    {"role": "assistant", "content": "<think>\nT\n</think>\n\nA"},
 ]
+NOT_PREFIX_STABLE = (
+    "the chat template renders earlier turns differently once these observations follow "
+    "(it rewrites the history: e.g. drops past <think> reasoning once a new user query "
+    "comes, or moves the tools and system prompt to the newest user message): a token-in/"
+    "token-out episode would train on a history the model does not see at inference. "
+    "Send the environment's results as role 'tool' messages (most such templates keep the "
+    "history then), use a template that keeps earlier turns as they were, or make each "
+    "turn an episode of its own (single-turn tasks)"
+)
 
 
 class Tokenizer(Protocol):
@@ -91,10 +102,7 @@ class ChatTemplate:
         )
         head = self._base_head
         if full[: len(head)] != head:
-            raise ValueError(
-                "the chat template renders earlier turns differently once observations follow; "
-                "observation deltas would not match the history (template not prefix-stable)"
-            )
+            raise ValueError(NOT_PREFIX_STABLE)
         return full[len(head) :]
 
     def num_undecodable(self, token_ids: list[int]) -> int:
