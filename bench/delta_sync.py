@@ -11,6 +11,13 @@ over the full bf16 bytes, encode and decode seconds, and bit-exactness along a c
               version's, zstd) and `sparse` (changed positions and values, zstd), each
               decoded by a receiver that holds only what it decoded before (the first
               version a keyframe): every version must come out bit for bit.
+    wire:     the same versions through the real broadcast (`WeightSender` with
+              `weight_sync.delta`, `keyframe_interval` above the updates; gloo over
+              loopback) to a receiver process that follows every round with a
+              `WeightChannel`, as an engine worker does: what went on the wire per round over
+              the whole bf16 version (`BroadcastReport.num_bytes / raw_bytes`), the sender's
+              transfer seconds of a delta round against the keyframe's, and whether the
+              receiver's rebuilt version equals the sender's (its float64 checksum).
 
 Writes bench/results/delta_sync.json (`--small`: a 4-layer model, to try it quickly). The
 encode and decode seconds are one thread's (numpy and zstd), on this machine's CPU.
@@ -33,6 +40,68 @@ ENCODINGS = ("xor", "sparse")
 LEARNING_RATES = {"rl": 1e-6, "demo": 1e-4}
 
 
+def _follow_rounds(address: tuple[str, int], rounds: int, queue) -> None:
+    """A receiver process: an engine worker's channel following `rounds` rounds; puts the
+    checksum of each rebuilt version on `queue`."""
+    from weights.receiver import WeightChannel
+    from weights.subscription import WeightSubscription
+    from weights.vllm_worker import checksum
+
+    subscription, channel = WeightSubscription(*address), WeightChannel()
+    queue.put("ready")
+    version = -1
+    for _ in range(rounds):
+        ticket = subscription.wait_round(version, 600)
+        if ticket is None:
+            break
+        version = ticket.version
+        queue.put((version, checksum(channel.receive(ticket))))
+    channel.close()
+    subscription.leave()
+
+
+class Wire:
+    """The real broadcast with deltas, to one receiver process."""
+
+    def __init__(self, rounds: int) -> None:
+        import multiprocessing
+
+        from weights.config import WeightSyncConfig
+        from weights.sender import WeightSender
+
+        self.sender = WeightSender(
+            WeightSyncConfig(
+                store_port=0,
+                backend="gloo",
+                transfer_timeout_s=600,
+                delta=True,
+                keyframe_interval=rounds + 1,
+            )  # fmt: skip
+        )
+        context = multiprocessing.get_context("spawn")
+        self.queue = context.Queue()
+        address = (self.sender.config.store_host, self.sender.config.store_port)
+        self.process = context.Process(target=_follow_rounds, args=(address, rounds, self.queue))
+        self.process.start()
+        assert self.queue.get(timeout=120) == "ready"
+        while not self.sender.members():
+            time.sleep(0.05)
+        self.version = 0
+
+    def send(self, named: dict) -> tuple[object, bool]:
+        """One round of `named`; (its report, whether the receiver rebuilt it exactly)."""
+        from weights.vllm_worker import checksum
+
+        self.version += 1
+        report = self.sender.broadcast(self.version, named.items())
+        version, got = self.queue.get(timeout=600)
+        return report, report.ok and version == self.version and got == checksum(named.items())
+
+    def close(self) -> None:
+        self.process.join(timeout=60)
+        self.sender.close()
+
+
 def run_updates(model_dir: Path, *, lr: float, updates: int, tokens: int) -> dict:
     import torch
     from transformers import AutoModelForCausalLM
@@ -48,6 +117,8 @@ def run_updates(model_dir: Path, *, lr: float, updates: int, tokens: int) -> dic
     held = {encoding: dict(previous) for encoding in ENCODINGS}  # each receiver's copy
     per_update: dict[str, list[float]] = {}
     exact = True
+    wire = Wire(updates + 1)
+    keyframe_report, wire_exact = wire.send(previous)
     generator = torch.Generator().manual_seed(0)
     vocab = model.config.vocab_size
     for _ in range(updates):
@@ -70,11 +141,18 @@ def run_updates(model_dir: Path, *, lr: float, updates: int, tokens: int) -> dic
             per_update.setdefault(f"{encoding}_ratio", []).append(size / full)
             per_update.setdefault(f"{encoding}_encode_s", []).append(encoded - started)
             per_update.setdefault(f"{encoding}_decode_s", []).append(decoded - encoded)
+        sent, rebuilt = wire.send(current)
+        wire_exact &= rebuilt and not sent.keyframe
+        per_update.setdefault("wire_ratio", []).append(sent.num_bytes / sent.raw_bytes)
+        per_update.setdefault("wire_transfer_s", []).append(sent.transfer_s)
         previous = current
+    wire.close()
     figures: dict[str, float | int | bool] = {
         "full_bf16_mb": full / 1e6,
         "keyframe_ratio": keyframe / full,
         "bit_exact": exact,
+        "wire_bit_exact": wire_exact,
+        "wire_keyframe_transfer_s": keyframe_report.transfer_s,
     }
     for key, values in per_update.items():
         figures[f"{key}_median"] = statistics.median(values)

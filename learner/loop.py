@@ -292,6 +292,8 @@ class Learner:
             held_unacked=self.intake.num_held,
         )
         record["filtered_groups"] = filtered  # learner.dynamic_sampling: no reward signal
+        record.update(broadcast_raw_bytes=weights.get("raw_bytes", 0),  # weight_sync.delta
+                      broadcast_keyframe=weights.get("keyframe", True))  # fmt: skip
         record.update(self.releases.stream.report())  # learner.difficulty: prompts passed over
         self.reporter.record_train(record, step=step, groups=groups)
 

@@ -5,6 +5,8 @@ Packing is pure: `bucketize` groups consecutive (name, tensor) pairs into lists 
 gathered tensors); `pack_bucket` copies one list into a flat uint8 buffer, each tensor at a
 64-byte aligned offset so any dtype can be viewed in place, described by a JSON header of
 [name, dtype, shape, offset]; `unpack_bucket` views the tensors back out, without copies.
+A tensor may travel as other bytes (`Encoded`: a delta, weights/delta_book.py): its entry
+then carries a fifth field, what to rebuild it from, and unpacks as `Encoded` again.
 torch is imported inside functions so that configs importing this package stay fast.
 """
 
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -21,22 +24,35 @@ ALIGN = 64
 """Byte offset alignment of each tensor inside a bucket (any dtype can view it)."""
 
 
+@dataclass(frozen=True)
+class Encoded:
+    """A tensor of `dtype` and `shape` that travels as the bytes `data` (uint8, flat), with
+    `meta` saying how to rebuild it (weights/delta_book.py)."""
+
+    data: torch.Tensor
+    dtype: str
+    shape: list[int]
+    meta: dict[str, Any]
+
+
 def _aligned(offset: int) -> int:
     return (offset + ALIGN - 1) // ALIGN * ALIGN
 
 
-def _nbytes(tensor: torch.Tensor) -> int:
+def _nbytes(tensor: torch.Tensor | Encoded) -> int:
+    if isinstance(tensor, Encoded):
+        return tensor.data.numel()
     return tensor.numel() * tensor.element_size()
 
 
 def bucketize(
-    named_tensors: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int
-) -> Iterator[list[tuple[str, torch.Tensor]]]:
+    named_tensors: Iterable[tuple[str, torch.Tensor | Encoded]], bucket_bytes: int
+) -> Iterator[list[tuple[str, torch.Tensor | Encoded]]]:
     """Group consecutive tensors into lists of at most `bucket_bytes` (aligned) bytes; a
     tensor larger than that travels alone. Pulls the source lazily (one bucket at a time)."""
     if bucket_bytes <= 0:
         raise ValueError(f"bucket_bytes must be > 0, got {bucket_bytes}")
-    bucket: list[tuple[str, torch.Tensor]] = []
+    bucket: list[tuple[str, torch.Tensor | Encoded]] = []
     size = 0
     for name, tensor in named_tensors:
         need = _aligned(_nbytes(tensor))
@@ -50,30 +66,41 @@ def bucketize(
 
 
 def pack_bucket(
-    named_tensors: list[tuple[str, torch.Tensor]], device: torch.device | str = "cpu"
+    named_tensors: list[tuple[str, torch.Tensor | Encoded]], device: torch.device | str = "cpu"
 ) -> tuple[bytes, torch.Tensor]:
     """One flat uint8 buffer holding every tensor's bytes, and a JSON header of
-    [name, dtype, shape, offset] entries locating them."""
+    [name, dtype, shape, offset] entries locating them ([..., meta] for an `Encoded`)."""
     import torch
 
     entries: list[list[Any]] = []
     offset = 0
     for name, tensor in named_tensors:
-        entries.append([name, str(tensor.dtype).removeprefix("torch."), list(tensor.shape), offset])
+        if isinstance(tensor, Encoded):
+            entries.append([name, tensor.dtype, list(tensor.shape), offset, tensor.meta])
+        else:
+            dtype = str(tensor.dtype).removeprefix("torch.")
+            entries.append([name, dtype, list(tensor.shape), offset])
         offset = _aligned(offset + _nbytes(tensor))
     buffer = torch.zeros(offset, dtype=torch.uint8, device=device)  # [nbytes]
-    for (_, tensor), (_, _, _, start) in zip(named_tensors, entries, strict=True):
-        flat = tensor.detach().contiguous().reshape(-1).view(torch.uint8)
-        buffer[start : start + flat.numel()].copy_(flat)
+    for (_, tensor), entry in zip(named_tensors, entries, strict=True):
+        if isinstance(tensor, Encoded):
+            flat = tensor.data
+        else:
+            flat = tensor.detach().contiguous().reshape(-1).view(torch.uint8)
+        buffer[entry[3] : entry[3] + flat.numel()].copy_(flat)
     return json.dumps(entries).encode(), buffer
 
 
-def unpack_bucket(header: bytes, buffer: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
+def unpack_bucket(header: bytes, buffer: torch.Tensor) -> list[tuple[str, torch.Tensor | Encoded]]:
     """Inverse of `pack_bucket`: views into `buffer` (no copies)."""
     import torch
 
-    out = []
-    for name, dtype_name, shape, start in json.loads(header):
+    out: list[tuple[str, torch.Tensor | Encoded]] = []
+    for name, dtype_name, shape, start, *meta in json.loads(header):
+        if meta:
+            data = buffer[start : start + meta[0]["nbytes"]]
+            out.append((name, Encoded(data, dtype_name, shape, meta[0])))
+            continue
         dtype = getattr(torch, dtype_name)
         numel = 1
         for dim in shape:

@@ -23,6 +23,15 @@ class WeightSyncConfig(StrictModel):
     """Timeout of the round's process group: forming it and every broadcast in it."""
     backend: str = "auto"
     """`auto` (nccl when the learner has CUDA, else gloo), `gloo` or `nccl`."""
+    delta: bool = False
+    """Send each version as its change from the one before (the XOR of its bit patterns,
+    zstd-compressed; a keyframe every `keyframe_interval` versions and whenever the members
+    change): at RL learning rates in bf16 a few percent of the bytes. Costs a host copy of
+    the model (in the wire dtype) on the learner's rank 0 and in every engine worker, and
+    CPU time to encode and decode (docs/weights.md, "Delta rounds"). Full weights only (an
+    adapter's rounds are small already)."""
+    keyframe_interval: int = pydantic.Field(default=20, ge=1)
+    """With `delta`: at most this many versions from one keyframe to the next."""
 
     @pydantic.field_validator("bucket_mb", "join_timeout_s", "transfer_timeout_s")
     @classmethod

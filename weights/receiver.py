@@ -11,7 +11,9 @@ kept from round to round.
 
 Tensors are views into the bucket they arrived in (weights/collective.py): nothing here
 keeps a bucket once its tensors are consumed, so a consumer that loads as it goes holds
-one or two buckets of host memory (gloo) at a time.
+one or two buckets of host memory (gloo) at a time. A learner that sends deltas
+(`weight_sync.delta`) makes the channel keep the version it holds (`ReceiverBook`, a host
+copy of the model) and rebuild each tensor from its delta.
 
 A ticket belongs to one store, i.e. one learner process (`RoundTicket.store_id`). When that
 learner dies the round is over for us at once: the store's errors end every wait, and a
@@ -29,6 +31,8 @@ from typing import TYPE_CHECKING
 
 from weights.collective import receive_buckets
 from weights.communicator import WeightGroup
+from weights.delta import DeltaMismatch
+from weights.delta_book import ReceiverBook
 from weights.membership import Roster
 from weights.rendezvous import (
     INFO_KEY,
@@ -66,6 +70,8 @@ class WeightChannel:
         self._store = None
         self._store_id: str | None = None
         self.group: WeightGroup | None = None
+        self.book = ReceiverBook()
+        """The version this worker holds, for delta rounds (weights/delta_book.py)."""
 
     def _connect(self, ticket: RoundTicket):
         """Our connection to the ticket's store. A ticket of another store (a restarted
@@ -107,10 +113,12 @@ class WeightChannel:
             raise RoundMissed(f"member {member} was not ready in time for {ticket.version}")
         try:
             group = self._group_for(store, ticket, roster)
-            yield from receive_buckets(group)
-        # Failed, or closed mid-round by a consumer that stopped (its load failed): the
-        # group is mid-broadcast, so abort it (the sender's next send fails at once).
-        except (RuntimeError, GeneratorExit):
+            yield from self.book.decode(receive_buckets(group))
+        # Failed, closed mid-round by a consumer that stopped (its load failed), or a delta
+        # we cannot apply: the group is mid-broadcast, so abort it (the sender's next send
+        # fails at once, and its next round is a keyframe); what we hold is now unknown.
+        except (RuntimeError, GeneratorExit, DeltaMismatch):
+            self.book.forget()
             self.abort()
             raise
         store.add(round_key(ticket.version, f"done/{member}"), 1)
@@ -159,6 +167,7 @@ class WeightChannel:
         it was connected to is gone)."""
         self.close()
         self._store, self._store_id = None, None
+        self.book.forget()  # deltas come from one learner's book
 
 
 def _answers(store) -> bool:

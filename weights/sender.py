@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 from weights.collective import send_buckets
 from weights.communicator import WeightGroup
 from weights.config import WeightSyncConfig
+from weights.delta_book import SenderBook
 from weights.membership import Roster, next_roster, without
 from weights.rendezvous import (
     CLOSED,
@@ -74,6 +75,11 @@ class BroadcastReport:
     """The group (communicator) the round went over; -1 when none."""
     new_group: bool = False
     """Whether that group was formed for this round (membership changed)."""
+    keyframe: bool = True
+    """Whether every tensor went whole (always, unless `weight_sync.delta`)."""
+    raw_bytes: int = 0
+    """The round's tensors in the wire dtype: what a keyframe sends (`num_bytes` is what
+    went on the wire)."""
 
     @property
     def ok(self) -> bool:
@@ -135,6 +141,8 @@ class WeightSender:
         self._group: WeightGroup | None = None
         self._broken = False
         self._next_group_id = 0
+        deltas = config.delta and adapter_config is None
+        self._book = SenderBook(config.keyframe_interval) if deltas else None
 
     # ---- membership ---------------------------------------------------------------------------
 
@@ -241,6 +249,11 @@ class WeightSender:
             return BroadcastReport(transfer_s=0.0, **report)
         report.update(num_receivers=len(roster.slots), group_id=roster.group_id)
         report["new_group"] = roster is not self._roster
+        base = None
+        if self._book is not None:
+            base = self._book.base_for(version, same_group=not report["new_group"])
+            named = self._book.encode(named, version, base)
+            report["keyframe"] = base is None
         started = time.monotonic()
         try:
             group = self._group_for(roster)
@@ -256,9 +269,14 @@ class WeightSender:
             # next round forms a fresh one of whoever is alive. The learner goes on.
             log.warning("weight round %d failed: %s", version, e)
             self._discard_group()
+            if self._book is not None:
+                self._book.forget()
             report.update(transfer_s=time.monotonic() - started, error=str(e))
             return BroadcastReport(**report)
-        report.update(num_tensors=num_tensors, num_bytes=num_bytes)
+        report.update(num_tensors=num_tensors, num_bytes=num_bytes, raw_bytes=num_bytes)
+        if self._book is not None:
+            self._book.commit(version, base)
+            report["raw_bytes"] = self._book.raw_bytes
         return BroadcastReport(transfer_s=time.monotonic() - started, **report)
 
     def _group_for(self, roster: Roster) -> WeightGroup:

@@ -13,6 +13,9 @@ HEADER = [
     "sparse: bytes / full (median / max)",
     "xor encode / decode, s",
     "bit-exact",
+    "broadcast: wire bytes / whole (median / max)",
+    "broadcast: a delta round / the keyframe's, s",
+    "bit-exact in the receiver",
 ]
 
 
@@ -26,7 +29,10 @@ def delta_sync(f: Figures) -> str:
         f" bf16; {f.get('updates', '—')} AdamW steps on random batches of"
         f" {f.get('tokens_per_batch', '—')} tokens at each learning rate; after each, the bf16"
         " version against the one before, per tensor (weights/delta.py). A whole version,"
-        f" zstd-compressed, is {fixed(f.get('rl_keyframe_ratio'))} of its bytes."
+        f" zstd-compressed, is {fixed(f.get('rl_keyframe_ratio'))} of its bytes. Then the"
+        " same versions through the real broadcast with `weight_sync.delta` (a keyframe,"
+        " then deltas; gloo over loopback) to a receiver process rebuilding each as an"
+        " engine worker does."
     )
     rows = [
         [
@@ -36,6 +42,9 @@ def delta_sync(f: Figures) -> str:
             _pair(f, f"{run}_sparse_ratio_median", f"{run}_sparse_ratio_max"),
             _pair(f, f"{run}_xor_encode_s_median", f"{run}_xor_decode_s_median", 2),
             "yes" if f.get(f"{run}_bit_exact") else "no",
+            _pair(f, f"{run}_wire_ratio_median", f"{run}_wire_ratio_max"),
+            _pair(f, f"{run}_wire_transfer_s_median", f"{run}_wire_keyframe_transfer_s", 2),
+            "yes" if f.get(f"{run}_wire_bit_exact") else "no",
         ]
         for run, label in RUNS
     ]
@@ -46,4 +55,12 @@ def delta_sync(f: Figures) -> str:
         "<=",
         lambda v: fixed(v, 3),
     )
-    return join(setup, table(HEADER, rows), target, provenance(f))
+    on_wire = check(
+        "lr 1e-6, broadcast with weight_sync.delta, wire bytes per update over the whole"
+        " version (the largest)",
+        f.get("rl_wire_ratio_max"),
+        0.05,
+        "<=",
+        lambda v: fixed(v, 3),
+    )
+    return join(setup, table(HEADER, rows), target, on_wire, provenance(f))

@@ -196,8 +196,13 @@ def learner_panels() -> list[dict]:
         timeseries(
             "Weight update size",
             "Bytes the last weight broadcast carried to the engines: the whole model in its "
-            "engine dtype, or with LoRA the adapter alone (docs/lora.md).",
-            [target("max(tether_learner_broadcast_bytes)", "bytes per update")],
+            "engine dtype, or with LoRA the adapter alone (docs/lora.md); with "
+            "weight_sync.delta the change from the version before, against the whole "
+            "version (docs/weights.md).",
+            [
+                target("max(tether_learner_broadcast_bytes)", "bytes per update"),
+                target("max(tether_learner_broadcast_raw_bytes)", "the version whole"),
+            ],
             unit="bytes",
         ),
         timeseries(

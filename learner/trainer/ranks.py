@@ -159,6 +159,8 @@ class RankCommands:
                 "join_s": result.join_s,
                 "ok": result.ok,
                 "num_bytes": result.num_bytes,  # with LoRA: the adapter's bytes
+                "raw_bytes": result.raw_bytes,  # what a keyframe sends (weight_sync.delta)
+                "keyframe": result.keyframe,
             }
         for _ in named:  # every rank must exhaust the gather, even with nobody listening
             pass

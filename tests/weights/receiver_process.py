@@ -1,11 +1,12 @@
 """A receiver process for the weight-round tests: one engine's membership and one worker's
 long-lived channel, following every round like an engine does.
 
-    python receiver_process.py HOST:PORT ROUNDS [die|hang AT_ROUND] [--dtype D]
+    python receiver_process.py HOST:PORT ROUNDS [die|hang|lose AT_ROUND] [--dtype D]
 
 Prints "ready" once registered, then one JSON line per round received (its version, group,
 names and checksum). With `die K` it exits in the middle of its K-th round (after the first
-tensor arrived); with `hang K` it stops there and sleeps.
+tensor arrived); with `hang K` it stops there and sleeps; with `lose K` it receives its K-th
+round whole, then acts as if it had missed it (its delta book goes back a version).
 """
 
 from __future__ import annotations
@@ -40,12 +41,14 @@ def main() -> None:
                     os._exit(3)
                 if received + 1 == fault_at and fault == "hang":
                     time.sleep(3600)
-        except (RoundMissed, RuntimeError, TimeoutError) as e:
+        except (RoundMissed, RuntimeError, TimeoutError, ValueError) as e:
             print(json.dumps({"version": ticket.version, "error": str(e)}), flush=True)
             version = ticket.version
             continue
         version = ticket.version
         received += 1
+        if received == fault_at and fault == "lose":
+            channel.book.version = version - 1
         print(
             json.dumps(
                 {
@@ -55,6 +58,7 @@ def main() -> None:
                     "world": channel.group.world_size,
                     "names": [n for n, _ in weights],
                     "checksum": checksum(weights),
+                    "book": channel.book.version,
                 }
             ),
             flush=True,
