@@ -27,7 +27,6 @@ from typing import Literal
 
 import numpy as np
 import torch
-import zstandard
 
 Encoding = Literal["keyframe", "xor", "sparse"]
 ZSTD_LEVEL = 1
@@ -70,6 +69,8 @@ def encode(
 ) -> Payload:
     """`current` as a payload against `previous` (the receiver's copy); None, or encoding
     `keyframe`: the whole tensor."""
+    import zstandard  # here: only a learner or engine that sends deltas needs it
+
     now = bits(current)
     crc = zlib.crc32(now.view(np.uint8))
     compress = zstandard.ZstdCompressor(level=ZSTD_LEVEL).compress
@@ -94,6 +95,8 @@ def decode(payload: Payload, previous: torch.Tensor | None, like: torch.Tensor) 
     """The tensor `payload` encodes, shaped and typed as `like`, from `previous` (the
     receiver's copy of the version the sender encoded against). Raises DeltaMismatch when
     the result is not what the sender had."""
+    import zstandard
+
     width = like.element_size()
     raw = zstandard.ZstdDecompressor().decompress
     if payload.encoding == "keyframe":

@@ -64,19 +64,25 @@ async def _push(engine, model, backend: str, version: int):
         "127.0.0.1", sender.config.store_port, slots=engine.num_weight_slots, dtype=engine.dtype
     )
     weights = [(n, p.detach().to(device, torch.bfloat16)) for n, p in model.named_parameters()]
+    try:
+        return await _round(engine, sender, subscription, weights, version)
+    finally:
+        subscription.leave()
+        await engine.close_weight_channel()
+        sender.close()
+
+
+async def _round(engine, sender, subscription, weights, version: int):
+    """Round `version` of `weights` from `sender` (in a thread), taken by `engine` in flight:
+    (the sender's report, the engine's update)."""
     result = {}
     thread = threading.Thread(
         target=lambda: result.setdefault("r", sender.broadcast(version, weights))
     )
     thread.start()
-    try:
-        ticket = await asyncio.to_thread(subscription.wait_round, engine.version, 60.0)
-        update = await engine.update_weights(ticket)
-        await asyncio.to_thread(thread.join)
-    finally:
-        subscription.leave()
-        await engine.close_weight_channel()
-        sender.close()
+    ticket = await asyncio.to_thread(subscription.wait_round, engine.version, 60.0)
+    update = await engine.update_weights(ticket)
+    await asyncio.to_thread(thread.join)
     return result["r"], update
 
 
@@ -104,3 +110,51 @@ async def test_broadcast_into_cuda_engine_matches_transformers(
         f"{backend}_logprob_gap_max": float(gap.max()),
     })  # fmt: skip
     assert float(gap.mean()) < 0.05  # bf16 against an fp32 reference: rounding, not a bug
+
+
+async def test_delta_rounds_into_a_bf16_cuda_engine(cuda_engine, tiny_model_dir, prompts):
+    """`weight_sync.delta` into the bf16 CUDA engine over gloo: a keyframe, then three
+    versions as bf16 deltas rebuilt in the engine's worker (on the host) and loaded into its
+    GPU; after each the engine loaded exactly the learner's bf16 version (its checksum),
+    after the last it generates as transformers does on those weights."""
+    from weights.vllm_worker import checksum
+
+    sender = WeightSender(
+        WeightSyncConfig(store_port=0, backend="gloo", delta=True, transfer_timeout_s=60),
+        dtype=cuda_engine.dtype,
+    )
+    subscription = WeightSubscription(
+        "127.0.0.1", sender.config.store_port, slots=cuda_engine.num_weight_slots,
+        dtype=cuda_engine.dtype,
+    )  # fmt: skip
+    model, reports, updates = _perturbed(tiny_model_dir, seed=21), [], []
+    generator = torch.Generator().manual_seed(22)
+    try:
+        for round_index in range(4):
+            if round_index:  # an RL-sized step: most bf16 values stay as they were
+                with torch.no_grad():
+                    for param in model.parameters():
+                        moved = param + 2e-5 * torch.randn(param.shape, generator=generator)
+                        param.copy_(moved.to(torch.bfloat16).to(torch.float32))
+            weights = [(n, p.detach().to(torch.bfloat16)) for n, p in model.named_parameters()]
+            version = cuda_engine.version + 1
+            report, update = await _round(cuda_engine, sender, subscription, weights, version)
+            assert report.ok and update.version == version
+            got, expected = await cuda_engine.weights_checksum(), checksum(weights)
+            assert got["sum"] == pytest.approx(expected["sum"], rel=1e-12)
+            assert got["sum_sq"] == pytest.approx(expected["sum_sq"], rel=1e-12)
+            reports.append(report)
+            updates.append(update)
+    finally:
+        subscription.leave()
+        await cuda_engine.close_weight_channel()
+        sender.close()
+    assert [report.keyframe for report in reports] == [True, False, False, False]
+    exact, total = await greedy_against(cuda_engine, model, prompts, cuda_engine.version)
+    assert exact >= 0.5 * total
+    record(**{
+        "delta_bytes_over_raw": [round(r.num_bytes / r.raw_bytes, 4) for r in reports[1:]],
+        "delta_update_stall_ms": [round(u.stall_s * 1e3, 1) for u in updates[1:]],
+        "delta_keyframe_stall_ms": round(updates[0].stall_s * 1e3, 1),
+        "delta_greedy_exact_fraction": round(exact / max(total, 1), 3),
+    })  # fmt: skip
