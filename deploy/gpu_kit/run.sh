@@ -5,8 +5,8 @@
 #   bash deploy/gpu_kit/run.sh stage    # keep the parts that came (a warm machine keeps /tmp)
 #   bash deploy/gpu_kit/run.sh check [STAGE...]   # assemble and install (once), then test
 #
-# STAGEs, in the order given (default: all five): broadcast (the bf16 broadcast test of
-# tests/gpu), lora (vLLM's LoRA in a bf16 CUDA engine, tests/gpu), demo (the 1-GPU demo
+# STAGEs, in the order given (default: all six): broadcast (the bf16 broadcast test of
+# tests/gpu), delta (delta rounds into the same engine), lora (vLLM's LoRA in a bf16 CUDA engine, tests/gpu), demo (the 1-GPU demo
 # through deploy.local), engines (make test's engine and LoRA tests on CUDA in fp32), stalled
 # (the streamed round failing part-way, alone, with a stack dump if it hangs). A warm machine keeps the install, so a later call can run the rest.
 #
@@ -34,9 +34,9 @@ if [[ ${1:-} == stage ]]; then
 fi
 
 STAGES=("${@:2}")
-[[ ${#STAGES[@]} -gt 0 ]] || STAGES=(broadcast lora demo engines stalled)
+[[ ${#STAGES[@]} -gt 0 ]] || STAGES=(broadcast delta lora demo engines stalled)
 for stage in "${STAGES[@]}"; do
-  [[ $stage =~ ^(broadcast|lora|demo|engines|stalled)$ ]] || { echo "unknown stage $stage (broadcast, lora, demo, engines, stalled)"; exit 2; }
+  [[ $stage =~ ^(broadcast|delta|lora|demo|engines|stalled)$ ]] || { echo "unknown stage $stage (broadcast, delta, lora, demo, engines, stalled)"; exit 2; }
 done
 exec > >(tee -a "$OUT/kit.log") 2>&1
 DEADLINE=$((SECONDS + BUDGET_S))
@@ -118,6 +118,12 @@ broadcast() {
   say "the GPU tests' engine: a broadcast into a bf16 CUDA engine against transformers"
   timeout "$(upto 120)" "${PYTEST[@]}" --junitxml="$OUT/junit-broadcast.xml" \
     "tests/gpu/test_engine_broadcast.py::test_broadcast_into_cuda_engine_matches_transformers[gloo]"
+}
+
+delta() {
+  say "delta rounds (weight_sync.delta) into the bf16 CUDA engine against transformers"
+  timeout "$(upto 150)" "${PYTEST[@]}" --junitxml="$OUT/junit-delta.xml" \
+    "tests/gpu/test_engine_broadcast.py::test_delta_rounds_into_a_bf16_cuda_engine"
 }
 
 lora() {
