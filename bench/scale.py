@@ -15,6 +15,9 @@ model grows mean nothing grows faster than the model.
     checkpoint_x_disk     a checkpoint's write seconds over (its bytes / fsynced disk writes)
     checkpoint_wait_s     of that write, the seconds the next step waited (the rest was
                           hidden behind its wait for data: learner/checkpoints.py)
+    resume_x_disk         a fresh learner's restore of the last checkpoint (model, AdamW,
+                          schedule: what a resume reads; its files evicted from the page
+                          cache first) over (its bytes / the disk probe's read from the disk)
     update_stall_s        how long an engine stops generating for one update (seconds)
 
     make bench-scale        (the four sizes in fp32, then 0.5B in bf16: ~14 min on 2 cores)
@@ -45,6 +48,7 @@ from bench.scale_support import (  # noqa: E402
     build_model,
     disk_bytes_per_s,
     loopback_bytes_per_s,
+    resume_seconds,
 )
 from bench.tether_run import watch_run  # noqa: E402
 from learner.trainer.checkpoint import STATE_FILE  # noqa: E402
@@ -119,6 +123,32 @@ def bare_loop(model_dir: Path, step_tokens: int) -> tuple[float, int]:
     return result
 
 
+def _resume(conn, trainer_json: str, checkpoint: str) -> None:
+    conn.send(resume_seconds(trainer_json, Path(checkpoint)))
+
+
+def resume(overrides: list[str], checkpoint: Path) -> float:
+    """`resume_seconds` with the run's learner config, in a fresh process of its own (as a
+    restarted learner is)."""
+    from common.config import read_sections
+    from deploy.local import DEFAULT_CONFIG
+    from learner.trainer.config import TrainerConfig
+
+    learner = read_sections(DEFAULT_CONFIG, overrides)["learner"]  # the trainer's part of it
+    trainer = TrainerConfig.model_validate(
+        {key: value for key, value in learner.items() if key in TrainerConfig.model_fields}
+    )
+    context = multiprocessing.get_context("spawn")
+    parent, child = context.Pipe()
+    args = (child, trainer.model_dump_json(), str(checkpoint))
+    process = context.Process(target=_resume, args=args)
+    process.start()
+    child.close()
+    seconds = parent.recv()
+    process.join()
+    return seconds
+
+
 def _per_update_stall_s(counters: list[dict[str, float]]) -> float | None:
     """Mean seconds an engine stopped generating for one broadcast round (all replicas)."""
     stall, kind = "tether_actor_weight_update_stall_seconds", '{kind="broadcast"}'
@@ -135,7 +165,8 @@ def measure(shape: Shape, model_dir: Path, work: Path, machine: dict, *, bf16: b
         peaks.poll(launcher.pid)
         checkpoints.poll(run.run_dir, t)
 
-    run = watch_run(run_overrides(model_dir, bf16=bf16), work, on_poll=on_poll, poll_s=0.25)
+    overrides = run_overrides(model_dir, bf16=bf16)
+    run = watch_run(overrides, work, on_poll=on_poll, poll_s=0.25)
     train = run.train
     if len(train) != STEPS:
         raise RuntimeError(f"{shape.name}: {len(train)} train records, wanted {STEPS}")
@@ -155,6 +186,9 @@ def measure(shape: Shape, model_dir: Path, work: Path, machine: dict, *, bf16: b
         for step in (run.run_dir / "checkpoints").glob("step_*")
     )
     checkpoint_s = statistics.median(checkpoints.seconds())
+    steps = sorted((run.run_dir / "checkpoints").glob("step_*"),
+                   key=lambda step: int(step.name.removeprefix("step_")))  # fmt: skip
+    resume_s = resume(overrides, steps[-1])
     last_counters = run.actor_samples[-1][1] if run.actor_samples else []
     figures = {
         "params": shape.num_params,
@@ -167,6 +201,7 @@ def measure(shape: Shape, model_dir: Path, work: Path, machine: dict, *, bf16: b
         "broadcast_mb_per_s": statistics.median(broadcast) / 1e6,
         "checkpoint_gb": checkpoint_bytes / 1e9,
         "checkpoint_s": checkpoint_s,
+        "resume_s": resume_s,
         # Written beside the loop: what the step after a checkpoint waited for its write.
         "checkpoint_wait_s": statistics.mean(r.get("checkpoint_wait_s", 0.0) for r in train[1:]),
         "generated_tokens": sum(c["tether_actor_generated_tokens_total"] for c in last_counters),
@@ -183,6 +218,7 @@ def measure(shape: Shape, model_dir: Path, work: Path, machine: dict, *, bf16: b
         figures[f"{role}_rss_x_weights"] = peak / weights
     figures["broadcast_of_loopback"] = statistics.median(broadcast) / machine["loopback"]
     figures["checkpoint_x_disk"] = checkpoint_s / (checkpoint_bytes / machine["disk_write"])
+    figures["resume_x_disk"] = resume_s / (checkpoint_bytes / machine["disk_read"])
     return figures
 
 
@@ -193,11 +229,13 @@ def plot(results: dict[str, dict], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     ratios = ("learner_vs_bare", "learner_rss_vs_bare", "learner_rss_x_state",
-              "actor_rss_x_weights", "broadcast_of_loopback", "checkpoint_x_disk")  # fmt: skip
+              "actor_rss_x_weights", "broadcast_of_loopback", "checkpoint_x_disk",
+              "resume_x_disk")  # fmt: skip
     series = {"fp32": [s for s in results if "@" not in s],
               "bf16": [s for s in results if s.endswith("@bf16")]}  # fmt: skip
-    figure, axes = plt.subplots(2, 3, figsize=(12, 6.5), sharex=True)
-    for axis, ratio in zip(axes.flat, ratios, strict=True):
+    figure, axes = plt.subplots(2, 4, figsize=(15, 6.5), sharex=True)
+    axes.flat[-1].axis("off")
+    for axis, ratio in zip(axes.flat, ratios, strict=False):
         for label, sizes in series.items():
             if sizes:
                 params = [results[s]["params"] for s in sizes]
@@ -233,7 +271,8 @@ def main() -> None:
     results: dict[str, dict] = {}
     with tempfile.TemporaryDirectory(prefix="tether-scale-") as scratch, load_average() as load:
         write_read = disk_bytes_per_s(Path(scratch))
-        machine = {"loopback": loopback_bytes_per_s(), "disk_write": write_read["write"]}
+        machine = {"loopback": loopback_bytes_per_s(), "disk_write": write_read["write"],
+                   "disk_read": write_read["read"]}  # fmt: skip
         for name, shape, bf16 in runs:
             started = time.monotonic()
             model_dir = build_model(shape, tokenizer_dir, cache)
@@ -243,7 +282,8 @@ def main() -> None:
             shutil.rmtree(work)  # a 0.5B run leaves ~15 GB of checkpoints and snapshots
             print(f"== {name} took {time.monotonic() - started:.0f} s", flush=True)
     figures = {"loopback_mb_per_s": machine["loopback"] / 1e6,
-               "disk_write_mb_per_s": machine["disk_write"] / 1e6, **load}  # fmt: skip
+               "disk_write_mb_per_s": machine["disk_write"] / 1e6,
+               "disk_read_mb_per_s": machine["disk_read"] / 1e6, **load}  # fmt: skip
     for size, values in results.items():
         figures.update({f"{size}/{key}": value for key, value in values.items()})
     report("scale", "Scale ladder: each cost over the machine's own", figures)

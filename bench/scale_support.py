@@ -146,9 +146,18 @@ def loopback_bytes_per_s(nbytes: int = 512 * 2**20) -> float:
     return nbytes / seconds
 
 
+def evict(path: Path) -> None:
+    """Drop a file's (or a directory's files') clean pages from the page cache, so that the
+    next read comes from the disk, as after a restart (POSIX_FADV_DONTNEED; no root)."""
+    for file in [path] if path.is_file() else [f for f in path.rglob("*") if f.is_file()]:
+        with file.open("rb") as handle:
+            os.posix_fadvise(handle.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+
+
 def disk_bytes_per_s(directory: Path, nbytes: int = 1024 * 2**20) -> dict[str, float]:
     """Writing `nbytes` to a new file in `directory` and fsyncing it, then reading it back
-    (from the page cache, as a resume right after a save would): bytes per second each."""
+    from the disk (its pages evicted first, as a restarted learner finds its checkpoint):
+    bytes per second each."""
     path = directory / "scale-disk-probe.bin"
     payload = os.urandom(CHUNK)
     started = time.perf_counter()
@@ -158,6 +167,7 @@ def disk_bytes_per_s(directory: Path, nbytes: int = 1024 * 2**20) -> dict[str, f
         out.flush()
         os.fsync(out.fileno())
     write_s = time.perf_counter() - started
+    evict(path)
     started = time.perf_counter()
     with path.open("rb") as source:
         while source.read(CHUNK):
@@ -165,6 +175,27 @@ def disk_bytes_per_s(directory: Path, nbytes: int = 1024 * 2**20) -> dict[str, f
     read_s = time.perf_counter() - started
     path.unlink()
     return {"write": nbytes / write_s, "read": nbytes / read_s}
+
+
+def resume_seconds(trainer_json: str, checkpoint: Path) -> float:
+    """Seconds a learner (one rank, fresh: the run's trainer config, the model built from
+    its model_path, AdamW, the schedule) takes to restore `checkpoint` as the learner
+    resumes (`Trainer.load`: DCP reads model, optimizer and scheduler state), its files
+    evicted from the page cache first: read from the disk, as after a restart."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from learner.trainer.config import TrainerConfig
+    from learner.trainer.trainer import Trainer
+
+    torch.set_num_threads(1)
+    config = TrainerConfig.model_validate_json(trainer_json)
+    model = AutoModelForCausalLM.from_pretrained(config.model_path, dtype=torch.float32)
+    trainer = Trainer(model, config, device=torch.device("cpu"))
+    evict(checkpoint)
+    started = time.perf_counter()
+    trainer.load(checkpoint)
+    return time.perf_counter() - started
 
 
 # ---- the roles' memory ------------------------------------------------------------------------

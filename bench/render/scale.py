@@ -22,7 +22,10 @@ def scale(f: Figures) -> str:
         " in bf16 and the learner computing in bf16 over fp32 master weights. Each ratio"
         " divides by the machine's own figure for the same work, measured in the same run:"
         f" one loopback TCP stream ({count(f.get('loopback_mb_per_s'))} MB/s), fsynced disk"
-        f" writes ({count(f.get('disk_write_mb_per_s'))} MB/s), and a bare torch loop"
+        f" writes ({count(f.get('disk_write_mb_per_s'))} MB/s), reads from the disk, the page"
+        f" cache evicted ({count(f.get('disk_read_mb_per_s'))} MB/s: what a restarted learner"
+        " reads),"
+        " and a bare torch loop"
         " (forward and backward over the run's own step of tokens in the same 1,024-token"
         " micro-batches, plain head, one AdamW step, one thread). Flat lines as the model"
         " grows: nothing grows faster than the model."
@@ -40,12 +43,13 @@ def scale(f: Figures) -> str:
             f"{fixed(g.get('checkpoint_gb'))} GB in {fixed(g.get('checkpoint_s'), 1)} s"
             f" ({fixed(g.get('checkpoint_x_disk'))}x), step waited"
             f" {fixed(g.get('checkpoint_wait_s'), 1)} s",
+            f"{fixed(g.get('resume_s'), 1)} s ({fixed(g.get('resume_x_disk'))}x)",
             fixed(g.get("update_stall_s")),
         ])  # fmt: skip
     header = ["model", "fp32 weights, GB", "learner tokens/s (x bare loop)",
               "learner peak GB (x training state)", "actor peak GB (x weights)",
               "broadcast MB/s (of loopback)", "checkpoint (x disk time), the next step's wait",
-              "engine stall per update, s"]  # fmt: skip
+              "resume from it (x disk read time)", "engine stall per update, s"]  # fmt: skip
     top = {key.split("/", 1)[1]: v for key, v in f.items() if key.startswith(f"{TOP}/")}
     state_gb = 4 * top["weights_gb"] if "weights_gb" in top else None
     allowance = None

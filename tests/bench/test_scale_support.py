@@ -10,8 +10,17 @@ from transformers import Qwen2ForCausalLM
 
 from bench.render.scale import scale
 from bench.scale import CheckpointTimes
-from bench.scale_support import LADDER, disk_bytes_per_s, loopback_bytes_per_s, role_of
-from learner.trainer.checkpoint import STATE_FILE
+from bench.scale_support import (
+    LADDER,
+    disk_bytes_per_s,
+    evict,
+    loopback_bytes_per_s,
+    resume_seconds,
+    role_of,
+)
+from learner.trainer.checkpoint import STATE_FILE, TrainingState
+from learner.trainer.trainer import Trainer
+from tests.learner.builders import learner_config, random_samples, tiny_qwen2
 
 
 @pytest.mark.parametrize("shape", LADDER, ids=lambda s: s.name)
@@ -86,3 +95,16 @@ def test_the_stall_per_update_is_read_from_the_actors_histogram():
     stall.labels("snapshot").observe(30.0)  # a snapshot load is not a broadcast round
     page = prometheus_client.generate_latest(registry).decode()
     assert _per_update_stall_s([parse_counters(page)]) == 1.0
+
+
+def test_a_resume_is_timed_on_the_learners_own_restore(tmp_path):
+    """The ladder's resume: a fresh trainer of the run's config restores a checkpoint its
+    learner wrote (a mismatch would raise), read from the disk (its pages evicted)."""
+    model = tiny_qwen2()
+    model.save_pretrained(tmp_path / "model")
+    config = learner_config(model_path=str(tmp_path / "model"))
+    trainer = Trainer(model, config, device=torch.device("cpu"))
+    trainer.train_step(random_samples(num_samples=4))
+    checkpoint = trainer.save(tmp_path / "checkpoints", TrainingState())
+    evict(checkpoint)  # no error on a directory of files
+    assert resume_seconds(config.model_dump_json(), checkpoint) > 0
