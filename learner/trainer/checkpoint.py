@@ -113,6 +113,7 @@ def load_checkpoint(
     if not (path / STATE_FILE).is_file():
         raise ValueError(f"{path} is not a complete checkpoint (no {STATE_FILE})")
     options = _options(trainable_only)
+    _create_adam_state(optimizer)
     model_state, optim_state = _state(model, optimizer, trainable_only)
     loaded = {"model": model_state, "optim": optim_state, "scheduler": scheduler.state_dict()}
     with _single_process_quiet():
@@ -126,6 +127,26 @@ def load_checkpoint(
     )
     scheduler.load_state_dict(loaded["scheduler"])
     return read_training_state(path)
+
+
+def _create_adam_state(optimizer: torch.optim.Optimizer) -> None:
+    """A fresh Adam(W)'s state, zeros of the shapes its first step makes, for the load to
+    overwrite. Without it torch's `get_state_dict` makes the state by running one whole
+    optimizer step on zero gradients (`_init_optim_state`): at the scale ladder's 120M shape
+    1.2 of a resume's 3.3 seconds, arithmetic over every parameter that the load discards."""
+    if optimizer.state or not isinstance(optimizer, torch.optim.Adam | torch.optim.AdamW):
+        return
+    for group in optimizer.param_groups:
+        for param in group["params"]:
+            if not param.requires_grad:
+                continue
+            on_device = group["capturable"] or group["fused"]
+            step = torch.zeros((), dtype=torch.float32, device=param.device if on_device else "cpu")
+            state = {"step": step}
+            names = ["exp_avg", "exp_avg_sq"] + (["max_exp_avg_sq"] if group["amsgrad"] else [])
+            for name in names:
+                state[name] = torch.zeros_like(param, memory_format=torch.preserve_format)
+            optimizer.state[param] = state
 
 
 def _state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, trainable_only: bool):

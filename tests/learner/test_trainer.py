@@ -183,6 +183,19 @@ def test_checkpoint_round_trip_continues_identically(tmp_path):
     assert resumed.version == trainer.version == 2
 
 
+def test_a_resume_makes_adams_state_without_an_optimizer_step(tmp_path, monkeypatch):
+    """torch's `get_state_dict` would make a fresh optimizer's state by one whole step on
+    zero gradients; the load makes it directly (the test above: still identical)."""
+    config = learner_config()
+    trainer = Trainer(tiny_qwen2(), config)
+    trainer.train_step(random_samples(num_samples=3, seed=8))
+    path = trainer.save(tmp_path, TrainingState())
+    resumed = Trainer(tiny_qwen2(seed=9), config)
+    monkeypatch.setattr(resumed.optimizer, "step", lambda *a, **k: pytest.fail("a step ran"))
+    resumed.load(path)
+    assert _max_diff(_params(trainer.model), _params(resumed.model)) == 0.0
+
+
 def test_latest_and_prune_ignore_incomplete_checkpoints(tmp_path):
     trainer = Trainer(tiny_qwen2(), learner_config())
     assert latest_checkpoint(tmp_path) is None
