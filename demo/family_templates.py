@@ -30,6 +30,13 @@ from dataclasses import dataclass
 
 from demo.chat_template import CHAT_TEMPLATE as HERMES_TEMPLATE
 
+_SPLIT_SYSTEM = (
+    "{%- if messages and messages[0].role == 'system' -%}"
+    "{%- set system_text = messages[0].content -%}{%- set turns = messages[1:] -%}"
+    "{%- else -%}{%- set system_text = '' -%}{%- set turns = messages -%}{%- endif -%}"
+)
+"""`system_text` (the leading system message's, or '') and `turns` (the messages after it)."""
+
 _CHATML_TOOL_TURNS = (
     "{%- elif message.role == 'tool' -%}"
     "{%- if loop.first or loop.previtem.role != 'tool' -%}{{- '<|im_start|>user' -}}{%- endif -%}"
@@ -38,10 +45,7 @@ _CHATML_TOOL_TURNS = (
 )
 
 QWEN3_CODER_TEMPLATE = (
-    "{%- if messages and messages[0].role == 'system' -%}"
-    "{%- set system_text = messages[0].content -%}{%- set turns = messages[1:] -%}"
-    "{%- else -%}{%- set system_text = '' -%}{%- set turns = messages -%}{%- endif -%}"
-    "{%- if system_text or tools -%}"
+    _SPLIT_SYSTEM + "{%- if system_text or tools -%}"
     "{{- '<|im_start|>system\\n' + system_text -}}"
     "{%- if tools -%}"
     "{{- '\\n\\n# Tools\\n\\nYou have access to the following functions:\\n\\n<tools>' -}}"
@@ -91,10 +95,8 @@ QWEN3_TEMPLATE = (
 
 LLAMA3_TEMPLATE = (
     "{{- '<|begin_of_text|>' -}}"
-    "{%- if messages and messages[0].role == 'system' -%}"
-    "{%- set system_text = messages[0].content -%}{%- set turns = messages[1:] -%}"
-    "{%- else -%}{%- set system_text = '' -%}{%- set turns = messages -%}{%- endif -%}"
-    "{{- '<|start_header_id|>system<|end_header_id|>\\n\\n' -}}"
+    + _SPLIT_SYSTEM
+    + "{{- '<|start_header_id|>system<|end_header_id|>\\n\\n' -}}"
     "{%- if tools -%}{{- 'Environment: ipython\\n' -}}{%- endif -%}"
     "{{- 'Cutting Knowledge Date: December 2023\\n\\n' + system_text + '<|eot_id|>' -}}"
     "{%- set ns = namespace(tools_shown=false) -%}"
@@ -122,10 +124,7 @@ LLAMA3_TEMPLATE = (
 )
 
 MISTRAL_TEMPLATE = (
-    "{%- if messages and messages[0].role == 'system' -%}"
-    "{%- set system_text = messages[0].content -%}{%- set turns = messages[1:] -%}"
-    "{%- else -%}{%- set system_text = '' -%}{%- set turns = messages -%}{%- endif -%}"
-    "{%- set ns = namespace(last_user=-1) -%}"
+    _SPLIT_SYSTEM + "{%- set ns = namespace(last_user=-1) -%}"
     "{%- for message in turns -%}"
     "{%- if message.role == 'user' -%}{%- set ns.last_user = loop.index0 -%}{%- endif -%}"
     "{%- endfor -%}"

@@ -35,6 +35,11 @@ class Encoded:
     meta: dict[str, Any]
 
 
+def dtype_name(tensor: torch.Tensor) -> str:
+    """The tensor's dtype as a header names it (`bfloat16`)."""
+    return str(tensor.dtype).removeprefix("torch.")
+
+
 def _aligned(offset: int) -> int:
     return (offset + ALIGN - 1) // ALIGN * ALIGN
 
@@ -78,8 +83,7 @@ def pack_bucket(
         if isinstance(tensor, Encoded):
             entries.append([name, tensor.dtype, list(tensor.shape), offset, tensor.meta])
         else:
-            dtype = str(tensor.dtype).removeprefix("torch.")
-            entries.append([name, dtype, list(tensor.shape), offset])
+            entries.append([name, dtype_name(tensor), list(tensor.shape), offset])
         offset = _aligned(offset + _nbytes(tensor))
     buffer = torch.zeros(offset, dtype=torch.uint8, device=device)  # [nbytes]
     for (_, tensor), entry in zip(named_tensors, entries, strict=True):

@@ -26,7 +26,7 @@ from collections.abc import Iterable, Iterator
 
 import torch
 
-from weights.buckets import Encoded
+from weights.buckets import Encoded, dtype_name
 from weights.delta import DeltaMismatch, Payload, decode, encode
 
 KEYFRAME = -1
@@ -37,10 +37,6 @@ def _host_copy(tensor: torch.Tensor) -> torch.Tensor:
     """A host tensor of its own (the source may be a view of a buffer reused later)."""
     host = tensor.detach().to("cpu").contiguous()
     return host.clone() if host.data_ptr() == tensor.data_ptr() else host
-
-
-def _dtype_name(tensor: torch.Tensor) -> str:
-    return str(tensor.dtype).removeprefix("torch.")
 
 
 class SenderBook:
@@ -74,7 +70,8 @@ class SenderBook:
             previous = self.tensors.get(name) if base is not None else None
             meta: dict = {"v": version, "base": KEYFRAME}
             if previous is None or previous.shape != host.shape or previous.dtype != host.dtype:
-                data = host.reshape(-1).view(torch.uint8)
+                # Whole: the bytes from where the tensor is (on NCCL its GPU), not the copy.
+                data = tensor.detach().contiguous().reshape(-1).view(torch.uint8)
             else:
                 payload = encode(host, previous, "xor")
                 data = torch.frombuffer(bytearray(payload.data), dtype=torch.uint8)
@@ -82,7 +79,7 @@ class SenderBook:
             meta["nbytes"] = data.numel()
             self.tensors[name] = host
             self.raw_bytes += host.numel() * host.element_size()
-            yield name, Encoded(data, _dtype_name(host), list(host.shape), meta)
+            yield name, Encoded(data, dtype_name(host), list(host.shape), meta)
 
     def commit(self, version: int, base: int | None) -> None:
         """Every member confirmed round `version`: it is what they hold now."""
