@@ -28,7 +28,9 @@ import nats.errors
 from actors import metrics
 from actors.chat import ChatTemplate
 from actors.config import ActorConfig
-from actors.episode import Rollout, run_group, validate_task
+from actors.episode import Rollout, validate_task
+from actors.episode_checkpoints import GroupCheckpoints
+from actors.group import run_group
 from actors.in_flight import EngineDemand, tasks_to_take
 from actors.policy_weights import PolicyWeights, WeightsBehind
 from actors.snapshots import SnapshotSource
@@ -74,6 +76,7 @@ class Actor:
             background=self._background,
         )
         self.num_published = 0
+        self.episodes: bus.EpisodeStore | None = None
         self._failure: BaseException | None = None
         self._stop = asyncio.Event()
 
@@ -102,6 +105,7 @@ class Actor:
             await bus.ensure_streams(js, names, self.broker.stream_limits())
             self.puller = bus.PromptPuller(js, names)
             self.publisher = bus.TrajectoryPublisher(js, names)
+            self.episodes = bus.EpisodeStore(js, names) if self.config.episode_checkpoints else None
             self._stop = stop
             await self.weights.start(bus.PolicyStore(js, names))
             follower = self._background(self.weights.follow())
@@ -167,6 +171,7 @@ class Actor:
         metrics.GROUPS_IN_FLIGHT.inc()
         unfinished = 0
         heartbeat = asyncio.create_task(self._heartbeat(received))
+        checkpoints = GroupCheckpoints(self.episodes, task, self.actor_id)
 
         async def publish(index: int, result: EpisodeResult) -> None:
             nonlocal unfinished, held
@@ -181,11 +186,16 @@ class Actor:
             await self.publisher.publish(trajectory)
             self.num_published += 1
             metrics.TRAJECTORIES_PUBLISHED.inc()
+            await checkpoints.stored(index, result)
 
         try:
             validate_task(task)
             await self.weights.wait_for_version(task.min_version)
-            unfinished = task.group_size
+            saved = await checkpoints.recall(redelivered=received.num_delivered > 1)
+            skipped = sum(c.stored for c in saved.values())  # published by a replica that died
+            held -= skipped
+            self._demand.end_episodes(skipped)
+            unfinished = task.group_size - skipped
             metrics.EPISODES_IN_FLIGHT.inc(unfinished)
             sampling = self.config.eval_sampling if task.is_eval else self.config.sampling
             await run_group(
@@ -199,10 +209,13 @@ class Actor:
                 ),
                 task,
                 on_result=publish,
+                saved=saved,
+                on_turn=checkpoints.on_turn,
             )
         except TaskRejected as e:
             metrics.TASKS.labels("rejected").inc()
             await _quietly(received.reject(str(e)), "terminate", task)
+            await checkpoints.forget()
         except WeightsBehind as e:
             metrics.TASKS.labels("nacked").inc()
             log.warning("handing task %s back: %s", task.task_id, e)
@@ -224,6 +237,7 @@ class Actor:
         else:
             if await _quietly(received.ack(), "ack", task):
                 metrics.TASKS.labels("acked").inc()
+                await checkpoints.forget()
         finally:
             heartbeat.cancel()
             self._demand.end_episodes(held)

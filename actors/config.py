@@ -257,6 +257,12 @@ class ActorConfig(StrictModel):
     prompt_ack_wait_s, else the task is redelivered while still running."""
     nak_delay_s: float = pydantic.Field(default=5.0, ge=0)
     """A failed task comes back (to any replica) after this delay."""
+    episode_checkpoints: bool = True
+    """Record every episode in the broker at each turn boundary (its tokens, versions,
+    logprobs and env actions so far), so that a task whose replica died continues each
+    sample from its last turn on another one, and skips the samples already stored,
+    instead of generating them again (actors/resume.py; one KV put per turn and per
+    sample). Off: a redelivered task is played from its first token."""
     version_wait_s: float = pydantic.Field(default=30.0, gt=0)
     """A task waiting this long for the weights it needs (announced before it was released,
     so a broadcast normally brings them in a second) makes the replica catch up from the

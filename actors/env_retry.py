@@ -76,7 +76,7 @@ async def step_session(
                 raise EnvFailed("error:env_step", f"re-opening after {last_error}: {e}") from e
             start = time.perf_counter()
             try:
-                await _replay(session, actions[:-1], observations)
+                await replay(session, actions[:-1], observations)
             except EnvUnavailable as e:
                 last_error = e
                 continue
@@ -95,7 +95,9 @@ async def step_session(
     raise EnvFailed("error:env_step", f"{retry.attempts} attempts failed, last: {last_error}")
 
 
-async def _replay(session: EnvSession, actions: list[str], observations: list[list[dict]]) -> None:
+async def replay(session: EnvSession, actions: list[str], observations: list[list[dict]]) -> None:
+    """Step a fresh session through `actions`; EnvFailed(`error:env_replay`) unless each
+    gives back its recorded observations (EnvUnavailable when the server fails meanwhile)."""
     for action, expected in zip(actions, observations, strict=True):
         step = await session.step(action)
         if step.done or list(step.observations) != expected:

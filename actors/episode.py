@@ -3,8 +3,9 @@
 `run_episode` plays one sample of a prompt against one environment session: the prompt is
 templated once; each assistant turn's token ids, logprobs and policy versions come straight
 from the engine (loss mask 1); each observation is appended as a templated delta (loss mask
-0, version -1). Nothing is re-tokenised. `run_group` plays the n samples of a GRPO group
-concurrently on one engine (shared prefix cache). `to_trajectory` packs a result for the bus.
+0, version -1). Nothing is re-tokenised. `run_group` (actors/group.py) plays the n samples
+of a GRPO group concurrently on one engine (shared prefix cache). `to_trajectory`
+(actors/trajectory.py) packs a result for the bus.
 
 Limits, named as in SkyRL:
 - `max_input_length`: a context longer than this is not generated from. The first prompt
@@ -30,26 +31,29 @@ other addresses), `error:env_replay` (a re-opened session did not replay identic
 `error:env_reward` (the env returned a NaN or infinite reward).
 Error episodes carry reward 0.0 and an all-zero loss mask: the learner must leave them out
 of group statistics (the stop reason says the reward is not a reward).
+
+Turn-level checkpoints (issue 33): `on_turn` sees the episode after every turn that does not
+end it (the actor records it in the broker); an episode given its `saved` checkpoint
+continues from that turn (actors/resume.py: the env session is rebuilt by replaying the
+recorded actions) or, when the rules refuse it, starts over, saying why.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import math
 import time
-from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from actors import metrics
+from actors import metrics, resume
 from actors.chat import ChatTemplate
 from actors.config import EnvConfig, RolloutConfig, SamplingConfig
-from actors.env_retry import EnvFailed, close_session, open_session, step_session
+from actors.env_retry import EnvFailed, close_session, open_session, replay, step_session
 from actors.types import Engine, EnvConnector, EnvSession, EpisodeResult, Generation, Turn
-from broker.wire import PromptTask
+from broker.wire import EpisodeCheckpoint, PromptTask
 from common.rows import row_problem
-from protos.client import TaskRejected
+from protos.client import EnvUnavailable, TaskRejected
 
 log = logging.getLogger(__name__)
 
@@ -98,34 +102,46 @@ class Rollout:
     """How hard to try the env servers (attempts, backoff)."""
 
 
+OnTurn = Callable[["Episode"], Awaitable[None]]
+"""Awaited after each turn that does not end the episode (`result`, `actions`,
+`observations` are its state then)."""
+
+
 async def run_episode(
-    rollout: Rollout, task: PromptTask, *, seed: int | None = None
+    rollout: Rollout,
+    task: PromptTask,
+    *,
+    seed: int | None = None,
+    saved: EpisodeCheckpoint | None = None,
+    on_turn: OnTurn | None = None,
 ) -> EpisodeResult:
-    """Play one episode (with `seed` for its sampling, else `sampling.seed`). Raises
-    TaskRejected when the task itself cannot be run; env outages end the episode with an
-    `error:*` stop reason instead."""
+    """Play one episode (with `seed` for its sampling, else `sampling.seed`), from its
+    `saved` checkpoint when it can be continued. Raises TaskRejected when the task itself
+    cannot be run; env outages end the episode with an `error:*` stop reason instead."""
     limits = rollout.limits
-    episode = _Episode(rollout, task, seed)
-    result = episode.result
+    episode = Episode(rollout, task, seed)
     try:
-        await episode.start()
+        await episode.start(saved)
         while (stop_reason := await episode.turn()) is None:
-            pass
-        result.stop_reason = stop_reason
+            if on_turn is not None:
+                await on_turn(episode)
+        episode.result.stop_reason = stop_reason
     except EnvFailed as e:
+        result = episode.result
         result.stop_reason, result.error = e.stop_reason, str(e)
         result.reward = 0.0
-        result.zero_loss_mask()  # said once for the whole group (run_group)
+        result.zero_loss_mask()  # said once for the whole group (actors/group.py)
     finally:
         for opened_session in episode.opened:
             await close_session(opened_session)
-        result.timing["end"] = time.time()
+        episode.result.timing["end"] = time.time()
+    result = episode.result
     if limits.overlong_filtering and result.stop_reason in _LENGTH_LIMITED:
         result.zero_loss_mask()
     return result
 
 
-class _Episode:
+class Episode:
     """The state of one episode between turns (history, actions, the open session)."""
 
     def __init__(self, rollout: Rollout, task: PromptTask, seed: int | None) -> None:
@@ -134,30 +150,71 @@ class _Episode:
         self.env_config = rollout.env_config
         self.task = task
         self.seed = rollout.sampling.seed if seed is None else seed
+        self.opened: list[EnvSession] = []  # every session opened, closed at the end
+        self._begin()
+
+    def _begin(self) -> None:
         self.result = EpisodeResult(timing={"generate_s": 0.0, "env_s": 0.0, "start": time.time()})
         self.actions: list[str] = []
         self.observations: list[list[dict]] = []
-        self.opened: list[EnvSession] = []  # every session opened, closed at the end
         self.session: EnvSession | None = None
 
-    async def start(self) -> None:
-        """Open a session and template its prompt (TaskRejected if it cannot be run)."""
-        task, result = self.task, self.result
-        self.session = await open_session(
-            self.env, task.env_class, task_row(task), self.env_config, result, self.opened
-        )
-        reset = self.session.observation
-        try:
-            prompt = self.chat.prompt_ids(reset.messages, reset.tools)
-        except ValueError as e:
-            raise TaskRejected(f"task {task.task_id!r}: env reset gave a bad prompt: {e}") from e
+    async def start(self, saved: EpisodeCheckpoint | None = None) -> None:
+        """Continue from `saved` when the rules allow (actors/resume.py), else open a
+        session and template its prompt (TaskRejected if it cannot be run)."""
+        if saved is not None:
+            refusal = resume.resume_refusal(saved, self.task, self.engine.version)
+            refusal = refusal or await self._resume(saved)
+            if refusal is None:
+                return
+            if self.session is not None:  # opened for the replay: start over on a new one
+                self.opened.remove(self.session)
+                await close_session(self.session)
+            self._begin()
+            self.result.resume_refused = refusal
+        self.session = await self._open()
+        prompt = self._prompt()
         if len(prompt) > self.limits.max_input_length:
             raise TaskRejected(
-                f"task {task.task_id!r}: prompt of {len(prompt)} tokens exceeds "
+                f"task {self.task.task_id!r}: prompt of {len(prompt)} tokens exceeds "
                 f"max_input_length {self.limits.max_input_length}"
             )
-        result.append(prompt)
-        result.prompt_len = len(prompt)
+        self.result.append(prompt)
+        self.result.prompt_len = len(prompt)
+
+    async def _open(self) -> EnvSession:
+        task = self.task
+        return await open_session(
+            self.env, task.env_class, task_row(task), self.env_config, self.result, self.opened
+        )
+
+    def _prompt(self) -> list[int]:
+        reset = self.session.observation
+        try:
+            return self.chat.prompt_ids(reset.messages, reset.tools)
+        except ValueError as e:
+            what = f"task {self.task.task_id!r}: env reset gave a bad prompt"
+            raise TaskRejected(f"{what}: {e}") from e
+
+    async def _resume(self, saved: EpisodeCheckpoint) -> str | None:
+        """Rebuild the env session of `saved` and take over its state; the refusal when the
+        env does not give back what was recorded."""
+        self.session = await self._open()
+        if not resume.prompt_matches(saved, self._prompt()):
+            return "prompt"
+        start = time.perf_counter()
+        try:
+            await replay(self.session, saved.actions, saved.observations)
+        except EnvFailed:
+            return "replay"
+        except EnvUnavailable:
+            return "env"
+        finally:
+            self.result.timing["env_s"] += time.perf_counter() - start
+        resume.restore(self.result, saved)
+        self.actions = list(saved.actions)
+        self.observations = [list(o) for o in saved.observations]
+        return None
 
     async def turn(self) -> str | None:
         """Generate one assistant turn and step the env with it; the stop reason if the
@@ -238,52 +295,3 @@ def _record_env_metadata(metadata: dict | None, result: EpisodeResult) -> None:
         if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
             result.env_metrics[key] = float(value)
     result.num_tool_calls = int(result.env_metrics.get("num_tool_calls", 0))
-
-
-async def run_group(
-    rollout: Rollout,
-    task: PromptTask,
-    *,
-    on_result: Callable[[int, EpisodeResult], Awaitable[None]] | None = None,
-) -> list[EpisodeResult]:
-    """Play the task's group_size samples concurrently; results in sample order. A seeded
-    `sampling` gives sample i the seed `seed + i`. `on_result(i, result)` is awaited as each
-    sample finishes (to publish it at once). If one sample raises (TaskRejected, an engine
-    failure), the others are cancelled and that exception is raised."""
-    validate_task(task)
-
-    base_seed = rollout.sampling.seed
-
-    async def sample(index: int) -> EpisodeResult:
-        seed = None if base_seed is None else base_seed + index
-        result = await run_episode(rollout, task, seed=seed)
-        if on_result is not None:
-            await on_result(index, result)
-        return result
-
-    try:
-        async with asyncio.TaskGroup() as group:
-            episodes = [group.create_task(sample(i)) for i in range(task.group_size)]
-    except ExceptionGroup as failures:
-        # All samples share one prompt: the first cause speaks for the group.
-        raise failures.exceptions[0] from None
-    results = [e.result() for e in episodes]
-    failed = failed_samples_line(task.task_id, results)
-    if failed is not None:
-        log.warning(failed)
-    return results
-
-
-def failed_samples_line(task_id: str, results: list[EpisodeResult]) -> str | None:
-    """One line for the samples of a group that an env failure ended (`error:*`): how many,
-    under which stop reasons, and the error of the first of them; None when none did."""
-    failed = [(i, r) for i, r in enumerate(results) if r.stop_reason.startswith("error:")]
-    if not failed:
-        return None
-    reasons = Counter(r.stop_reason for _, r in failed)
-    by_reason = ", ".join(f"{reason} x{n}" for reason, n in sorted(reasons.items()))
-    first_index, first = failed[0]
-    return (
-        f"task {task_id}: {len(failed)} of {len(results)} samples ended with an env error "
-        f"({by_reason}); sample {first_index}: {first.error}"
-    )

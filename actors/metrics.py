@@ -14,6 +14,7 @@ import time
 import prometheus_client as prom
 from prometheus_client.core import CounterMetricFamily
 
+from actors.resume import REFUSALS
 from actors.types import EpisodeResult, Generation, Turn
 
 log = logging.getLogger(__name__)
@@ -72,11 +73,31 @@ TASKS = prom.Counter(
 TRAJECTORIES_PUBLISHED = prom.Counter(
     "tether_actor_trajectories_published_total", "Trajectories stored by the stream"
 )
+EPISODE_CHECKPOINTS = prom.Counter(
+    "tether_actor_episode_checkpoints_total",
+    "Episode checkpoints written at turn boundaries: recorded, or failed (too large, bus)",
+    ["outcome"],
+)
+EPISODE_RESUMES = prom.Counter(
+    "tether_actor_episode_resumes_total",
+    "Checkpointed samples of redelivered tasks: resumed from their last turn, skipped "
+    "(stored already), or played from the start (stale, ahead, prompt, replay, env)",
+    ["outcome"],
+)
+for _outcome in ("resumed", "skipped", *REFUSALS):  # every series from the start, at 0
+    EPISODE_RESUMES.labels(_outcome)
+for _outcome in ("recorded", "failed"):
+    EPISODE_CHECKPOINTS.labels(_outcome)
+RESUMED_TOKENS = prom.Counter(
+    "tether_actor_resumed_tokens_total",
+    "Policy tokens taken over from episode checkpoints instead of generated again",
+)
 
 
 def record_episode(env_class: str, result: EpisodeResult) -> None:
     """Count one finished episode (called once per episode, before its publish)."""
-    GENERATED_TOKENS.inc(result.num_generated_tokens)
+    GENERATED_TOKENS.inc(result.num_generated_tokens - result.resumed_tokens)
+    RESUMED_TOKENS.inc(result.resumed_tokens)
     EPISODES.labels(env_class, result.stop_reason).inc()
     TURNS.observe(result.num_turns)
     TOOL_CALLS.inc(result.num_tool_calls)

@@ -15,7 +15,15 @@ def trajectory_id(task_id: str, sample_index: int) -> str:
 
 _FROM_TASK = ("group_size", "step", "env_class", "data_source", "is_eval")
 """The prompt task's fields that every trajectory of its group carries as they are."""
-_FROM_RESULT = ("prompt_len", "reward", "stop_reason", "num_turns", "num_tool_calls")
+_FROM_RESULT = (
+    "prompt_len",
+    "reward",
+    "stop_reason",
+    "num_turns",
+    "num_tool_calls",
+    "resumed_turns",
+    "resumed_tokens",
+)
 """The episode result's fields that its trajectory carries as they are."""
 
 

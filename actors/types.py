@@ -100,6 +100,13 @@ class EpisodeResult:
     turn_finish_reasons: list[str] = field(default_factory=list)
     env_step_latencies_s: list[float] = field(default_factory=list)
     error: str = ""
+    resumed_turns: int = 0
+    """Turns taken over from the episode's checkpoint (actors/resume.py), not generated here."""
+    resumed_tokens: int = 0
+    """Policy tokens of those turns."""
+    resume_refused: str = ""
+    """Why a checkpoint the episode had could not be continued (it was played from its
+    start): actors/resume.py `REFUSALS`."""
 
     @property
     def num_generated_tokens(self) -> int:

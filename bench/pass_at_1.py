@@ -21,7 +21,8 @@ from pathlib import Path
 
 from actors.chat import ChatTemplate
 from actors.config import EnvConfig, RolloutConfig, SamplingConfig, VllmEngineConfig
-from actors.episode import Rollout, run_group
+from actors.episode import Rollout
+from actors.group import run_group
 from broker.wire import PromptTask
 from demo.engine import tiny_engine_settings
 from learner.dispatcher import task_from_row

@@ -89,7 +89,7 @@ def step_tasks(rows: list[dict], step: int, seed: int):
 
 async def generate_groups(evaluator, tasks, *, sampling_seed: int):
     """Each task's group on the evaluator's engine (its current weights), as learner Groups."""
-    from actors.episode import run_group
+    from actors.group import run_group
     from actors.trajectory import to_trajectory
     from learner.batching import Group
 

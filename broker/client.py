@@ -1,6 +1,7 @@
 """The bus API the roles use, in one import: `from broker import client`."""
 
 from broker.connection import BrokerUnreachable, connect, connect_to, wait_for_broker
+from broker.episodes import EpisodeStore
 from broker.policy import PolicyStore
 from broker.prompts import PromptPuller, ReceivedPrompt, publish_prompts
 from broker.streams import StreamLimits, ensure_streams, ensure_streams_fresh_consumer
@@ -8,6 +9,7 @@ from broker.trajectories import ReceivedTrajectory, TrajectoryConsumer, Trajecto
 
 __all__ = [
     "BrokerUnreachable",
+    "EpisodeStore",
     "PolicyStore",
     "PromptPuller",
     "ReceivedPrompt",

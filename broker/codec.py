@@ -11,15 +11,16 @@ from typing import NamedTuple, TypeVar
 import msgspec
 import numpy as np
 
-from broker.wire import PolicyVersion, PromptTask, Trajectory
+from broker.wire import EpisodeCheckpoint, PolicyVersion, PromptTask, Trajectory
 
-M = TypeVar("M", PromptTask, Trajectory, PolicyVersion)
+M = TypeVar("M", PromptTask, Trajectory, PolicyVersion, EpisodeCheckpoint)
 
 _ENCODER = msgspec.msgpack.Encoder()
 _DECODERS = {
     PromptTask: msgspec.msgpack.Decoder(PromptTask),
     Trajectory: msgspec.msgpack.Decoder(Trajectory),
     PolicyVersion: msgspec.msgpack.Decoder(PolicyVersion),
+    EpisodeCheckpoint: msgspec.msgpack.Decoder(EpisodeCheckpoint),
 }
 
 # Wire dtypes: explicit little-endian, whatever the host byte order.
@@ -56,6 +57,8 @@ def decode(data: bytes, type_: type[M], *, what: str = "") -> M:
         _check_trajectory(message, what)
     elif isinstance(message, PolicyVersion):
         _check_policy_version(message, what)
+    elif isinstance(message, EpisodeCheckpoint):
+        _check_episode_checkpoint(message, what)
     return message
 
 
@@ -79,12 +82,12 @@ def pack_tokens(
     return {name: a.tobytes() for name, a in arrays.items()}
 
 
-def token_arrays(trajectory: Trajectory) -> TokenArrays:
+def token_arrays(message: Trajectory | EpisodeCheckpoint) -> TokenArrays:
     return TokenArrays(
-        token_ids=np.frombuffer(trajectory.token_ids, dtype=TOKEN_DTYPE),
-        logprobs=np.frombuffer(trajectory.logprobs, dtype=LOGPROB_DTYPE),
-        loss_mask=np.frombuffer(trajectory.loss_mask, dtype=MASK_DTYPE),
-        versions=np.frombuffer(trajectory.versions, dtype=VERSION_DTYPE),
+        token_ids=np.frombuffer(message.token_ids, dtype=TOKEN_DTYPE),
+        logprobs=np.frombuffer(message.logprobs, dtype=LOGPROB_DTYPE),
+        loss_mask=np.frombuffer(message.loss_mask, dtype=MASK_DTYPE),
+        versions=np.frombuffer(message.versions, dtype=VERSION_DTYPE),
     )
 
 
@@ -92,20 +95,26 @@ def num_tokens(trajectory: Trajectory) -> int:
     return len(trajectory.token_ids) // TOKEN_DTYPE.itemsize
 
 
+def _token_problems(m: Trajectory | EpisodeCheckpoint) -> list[str]:
+    """Why a message's packed token fields do not line up (they would misalign training)."""
+    n = len(m.token_ids) // TOKEN_DTYPE.itemsize
+    problems = []
+    if len(m.token_ids) % TOKEN_DTYPE.itemsize:
+        problems.append(f"token_ids has {len(m.token_ids)} bytes, not a multiple of 4")
+    if len(m.logprobs) != n * LOGPROB_DTYPE.itemsize:
+        problems.append(f"logprobs has {len(m.logprobs)} bytes for {n} tokens")
+    if len(m.loss_mask) != n * MASK_DTYPE.itemsize:
+        problems.append(f"loss_mask has {len(m.loss_mask)} bytes for {n} tokens")
+    if len(m.versions) != n * VERSION_DTYPE.itemsize:
+        problems.append(f"versions has {len(m.versions)} bytes for {n} tokens")
+    if not 0 <= m.prompt_len <= n:
+        problems.append(f"prompt_len {m.prompt_len} outside [0, {n}]")
+    return problems
+
+
 def _check_trajectory(t: Trajectory, what: str) -> None:
     """Reject a trajectory whose byte fields disagree in length: it would misalign training."""
-    n = len(t.token_ids) // TOKEN_DTYPE.itemsize
-    problems = []
-    if len(t.token_ids) % TOKEN_DTYPE.itemsize:
-        problems.append(f"token_ids has {len(t.token_ids)} bytes, not a multiple of 4")
-    if len(t.logprobs) != n * LOGPROB_DTYPE.itemsize:
-        problems.append(f"logprobs has {len(t.logprobs)} bytes for {n} tokens")
-    if len(t.loss_mask) != n * MASK_DTYPE.itemsize:
-        problems.append(f"loss_mask has {len(t.loss_mask)} bytes for {n} tokens")
-    if len(t.versions) != n * VERSION_DTYPE.itemsize:
-        problems.append(f"versions has {len(t.versions)} bytes for {n} tokens")
-    if not 0 <= t.prompt_len <= n:
-        problems.append(f"prompt_len {t.prompt_len} outside [0, {n}]")
+    problems = _token_problems(t)
     if t.group_size < 1:
         problems.append(f"group_size {t.group_size} is not a positive number of samples")
     elif not 0 <= t.sample_index < t.group_size:
@@ -122,3 +131,19 @@ def _check_policy_version(v: PolicyVersion, what: str) -> None:
             f"invalid policy version {what}: version {v.version}, snapshot_version "
             f"{v.snapshot_version} (need 0 <= version and -1 <= snapshot_version <= version)"
         )
+
+
+def _check_episode_checkpoint(c: EpisodeCheckpoint, what: str) -> None:
+    """Reject a checkpoint that cannot be continued: misaligned tokens, or a history whose
+    actions and observations do not pair up (one observation per action but the last)."""
+    problems = _token_problems(c)
+    if c.sample_index < 0:
+        problems.append(f"sample_index {c.sample_index} is negative")
+    if not c.stored and not len(c.actions) == len(c.observations) == c.num_turns:
+        problems.append(
+            f"{c.num_turns} turns with {len(c.actions)} actions and "
+            f"{len(c.observations)} observations"
+        )
+    if problems:
+        name = f"episode checkpoint {c.task_id!r}/{c.sample_index} {what}".strip()
+        raise WireDecodeError(f"invalid {name}: " + "; ".join(problems))

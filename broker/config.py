@@ -70,6 +70,12 @@ class BrokerConfig(StrictModel):
     is 50 steps of 512 trajectories of 12K tokens. nats-server reserves it in its file store
     while the namespace exists, so a store of S holds S / max_trajectory_bytes live
     namespaces; those of done runs are reclaimed when room is needed (docs/broker.md)."""
+    episode_ttl_s: float = pydantic.Field(86_400.0, gt=0)
+    """How long the checkpoint of an episode in flight (its tokens up to its last turn,
+    kept so that another replica continues it if its own dies: broker/episodes.py) outlives
+    its last update. A group's checkpoints are deleted when its task is acknowledged; this
+    bounds the rest (a task terminated, a run never resumed). A day: a whole run stopped
+    overnight and resumed in the morning continues its episodes."""
     stream_replicas: int = pydantic.Field(1, ge=1, le=5)
     """Copies of every stream and bucket kept by a clustered nats-server (JetStream RAFT):
     3 survives the loss of one server. Must not exceed the cluster's size."""
@@ -118,4 +124,5 @@ class BrokerConfig(StrictModel):
             prompt_ack_wait_s=self.prompt_ack_wait_s,
             trajectory_ack_wait_s=self.trajectory_ack_wait_s,
             replicas=self.stream_replicas,
+            episode_ttl_s=self.episode_ttl_s,
         )

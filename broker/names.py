@@ -60,3 +60,13 @@ class BusNames:
     @property
     def spill_bucket(self) -> str:
         return f"{self.namespace}_spill"
+
+    # Episode checkpoints (issue 33): a KV bucket, one key per sample of a task in flight.
+    @property
+    def episodes_bucket(self) -> str:
+        return f"{self.namespace}_episodes"
+
+    @property
+    def episodes_stream(self) -> str:
+        """The stream behind the bucket (JetStream names a KV bucket's stream so)."""
+        return f"KV_{self.episodes_bucket}"

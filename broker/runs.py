@@ -100,8 +100,10 @@ async def read_run(js: JetStreamContext, names: BusNames) -> dict | None:
 
 
 async def purge_queues(js: JetStreamContext, names: BusNames) -> None:
-    """Empty the namespace's work queues and spill bucket (a fresh run's start)."""
-    for stream in (names.prompts.stream, names.trajectories.stream, _spill_stream(names)):
+    """Empty the namespace's work queues, episode checkpoints and spill bucket (a fresh
+    run's start)."""
+    queues = (names.prompts.stream, names.trajectories.stream, names.episodes_stream)
+    for stream in (*queues, _spill_stream(names)):
         with contextlib.suppress(nats.js.errors.NotFoundError):
             await js.purge_stream(stream)
 
@@ -173,6 +175,7 @@ def _stream_names(names: BusNames) -> list[str]:
         names.prompts.stream,
         names.trajectories.stream,
         f"KV_{names.policy_bucket}",
+        names.episodes_stream,
         _spill_stream(names),
     ]
 

@@ -50,6 +50,8 @@ class StreamLimits:
     """Trajectories the learner may hold unacknowledged (until its next checkpoint)."""
     replicas: int = 1
     """Copies of each stream and bucket on a clustered server; consumers inherit it."""
+    episode_ttl_s: float = 86_400.0
+    """How long an episode checkpoint outlives its last update (broker/episodes.py)."""
 
 
 async def ensure_streams(
@@ -88,6 +90,18 @@ async def _ensure_all(js: JetStreamContext, names: BusNames, limits: StreamLimit
             replicas=limits.replicas,
         )
         await js.create_key_value(config=kv)
+    try:
+        await js.key_value(names.episodes_bucket)
+    except nats.js.errors.NotFoundError:
+        episodes = KeyValueConfig(
+            bucket=names.episodes_bucket,
+            history=1,
+            ttl=limits.episode_ttl_s,
+            max_value_size=MAX_PAYLOAD_BYTES,
+            storage=StorageType.FILE,
+            replicas=limits.replicas,
+        )
+        await js.create_key_value(config=episodes)
     try:
         await js.object_store(names.spill_bucket)
     except nats.js.errors.NotFoundError:

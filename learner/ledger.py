@@ -50,12 +50,24 @@ class Ledger:
     num_malformed: int = 0
     """Messages taken off the trajectory stream as bad input, or of another run
     (learner/intake.py)."""
+    num_resumed_episodes: int = 0
+    """Trajectories taken whose episode an actor continued from another's checkpoint (its
+    replica died mid-episode: issue 33), with the turns and policy tokens taken over."""
+    num_resumed_turns: int = 0
+    num_resumed_tokens: int = 0
 
     def take_group(self, *, dropped_reason: str | None) -> None:
         """One group left the queue; `dropped_reason` None means it is (about to be) trained."""
         self.num_taken_groups += 1
         if dropped_reason is not None:
             self.num_dropped_groups += 1
+
+    def count_resumed(self, trajectories) -> None:
+        """Count the turns and tokens a group's trajectories took over from checkpoints."""
+        for t in trajectories:
+            self.num_resumed_episodes += t.resumed_turns > 0
+            self.num_resumed_turns += t.resumed_turns
+            self.num_resumed_tokens += t.resumed_tokens
 
     def drop(self, reason: str, num_trajectories: int) -> None:
         self.dropped[reason] += num_trajectories
@@ -95,6 +107,9 @@ class Ledger:
             "steps_without_loss_tokens": self.num_steps_without_loss_tokens,
             "eval_trajectories": self.num_eval_trajectories,
             "eval_pass_at_1": {str(v): r["pass_at_1"] for v, r in self.eval_results.items()},
+            "resumed_episodes": self.num_resumed_episodes,
+            "resumed_turns": self.num_resumed_turns,
+            "resumed_tokens": self.num_resumed_tokens,
         }
 
     def to_cursor(self) -> dict[str, Any]:

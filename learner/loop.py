@@ -189,6 +189,7 @@ class Learner:
     def _take(self, group: Group, reason: str | None) -> None:
         """Bookkeeping of one group leaving the queue (trained, or dropped with `reason`)."""
         self.ledger.take_group(dropped_reason=reason)
+        self.ledger.count_resumed(group.trajectories)
         self.checkpoints.window_ids.extend(group.trajectory_ids)
         outcome = group.rewards if reason in (None, FILTERED) else None  # None: went wrong
         self.releases.stream.taken(group.group_id, outcome)  # learner.difficulty counts it

@@ -71,6 +71,7 @@ class ScriptedEngine:
         version_of_token: Callable[[int], int] | None = None,
         delay_s: float = 0.0,
         delay_for_seed: dict[int, float] | None = None,
+        delay_for_turn: dict[int, float] | None = None,
     ) -> None:
         self.tokenizer = tokenizer
         self.script = script
@@ -80,6 +81,8 @@ class ScriptedEngine:
         self.delay_s = delay_s
         self.delay_for_seed = delay_for_seed or {}
         """Per-request delay by sampling seed (sample i of a seeded group has seed + i)."""
+        self.delay_for_turn = delay_for_turn or {}
+        """Per-request delay by the episode's turn (0: the first), before the above."""
         self.num_weight_slots = 1
         self.snapshots_loaded: list[tuple[str, int]] = []
         self.calls: list[Call] = []
@@ -102,7 +105,9 @@ class ScriptedEngine:
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
         try:
             # Even without a delay, yield: sibling episodes interleave as on a real engine.
-            await asyncio.sleep(self.delay_for_seed.get(seed, self.delay_s))
+            turn_index = prompt_text.count(GENERATION_PROMPT) - 1
+            delay = self.delay_for_seed.get(seed, self.delay_s)
+            await asyncio.sleep(self.delay_for_turn.get(turn_index, delay))
         finally:
             self.in_flight -= 1
         first = self.num_generated

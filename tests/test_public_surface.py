@@ -4,7 +4,7 @@ deliberate edit of this file, not an accident."""
 
 import msgspec
 
-from broker.wire import PolicyVersion, PromptTask, Trajectory
+from broker.wire import EpisodeCheckpoint, PolicyVersion, PromptTask, Trajectory
 
 
 def _fields(struct: type[msgspec.Struct]) -> list[tuple[str, str]]:
@@ -49,6 +49,31 @@ def test_trajectory_fields():
         ("num_tool_calls", "IntType"),
         ("env_metrics", "DictType"),
         ("timing", "DictType"),
+        ("resumed_turns", "IntType"),  # issue 33: taken over from an episode checkpoint
+        ("resumed_tokens", "IntType"),
+    ]
+
+
+def test_episode_checkpoint_fields():
+    assert _fields(EpisodeCheckpoint) == [
+        ("task_id", "StrType"),
+        ("sample_index", "IntType"),
+        ("stored", "BoolType"),
+        ("actor_id", "StrType"),
+        ("num_turns", "IntType"),
+        ("prompt_len", "IntType"),
+        ("token_ids", "BytesType"),
+        ("logprobs", "BytesType"),
+        ("loss_mask", "BytesType"),
+        ("versions", "BytesType"),
+        ("reward", "FloatType"),
+        ("actions", "ListType"),
+        ("observations", "ListType"),
+        ("env_metrics", "DictType"),
+        ("turn_finish_reasons", "ListType"),
+        ("num_env_retries", "IntType"),
+        ("timing", "DictType"),
+        ("recorded_at", "FloatType"),
     ]
 
 

@@ -380,6 +380,31 @@ def actor_panels() -> list[dict]:
             [target(f"sum by (outcome) (rate(tether_actor_tasks_total[{RI}]))", "{{outcome}}")],
         ),
         timeseries(
+            "Episodes resumed from checkpoints",
+            "Episode checkpoints written at turn boundaries (per second), and what they did for"
+            " redelivered tasks: samples resumed from their last turn, skipped (stored"
+            " already), or played from the start (stale, ahead, prompt, replay, env: why).",
+            [
+                target(
+                    f"sum by (outcome) (rate(tether_actor_episode_checkpoints_total[{RI}]))",
+                    "checkpoints {{outcome}}",
+                ),
+                target(
+                    f"sum by (outcome) (increase(tether_actor_episode_resumes_total[{RI}]))",
+                    "samples {{outcome}}",
+                ),
+            ],
+        ),
+        timeseries(
+            "Tokens saved by resumed episodes",
+            "Policy tokens per second taken over from a dead replica's episode checkpoints,"
+            " against those generated.",
+            [
+                target(f"sum(rate(tether_actor_resumed_tokens_total[{RI}]))", "taken over"),
+                target(f"sum(rate(tether_actor_generated_tokens_total[{RI}]))", "generated"),
+            ],
+        ),
+        timeseries(
             "Env step latency seen by actors",
             "One env step including the gRPC round trip, from the actors (p50, p99).",
             [

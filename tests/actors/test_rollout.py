@@ -12,7 +12,8 @@ import pytest
 
 from actors.chat import ChatTemplate
 from actors.config import EnvConfig, RolloutConfig, SamplingConfig
-from actors.episode import Rollout, failed_samples_line, run_episode, run_group, validate_task
+from actors.episode import Rollout, run_episode, validate_task
+from actors.group import failed_samples_line, run_group
 from actors.trajectory import to_trajectory
 from actors.types import EpisodeResult
 from broker.codec import decode, encode, token_arrays

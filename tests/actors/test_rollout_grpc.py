@@ -12,7 +12,8 @@ import pytest
 
 from actors.chat import ChatTemplate
 from actors.config import EnvConfig, RolloutConfig, SamplingConfig
-from actors.episode import Rollout, run_group
+from actors.episode import Rollout
+from actors.group import run_group
 from broker.wire import PromptTask
 from common.procs import free_port
 from demo.chat_template import observation_delta

@@ -10,7 +10,8 @@ import pytest
 
 from actors.chat import ChatTemplate
 from actors.config import EnvConfig, RolloutConfig, SamplingConfig
-from actors.episode import Rollout, run_group
+from actors.episode import Rollout
+from actors.group import run_group
 from broker.wire import PromptTask
 from demo.chat_template import observation_delta
 from protos.types import Observation, StepResult

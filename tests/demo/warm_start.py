@@ -10,7 +10,8 @@ from pathlib import Path
 
 from actors.chat import ChatTemplate
 from actors.config import EnvConfig, RolloutConfig, SamplingConfig
-from actors.episode import Rollout, run_group
+from actors.episode import Rollout
+from actors.group import run_group
 from actors.hf_engine import HFEngine
 from learner.dispatcher import task_from_row
 from tests.fakes import InProcessEnv
