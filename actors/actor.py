@@ -230,6 +230,7 @@ class Actor:
             # this process is broken. Give the task to another replica and stop this one;
             # the replica supervisor starts a fresh process.
             metrics.TASKS.labels("nacked").inc()
+            await checkpoints.settle()  # before the task goes to another replica
             await _quietly(received.nak(self.config.nak_delay_s), "nak", task)
             log.exception("task %s failed; stopping this replica", task.task_id)
             self._failure = self._failure or e

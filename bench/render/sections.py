@@ -17,6 +17,7 @@ from bench.render import (
     prefix,
     profile,
     projection,
+    resume,
     scale,
     system,
 )
@@ -56,6 +57,9 @@ SECTIONS: dict[str, Section] = {
     "staleness": Section("staleness", system.staleness),
     "weightsync": Section("weightsync", system.weightsync),
     "delta_sync": Section("delta_sync", delta.delta_sync, "python bench/delta_sync.py"),
+    "episode_resume": Section(
+        "episode_resume", resume.episode_resume, "python bench/episode_resume.py"
+    ),
     "make_bench": Section("make_bench", costs.make_bench),
     "projection-weights": Section(None, projection.weights),
     "projection-staleness": Section("async", projection.staleness, optional=True),

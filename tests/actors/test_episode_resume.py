@@ -5,12 +5,15 @@ say why; a group skips the samples marked stored."""
 
 from __future__ import annotations
 
+import asyncio
+
 import msgspec
 import pytest
 
 from actors.chat import ChatTemplate
 from actors.config import EnvConfig, RolloutConfig, SamplingConfig
 from actors.episode import Rollout, run_episode
+from actors.episode_checkpoints import GroupCheckpoints
 from actors.group import run_group
 from actors.resume import checkpoint_of, resume_refusal
 from broker.codec import WireDecodeError, decode, encode, token_arrays
@@ -178,3 +181,42 @@ async def test_a_group_skips_stored_samples_and_continues_the_others(tokenizer):
     results = await run_group(_rollout(tokenizer, engine), task, on_result=on_result, saved=saved)
     assert sorted(published) == [(1, 0), (2, 2)] and len(results) == 2
     assert len(engine.calls) == 3 + 1  # sample 1 whole, sample 2 its last turn
+
+
+class _SlowStore:
+    """An EpisodeStore whose puts wait until released (a broker that is restarting)."""
+
+    def __init__(self) -> None:
+        self.release = asyncio.Event()
+        self.records: list[EpisodeCheckpoint] = []
+
+    async def record(self, checkpoint: EpisodeCheckpoint) -> bool:
+        await self.release.wait()
+        self.records.append(checkpoint)
+        return True
+
+    async def mark_stored(self, task_id: str, index: int, actor_id: str = "") -> bool:
+        self.records.append(EpisodeCheckpoint(task_id=task_id, sample_index=index, stored=True))
+        return True
+
+
+async def test_recording_a_checkpoint_never_holds_the_episode_up(tokenizer):
+    store, task = _SlowStore(), _task()
+    checkpoints = GroupCheckpoints(store, task, "a0")
+    engine = ScriptedEngine(tokenizer, by_turn(*SCRIPT))
+
+    async def on_turn(episode) -> None:
+        await checkpoints.on_turn(0, episode)
+
+    result = await asyncio.wait_for(
+        run_episode(_rollout(tokenizer, engine), task, on_turn=on_turn), timeout=10
+    )
+    assert result.num_turns == 3 and store.records == []  # played through, puts waiting
+    marked = asyncio.create_task(checkpoints.stored(0, result))
+    await asyncio.sleep(0.05)
+    assert not marked.done()  # the mark waits for the puts in flight
+    store.release.set()
+    await marked
+    # One put in flight at a time, the newest waiting one replacing older ones: the turn-1
+    # checkpoint went first, the turn-2 one next, then the mark, in that order.
+    assert [(r.num_turns, r.stored) for r in store.records] == [(1, False), (2, False), (0, True)]

@@ -22,10 +22,12 @@ is not Python; nothing depends on it).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import shutil
+import signal
 import sys
 import time
 import tomllib
@@ -40,8 +42,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from broker.security import new_secret
 from broker.server import free_port, nats_server_binary
-from deploy import cluster
-from deploy.processes import ProcessGroup
+from deploy import cluster, proctree
+from deploy.processes import Child, ProcessGroup
+from deploy.run_ledger import RunLedger
 from tests.deploy.kube_local import LoopbackPlan, container_env, expand_refs, loopback_plan, rewrite
 
 REPO = Path(__file__).resolve().parents[2]
@@ -122,9 +125,16 @@ def _volume_dirs(pod: LocalPod, root: Path) -> dict[str, Path]:
 class SmokeCluster:
     """Starts the rendered pods' containers as local processes, by PID."""
 
-    def __init__(self, objects: list[dict], root: Path, nats_secret: dict[str, str]) -> None:
+    def __init__(
+        self,
+        objects: list[dict],
+        root: Path,
+        nats_secret: dict[str, str],
+        overrides: tuple[str, ...] = (),
+    ) -> None:
         self.objects = objects
         self.root = root
+        self.overrides = [*SMOKE_OVERRIDES, *overrides]
         self.plan: LoopbackPlan = loopback_plan(objects, free_port)
         self.configmaps = {
             o["metadata"]["name"]: o.get("data", {}) for o in objects if o["kind"] == "ConfigMap"
@@ -177,7 +187,7 @@ class SmokeCluster:
         assert command[0] in EXECUTABLES, f"{pod.name}/{container['name']}: {command[0]}"
         words = [rewrite(expand_refs(w, env), self.plan, mounts) for w in command[1:] + args]
         if command[0] in TETHER_COMMANDS:
-            words += SMOKE_OVERRIDES
+            words += self.overrides
         return EXECUTABLES[command[0]] + words, env
 
     def start(self, workload: str, container: dict):
@@ -382,3 +392,78 @@ def test_dev_overlay_trains_end_to_end_as_local_processes(tmp_path):
 def _config_name(smoke: SmokeCluster) -> str:
     (name,) = [n for n in smoke.configmaps if re.fullmatch(r"tether-config-\w+", n)]
     return name
+
+
+def _start_cluster(smoke: SmokeCluster) -> Child:
+    """Every pod as the overlay starts them (init containers first); the learner's child."""
+    smoke.start_containers("tether-nats")
+    smoke.start_containers("tether-envserver")
+    smoke.run_init_containers("tether-learner")
+    smoke.run_init_containers("tether-actor")
+    smoke.start_containers("tether-learner")
+    smoke.start_containers("tether-actor")
+    return [c for c in smoke.processes.children if c.name.endswith(".learner")][-1]
+
+
+def _kill_cluster(smoke: SmokeCluster) -> None:
+    """SIGKILL every container's whole session at once: nothing stops cleanly."""
+    for child in smoke.processes.children:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(child.process.pid, signal.SIGKILL)
+        proctree.kill_session(child.process.pid)
+        child.process.wait()
+
+
+def _train_versions(run_dir: Path) -> list[int]:
+    path = run_dir / "metrics.jsonl"
+    lines = path.read_text().splitlines() if path.exists() else []
+    return [json.loads(line)["version"] for line in lines if '"kind": "train"' in line]
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+@pytest.mark.timeout(1200)
+@pytest.mark.skipif(shutil.which("kubectl") is None, reason="needs kubectl (kustomize)")
+def test_a_whole_cluster_restart_resumes_the_run_on_its_volumes(tmp_path):
+    """Issue 33 on Kubernetes: every pod of the `dev` overlay killed at once mid-run (a
+    cluster restart, a node pool preempted), then started again as the cluster would (the
+    same manifests, the same persistent volumes: NATS's store, the runs volume). The run
+    continues from its newest checkpoint under the same run id and finishes with its books
+    balanced: nothing lost, nothing trained twice."""
+    total = 6
+    overrides = (f"learner.total_steps={total}", "learner.checkpoint.interval=2",
+                 "learner.eval_interval=3")  # fmt: skip
+    nats_secret = {"NATS_USER": "tether", "NATS_PASSWORD": new_secret(16)}
+    smoke = SmokeCluster(cluster.render("dev"), tmp_path, nats_secret, overrides)
+    config = tomllib.loads(smoke.configmaps[_config_name(smoke)]["tether.toml"])
+    runs_volume = tmp_path / "pvc" / "tether-runs"
+    run_dir = Path(rewrite(config["learner"]["run_dir"], smoke.plan, {"/runs": str(runs_volume)}))
+    before = set(_command_lines())
+    try:
+        learner = _start_cluster(smoke)
+        deadline = time.monotonic() + 600
+        while max(_train_versions(run_dir), default=0) < 3:
+            failed = smoke.processes.failed()
+            assert failed is None, f"{failed.name} exited {failed.returncode}:\n{failed.log_tail()}"
+            assert time.monotonic() < deadline, "version 3 never came"
+            time.sleep(0.2)
+        _kill_cluster(smoke)
+        assert learner.returncode != 0  # killed, not finished
+        learner = _start_cluster(smoke)  # the same volumes, ports and names
+        deadline = time.monotonic() + 600
+        while learner.returncode is None and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert learner.returncode == 0, learner.log_tail()
+    finally:
+        smoke.processes.stop_all()
+    assert "resuming run" in learner.log_tail(20_000)
+    ledger = RunLedger.read(run_dir)
+    assert ledger.problems() == []
+    assert _train_versions(run_dir) == list(range(1, total + 1))
+    assert [line["step"] for line in ledger.trained] == list(range(total))
+    run_ids = {g.rsplit("-", 1)[0] for line in ledger.trained for g in line["group_ids"]}
+    assert run_ids == {ledger.done["run_id"]}
+    deadline = time.monotonic() + 15
+    while (left := _leftovers(tmp_path, before)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not left, left

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -67,7 +68,7 @@ def _kill_everything_after(launcher: subprocess.Popen, run_dir: Path, step: int)
 def test_a_run_killed_whole_resumes_where_it_stopped_with_its_books_whole(tmp_path):
     runs_dir, log = tmp_path / "runs", tmp_path / "launcher.log"
     steps = [f"learner.total_steps={TOTAL_STEPS}", f"learner.eval_interval={TOTAL_STEPS // 2}"]
-    first = _launcher(runs_dir, *ARGS, *steps, log=log)
+    first, first_started = _launcher(runs_dir, *ARGS, *steps, log=log), time.monotonic()
     latest = runs_dir / "latest"
     deadline = time.monotonic() + 120
     while not latest.exists():
@@ -75,9 +76,15 @@ def test_a_run_killed_whole_resumes_where_it_stopped_with_its_books_whole(tmp_pa
         time.sleep(0.1)
     run_dir = latest.resolve()
     _kill_everything_after(first, run_dir, KILL_AFTER_STEP)
+    first_reached_s = time.monotonic() - first_started  # what a new run would take again
     assert not (run_dir / DONE_FILE).exists()
+    reached = max(_trained_steps(run_dir))
 
     resumed = _launcher(runs_dir, "--resume", "latest", log=log)
+    started = time.monotonic()
+    while max(_trained_steps(run_dir), default=-1) <= reached and resumed.poll() is None:
+        time.sleep(0.1)  # cut back to the checkpoint, trained again, then one step further
+    new_step_s = time.monotonic() - started
     assert resumed.wait(timeout=900) == 0, log.read_text()[-4000:]
     assert latest.resolve() == run_dir  # the same run, not a new one
     ledger = RunLedger.read(run_dir)
@@ -90,6 +97,16 @@ def test_a_run_killed_whole_resumes_where_it_stopped_with_its_books_whole(tmp_pa
     assert run_ids == {ledger.done["run_id"]}
     learner_log = (run_dir / "logs" / "learner.log").read_text()
     assert "resuming run" in learner_log
+    resumed_from = re.findall(r"resumed from .* at version (\d+)", learner_log)[-1]
+    report = {
+        "step_reached": reached,
+        "resumed_from_version": int(resumed_from),
+        "steps_trained_again": reached + 1 - int(resumed_from),
+        "seconds_to_a_new_step": round(new_step_s, 1),  # start-up, the steps again, one more
+        "a_new_run_to_the_same_step_s": round(first_reached_s, 1),  # the stop before issue 33
+        **{k: ledger.done[k] for k in ("resumed_episodes", "resumed_turns", "resumed_tokens")},
+    }
+    print("RESUME-RUN-REPORT", json.dumps(report), flush=True)
     deadline = time.monotonic() + 15
     while (left := leftovers(run_dir)) and time.monotonic() < deadline:
         time.sleep(0.5)
