@@ -406,11 +406,15 @@ def _start_cluster(smoke: SmokeCluster) -> Child:
 
 
 def _kill_cluster(smoke: SmokeCluster) -> None:
-    """SIGKILL every container's whole session at once: nothing stops cleanly."""
-    for child in smoke.processes.children:
+    """SIGKILL every process of every container at once, as a pod's end does: nothing stops
+    cleanly (torchrun's workers, in sessions of their own, included)."""
+    table = proctree.processes()
+    alive = [c.process.pid for c in smoke.processes.children if c.returncode is None]
+    below = [p.pid for leader in alive for p in proctree.descendants(leader, table)]
+    for pid in alive + below:
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(child.process.pid, signal.SIGKILL)
-        proctree.kill_session(child.process.pid)
+            os.kill(pid, signal.SIGKILL)
+    for child in smoke.processes.children:
         child.process.wait()
 
 
@@ -449,6 +453,10 @@ def test_a_whole_cluster_restart_resumes_the_run_on_its_volumes(tmp_path):
             time.sleep(0.2)
         _kill_cluster(smoke)
         assert learner.returncode != 0  # killed, not finished
+        deadline = time.monotonic() + 30  # the pods are gone: so are their sockets
+        while (taken := _taken_ports(smoke.plan.ports)) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert not taken, f"ports still taken {taken}:\n{_listeners()}"
         learner = _start_cluster(smoke)  # the same volumes, ports and names
         deadline = time.monotonic() + 600
         while learner.returncode is None and time.monotonic() < deadline:
