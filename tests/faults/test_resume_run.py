@@ -10,6 +10,7 @@ with a real vLLM engine on the tiny random-weight model."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import signal
@@ -30,6 +31,20 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[2]
 TOTAL_STEPS, KILL_AFTER_STEP = 10, 4
+STEPS = [f"learner.total_steps={TOTAL_STEPS}", f"learner.eval_interval={TOTAL_STEPS // 2}"]
+LEARNING = [
+    # The warm start, so that the evals measure a policy that learns: over these 10 steps
+    # pass@1 went 0.31-0.50 -> 0.66-0.75 -> 0.69-0.91 in three uninterrupted runs (32
+    # samples each), and a run that resumed wrongly shows.
+    "local.warm_start=true",
+    "actor.rollout.max_generate_length=64",  # a tool call fits (the fault suite's 16 not)
+    "local.num_eval_rows=32",
+    "learner.eval_samples_per_prompt=2",
+]
+EVAL_SAMPLES = 64
+Z = 3.29
+"""The band: 99.9% of the difference of two pass@1 estimates of EVAL_SAMPLES samples each
+(three comparisons per run: a false alarm in about one run of 300)."""
 
 
 def _launcher(runs_dir: Path, *args: str, log: Path) -> subprocess.Popen:
@@ -65,10 +80,19 @@ def _kill_everything_after(launcher: subprocess.Popen, run_dir: Path, step: int)
     launcher.wait(timeout=30)
 
 
+def _pass_at_1(run_dir: Path) -> dict[int, float]:
+    return {r["version"]: r["pass_at_1"] for r in RunLedger.read(run_dir).evals}
+
+
 def test_a_run_killed_whole_resumes_where_it_stopped_with_its_books_whole(tmp_path):
     runs_dir, log = tmp_path / "runs", tmp_path / "launcher.log"
-    steps = [f"learner.total_steps={TOTAL_STEPS}", f"learner.eval_interval={TOTAL_STEPS // 2}"]
-    first, first_started = _launcher(runs_dir, *ARGS, *steps, log=log), time.monotonic()
+    # The uninterrupted run, for the eval band.
+    baseline = _launcher(tmp_path / "baseline", *ARGS, *LEARNING, *STEPS, log=log)
+    assert baseline.wait(timeout=900) == 0, log.read_text()[-4000:]
+    uninterrupted = _pass_at_1((tmp_path / "baseline" / "latest").resolve())
+
+    first = _launcher(runs_dir, *ARGS, *LEARNING, *STEPS, log=log)
+    first_started = time.monotonic()
     latest = runs_dir / "latest"
     deadline = time.monotonic() + 120
     while not latest.exists():
@@ -106,7 +130,15 @@ def test_a_run_killed_whole_resumes_where_it_stopped_with_its_books_whole(tmp_pa
         "a_new_run_to_the_same_step_s": round(first_reached_s, 1),  # the stop before issue 33
         **{k: ledger.done[k] for k in ("resumed_episodes", "resumed_turns", "resumed_tokens")},
     }
+    resumed_pass_at_1 = _pass_at_1(run_dir)
+    report["eval_pass_at_1"] = {"uninterrupted": uninterrupted, "resumed": resumed_pass_at_1}
     print("RESUME-RUN-REPORT", json.dumps(report), flush=True)
+    # The same eval band as the run that was never stopped, version by version.
+    assert resumed_pass_at_1.keys() == uninterrupted.keys()
+    for version, p in resumed_pass_at_1.items():
+        q = uninterrupted[version]
+        band = Z * math.sqrt(max(p * (1 - p) + q * (1 - q), 0.1) / EVAL_SAMPLES)
+        assert abs(p - q) <= band, (version, p, q, band)
     deadline = time.monotonic() + 15
     while (left := leftovers(run_dir)) and time.monotonic() < deadline:
         time.sleep(0.5)
