@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 
 from actors.chat import ChatTemplate
+from demo.family_model import episode_example
 from demo.family_templates import FAMILIES, family_tokenizer
 from demo.qwen_vocab import RanksDownloadError, build_qwen_vocab_tokenizer
 from envservers.tool_formats import parser_for
@@ -51,18 +52,8 @@ def tokenizers():
 def _episode(chat: ChatTemplate, family, observations: list[list[dict]]):
     """Token ids and loss mask as the actor builds them: the prompt, then per turn the
     generated tokens (the call, then the answer; each closed by EOS) and the observation."""
-    tokenizer = chat.tokenizer
-    ids = chat.prompt_ids(PROMPT, TOOLS)
-    mask = [0] * len(ids)
     turns = [family.sample_call] + [ANSWER] * len(observations)
-    for i, text in enumerate(turns):
-        generated = tokenizer.encode(text, add_special_tokens=False) + [chat.eos_token_id]
-        ids += generated
-        mask += [1] * len(generated)
-        if i < len(observations):
-            delta = chat.observation_ids(observations[i])
-            ids += delta
-            mask += [0] * len(delta)
+    ids, mask = episode_example(chat, PROMPT, TOOLS, turns, observations)
     return ids, mask, turns
 
 
