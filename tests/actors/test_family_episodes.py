@@ -1,13 +1,13 @@
 """A multi-turn episode in each model family's tool-call format through the whole actor path
 (issue 34), on Qwen's real 151k-token vocabulary: a real vLLM engine on a tiny model of
-that vocabulary taught one episode per family (demo/family_model.py), the calculator env
+that vocabulary taught one episode per family (tests/actors/family_model.py), the calculator env
 server reading that family's format (`envserver.tool_format`), the broker, and the actor
 templating with the family's chat template. Greedy decoding: each family's episode must be
 a tool call that reaches the env server (its result 42 comes back, the answer scores 1),
 then the answer; the trajectory's tokens must be the one-shot render of the whole
 conversation, decode to the family's call and answer, with the loss mask on exactly the two
 assistant turns and the engine's version on exactly their tokens. The model is taught
-until each taught token leads by 3 nats (demo/family_model.py); measured on the taught
+until each taught token leads by 3 nats (tests/actors/family_model.py); measured on the taught
 sequences the lead was 4.2-7.2 nats over seeds 0-3 and 1 or 2 threads, far beyond what
 another CPU's rounding moves, so greedy decoding is the episode on any machine."""
 
@@ -50,7 +50,7 @@ def qwen():
 
 @pytest.fixture(scope="module")
 def family_model_dir(qwen, tmp_path_factory):
-    from demo.family_model import build_family_model
+    from tests.actors.family_model import build_family_model
 
     return build_family_model(
         qwen,

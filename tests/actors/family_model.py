@@ -2,7 +2,7 @@
 each model family's chat format (issue 34), for tests of the whole actor path per format.
 
 A random-init Qwen2 (the tiny recipe's shape, head_dim 32) whose vocabulary holds Qwen's
-BPE and every family's added tokens is taught, by a few seconds of supervised steps, one
+BPE and every family's added tokens is taught, by about a minute of supervised steps, one
 conversation per family: the prompt, the family's tool call, the tool's answer, the final
 answer. The training sequences are built exactly as the actor builds an episode
 (actors/chat.py: the prompt templated once, each assistant turn as generated tokens closed
