@@ -34,13 +34,14 @@ from broker.names import BusNames
 from broker.server import NatsServer
 from broker.wire import EpisodeCheckpoint, PromptTask, Trajectory
 from common.procs import free_port
-from demo.data import SYSTEM_PROMPT
+from demo.data import make_row
 from demo.tinymodel import shipped_model_dir
 from deploy.local import free_port_block
 
 REPO = Path(__file__).resolve().parents[1]
 ACK_WAIT_S = 4.0
-QUESTIONS = ["What is 230 + 112?", "What is 17 + 25?", "What is 64 + 7?"]
+QUESTIONS = ["What is 4821 + 3907?", "What is 987 + 654?", "What is 230 + 112?"]
+"""The warm start calls the tool for these in 78%, 50% and 41% of samples (32 each)."""
 
 
 @dataclass
@@ -102,19 +103,12 @@ def _policy_tokens(message) -> int:
 
 
 def calculator_task(task_id: str, question: str, group_size: int) -> PromptTask:
+    """A task of the demo's own rows (demo/data.py: only the `add` tool offered, as the
+    warm start was taught; offered all four, its prompt is one it never saw and it calls
+    the tool far less often)."""
     a, b = (int(x) for x in question.removeprefix("What is ").rstrip("?").split(" + "))
-    return PromptTask(
-        task_id=task_id,
-        step=0,
-        group_size=group_size,
-        env_class="calculator",
-        data_source="calculator",
-        prompt=[
-            {"role": "system", "content": SYSTEM_PROMPT},
-            {"role": "user", "content": question},
-        ],
-        reward_spec={"method": "rule", "ground_truth": str(a + b)},
-    )
+    row = make_row(a, b, split="train")
+    return PromptTask(task_id=task_id, step=0, group_size=group_size, **row)
 
 
 def _start(args: list[str], log: Path) -> subprocess.Popen:

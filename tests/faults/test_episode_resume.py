@@ -19,7 +19,7 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 
 async def test_a_killed_replicas_episodes_continue_from_their_last_turn(tmp_path):
-    outcome = await run_scenario(tmp_path, group_size=4, num_tasks=2)
+    outcome = await run_scenario(tmp_path, group_size=8, num_tasks=2)
     assert outcome.last_of_killed, "the killed replica had no unfinished episode"
     continued = outcome.continued()
     print("RESUME-REPORT", outcome.figures(), flush=True)
