@@ -72,13 +72,23 @@ def loopback_plan(objects: list[dict], free_port: Callable[[], int]) -> Loopback
     hosts = {name: LOOPBACK for name in cluster_hostnames(objects)}
     hosts[ANY_ADDRESS] = LOOPBACK
     ports: dict[int, int] = {}
+    given: set[int] = set()
+
+    def distinct_free_port() -> int:
+        # free_port() closes the port it found: called twice it can answer the same one,
+        # and two containers were then planned on one port (an HTTP probe met nats-server).
+        while (port := free_port()) in given:
+            pass
+        given.add(port)
+        return port
+
     named: dict[str, int] = {}
     for spec in _pod_specs(objects):
         for container in spec["containers"] + spec.get("initContainers", []):
             for port in container.get("ports", []):
                 number = port["containerPort"]
                 if number not in ports:
-                    ports[number] = free_port()
+                    ports[number] = distinct_free_port()
                 if "name" in port:
                     named.setdefault(port["name"], number)
     for service in (o for o in objects if o["kind"] == "Service"):
