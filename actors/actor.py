@@ -74,6 +74,7 @@ class Actor:
             snapshots=snapshots or SnapshotSource(),  # local paths, or s3:// downloads
             version_wait_s=config.version_wait_s,
             background=self._background,
+            weight_source=config.weight_source,
         )
         self.num_published = 0
         self.episodes: bus.EpisodeStore | None = None
@@ -114,6 +115,7 @@ class Actor:
             finally:
                 follower.cancel()
                 await self.weights.stop()
+                self.weights.weights_log.close()
         finally:
             await nc.close()
         if self._failure is not None:

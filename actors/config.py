@@ -257,6 +257,14 @@ class ActorConfig(StrictModel):
     prompt_ack_wait_s, else the task is redelivered while still running."""
     nak_delay_s: float = pydantic.Field(default=5.0, ge=0)
     """A failed task comes back (to any replica) after this delay."""
+    weight_source: Literal["broadcast", "store"] = "broadcast"
+    """Where new weights come from. `broadcast`: join the learner's weight rounds when it
+    announces them (snapshots, and the weights log, only before the first round and after
+    a failed one). `store`: never join them; every announced version is loaded from the
+    newest snapshot plus the learner's weights log (`learner.snapshot_deltas`), rebuilt bit
+    for bit, or from snapshots alone when the log is off: the way for actors outside the
+    learner's network (another site, no route to its weight group; docs/weights.md, "The
+    weights log")."""
     episode_checkpoints: bool = True
     """Record every episode in the broker at each turn boundary (its tokens, versions,
     logprobs and env actions so far), so that a task whose replica died continues each

@@ -61,7 +61,8 @@ EPISODES_AT_ENV = prom.Gauge(
 )
 WEIGHT_UPDATE_STALL_SECONDS = prom.Histogram(
     "tether_actor_weight_update_stall_seconds",
-    "Generation paused per weight update (broadcast round or snapshot load)",
+    "Generation paused per weight update (broadcast round, snapshot load, or a version "
+    "rebuilt from the weights log)",
     ["kind"],
     buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30),
 )

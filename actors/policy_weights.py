@@ -28,6 +28,7 @@ from collections.abc import Callable, Coroutine
 from actors import metrics
 from actors.snapshots import SnapshotSource
 from actors.types import ActorEngine
+from actors.weight_log import WeightLogReader
 from broker import client as bus
 from broker.wire import PolicyVersion
 from weights.follower import WeightUpdateError
@@ -53,8 +54,11 @@ class PolicyWeights:
         snapshots: SnapshotSource,
         version_wait_s: float,
         background: Callable[[Coroutine], asyncio.Task],
+        weight_source: str = "broadcast",
     ) -> None:
         self.engine, self.snapshots = engine, snapshots
+        self.follows_broadcast = weight_source == "broadcast"
+        self.weights_log = WeightLogReader(snapshots)
         self.version_wait_s = version_wait_s
         self._background = background
         self.newest_version = -1
@@ -113,26 +117,36 @@ class PolicyWeights:
                 await self._roll_back(announced)
         self.newest_version = max(self.newest_version, announced.version)
         # While rounds keep the engine current, a snapshot load could race one and go back
-        # a version: snapshots here serve replicas without a broadcast (and see `_missed`).
+        # a version: snapshots and the log serve replicas without a broadcast (start-up,
+        # `weight_source = "store"`; and see `_missed`).
+        if self._broadcast is None:
+            await self._catch_up_from_store(announced)
         if (
-            self._broadcast is None
-            and announced.snapshot_path
-            and announced.snapshot_version > self.engine.version
+            self.follows_broadcast
+            and announced.broadcast_addr
+            and announced.broadcast_addr != self._broadcast_addr
         ):
-            log.info("loading weights snapshot v%d", announced.snapshot_version)
-            try:
-                stall_s = await self._load_snapshot(announced)
-            # Unreadable (the learner rotated it away after announcing it): keep the weights
-            # we have, as staged loads leave them; a broadcast or a newer snapshot follows.
-            except WeightUpdateError as e:
-                log.warning("weights snapshot v%d not loaded: %s", announced.snapshot_version, e)
-            else:
-                metrics.WEIGHT_UPDATE_STALL_SECONDS.labels("snapshot").observe(stall_s)
-        if announced.broadcast_addr and announced.broadcast_addr != self._broadcast_addr:
             await self.stop()  # a restarted learner serves a new store
             self._broadcast_addr = announced.broadcast_addr
             self._start_broadcast(announced.broadcast_addr)
         self._record_versions()
+
+    async def _catch_up_from_store(self, announced: PolicyVersion) -> None:
+        """The newest version the announced snapshot and the weights log reach, loaded
+        when newer than the engine's (actors/weight_log.py). Unreadable (the learner
+        rotated a file away after announcing it): keep the weights we have, as staged
+        loads leave them; a newer announcement tries again."""
+        try:
+            newest = await self.weights_log.newest(announced, self.engine.version)
+            if newest is None:
+                return
+            path, version, kind = newest
+            log.info("loading weights v%d (%s)", version, kind)
+            stall_s = await self.engine.load_snapshot(path, version)
+        except WeightUpdateError as e:
+            log.warning("weights v%d not loaded from the store: %s", announced.version, e)
+        else:
+            metrics.WEIGHT_UPDATE_STALL_SECONDS.labels(kind).observe(stall_s)
 
     async def _load_snapshot(self, announced: PolicyVersion) -> float:
         """Load the announced snapshot, its path resolved through `SnapshotSource` (an

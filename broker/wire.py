@@ -104,6 +104,11 @@ class PolicyVersion(msgspec.Struct, frozen=True, kw_only=True):
     an earlier lineage, belong to a history that was rolled back: an actor whose weights
     are newer than the announced version of a new lineage reloads the announced snapshot
     ("" from a learner that predates lineages)."""
+    deltas_path: str = ""
+    """The weights log (`learner.snapshot_deltas`): a directory (or s3:// URL) of
+    `v<version>.delta` files, each version since the snapshot as its change from the one
+    before, for actors that follow the object store instead of the broadcast ("" when
+    off)."""
 
 
 class EpisodeCheckpoint(msgspec.Struct, frozen=True, kw_only=True):

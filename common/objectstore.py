@@ -9,6 +9,8 @@ which to keep, prune or resume from (pure: no I/O; `common/s3.py` does the movin
         weights/global_step_<V>/      a weights snapshot of policy version V
             model.safetensors
             manifest.json
+        weights/deltas/v<V>.delta     the weights log: version V as its change from V-1
+                                      (weights/delta_log.py; one object, checked by its CRCs)
         evals/global_step_<V>/        eval trajectories and their aggregate (learner/eval_dump.py)
             <env_class>.jsonl
             aggregated_results.jsonl
@@ -99,6 +101,14 @@ class RunLayout:
     def kind_root(self, kind: str) -> str:
         """Where to list to find every artifact of `kind`."""
         return f"{self.prefix}/" if kind == "checkpoint" else f"{self.prefix}/weights/"
+
+    @property
+    def deltas_root(self) -> str:
+        """Where the weights log's delta files go (`<deltas_root>v<version:06d>.delta`)."""
+        return f"{self.prefix}/weights/deltas/"
+
+    def delta_key(self, version: int) -> str:
+        return f"{self.deltas_root}v{version:06d}.delta"  # weights/delta_log.py delta_name
 
     def eval_key(self, version: int, file_name: str) -> str:
         return f"{self.prefix}/evals/global_step_{version}/{file_name}"

@@ -250,20 +250,24 @@ class ObjectStore:
             if target.is_file() and target.stat().st_size == entry.size:
                 if file_digests(target, None)[0] == entry.sha256:
                     continue  # already here (an earlier, interrupted download)
-            partial = target.with_name(target.name + ".part")
-            self._call(
-                f"download s3://{self.bucket}/{directory}{name}",
-                self.client.download_file,
-                self.bucket,
-                directory + name,
-                str(partial),
-                Config=self.transfer,
-            )
+            partial = self.download_file(directory + name, target.with_name(target.name + ".part"))
             if file_digests(partial, None)[0] != entry.sha256:
                 partial.unlink()
                 raise StorageError(f"s3://{self.bucket}/{directory}{name}: SHA-256 mismatch")
             partial.replace(target)
         return manifest
+
+    def download_file(self, key: str, target: Path) -> Path:
+        """One object into `target` (parts in parallel for a large one); returns `target`."""
+        self._call(
+            f"download s3://{self.bucket}/{key}",
+            self.client.download_file,
+            self.bucket,
+            key,
+            str(target),
+            Config=self.transfer,
+        )
+        return target
 
     def delete_artifact(self, directory: str) -> None:
         """Manifest first: a prune cut short leaves an incomplete directory, never a

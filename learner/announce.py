@@ -60,6 +60,7 @@ class PolicyAnnouncer:
                 snapshot_version=snapshot[1] if snapshot else -1,
                 broadcast_addr=self.commands.broadcast_addr,
                 lineage=self.lineage,
+                deltas_path=self.commands.deltas_path,
             )
         )
 

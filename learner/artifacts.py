@@ -42,6 +42,7 @@ from learner.trainer.checkpoint import (
     latest_checkpoint,
     read_training_state,
 )
+from weights.delta_log import delta_version
 
 log = logging.getLogger(__name__)
 
@@ -129,6 +130,7 @@ class ArtifactSync:
         for step in [s for s in snapshots if s > resumed_version]:
             self.store.delete_artifact(self.layout.directory("snapshot", step))
             log.info("deleted snapshot %d from the bucket: newer than the resumed version", step)
+        self._prune_deltas(lambda v: v > resumed_version)  # of the same abandoned future
         snapshots = [s for s in snapshots if s <= resumed_version]
         if snapshots:
             self.snapshot = (
@@ -150,6 +152,17 @@ class ArtifactSync:
     def snapshot_written(self, path: Path, version: int) -> None:
         if self.config.upload_snapshots:
             self._put("snapshot", ("snapshot", Path(path), version))  # newest only
+
+    def delta_written(self, path: Path, version: int) -> None:
+        """The weights log's delta file of `version` (learner.snapshot_deltas): uploaded in
+        order, beside the snapshots."""
+        if self.config.upload_snapshots:
+            self._put(f"delta/{version}", ("delta", Path(path), version))
+
+    @property
+    def deltas_url(self) -> str | None:
+        """Where the weights log is in the bucket (None when snapshots stay local)."""
+        return self.layout.url(self.layout.deltas_root) if self.config.upload_snapshots else None
 
     def evals_written(self, directory: Path, version: int) -> None:
         if self.config.upload_evals:
@@ -274,6 +287,10 @@ class ArtifactSync:
             self._upload(path, "snapshot", step)
             self.snapshot = (self.layout.url(self.layout.directory("snapshot", step)), step)
             self._prune_bucket("snapshot", self.config.keep_snapshots)
+            self._prune_deltas(lambda v: v <= step)  # the snapshot is the newer keyframe
+        elif kind == "delta":
+            if path.is_file():  # else a newer snapshot replaced it before its turn came
+                self.num_bytes += self.store.upload_file(path, self.layout.delta_key(step)).size
 
     def _upload(self, path: Path, kind: str, step: int) -> None:
         manifest, seconds = timed_upload(
@@ -287,6 +304,13 @@ class ArtifactSync:
         for step in prune_plan(complete, incomplete, keep):
             self.store.delete_artifact(self.layout.directory(kind, step))
             log.info("deleted %s %d from the bucket", kind, step)
+
+    def _prune_deltas(self, doomed) -> None:
+        """Delete the weights log's files whose version `doomed(version)` says."""
+        keys = self.store.listing(self.layout.deltas_root)
+        self.store.delete_keys(
+            sorted(k for k in keys if doomed(delta_version(k.rsplit("/", 1)[-1]) or 0))
+        )
 
     def _prune_local(self, *, uploaded: set[int]) -> None:
         local = local_checkpoint_steps(self.checkpoint_root)

@@ -103,6 +103,14 @@ class LearnerConfig(TrainerConfig):
     """Broadcast new weights to the actors after every optimizer step."""
     snapshot_interval: int = pydantic.Field(default=10, ge=1)
     """Write a full weights snapshot every this many versions, for actors that join late."""
+    snapshot_deltas: bool = False
+    """The weights log: between snapshots, write every version as its change from the one
+    before (bit patterns XORed, zstd; a few percent of the bytes at RL learning rates in
+    bf16) beside them, and announce it. An actor that does not join the broadcast
+    (`actor.weight_source = "store"`: outside the learner's network) then follows every
+    version from the newest snapshot plus these deltas, bit for bit (docs/weights.md,
+    "The weights log"). Costs a host copy of the model on rank 0 and an encode per
+    version. Full weights only."""
     stall_snapshot_s: float = pydantic.Field(default=15.0, gt=0)
     """Waiting this long for data with a snapshot older than the current version, write and
     announce a snapshot of the current version. Engines that missed the broadcast (a
@@ -117,6 +125,11 @@ class LearnerConfig(TrainerConfig):
     def _check_learner(self) -> LearnerConfig:
         if self.eval_interval is not None and self.eval_data is None:
             raise ValueError("eval_interval is set but eval_data is not")
+        if self.snapshot_deltas and self.finetune.mode == "lora":
+            raise ValueError(
+                "snapshot_deltas with finetune.mode = 'lora': the weights log holds full "
+                "weights; an adapter's snapshots are small already (set snapshot_deltas = false)"
+            )
         sync = self.weight_sync
         if self.collective_timeout_s <= sync.join_timeout_s + 2 * sync.transfer_timeout_s:
             raise ValueError(

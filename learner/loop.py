@@ -140,6 +140,7 @@ class Learner:
         self.group_rules = dict(
             max_staleness=cfg.max_staleness, vocab_size=self.commands.vocab_size
         )
+        await asyncio.to_thread(self.commands.start_weights_log)
         await self.announcer.announce(self.version)
         self.intake = Intake(
             client.TrajectoryConsumer(self.js, self.names),
@@ -294,7 +295,8 @@ class Learner:
         )
         record["filtered_groups"] = filtered  # learner.dynamic_sampling: no reward signal
         record.update(broadcast_raw_bytes=weights.get("raw_bytes", 0),  # weight_sync.delta
-                      broadcast_keyframe=weights.get("keyframe", True))  # fmt: skip
+                      broadcast_keyframe=weights.get("keyframe", True),
+                      weights_log_bytes=weights.get("log_bytes", 0))  # snapshot_deltas  # fmt: skip
         record.update(self.releases.stream.report())  # learner.difficulty: prompts passed over
         self.reporter.record_train(record, step=step, groups=groups)
 

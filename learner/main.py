@@ -150,6 +150,7 @@ def run(config_path: str, overrides: list[str]) -> int:
         keep=config.checkpoint.keep,
         snapshot_dir=run_dir / "weights",
         snapshot_interval=config.snapshot_interval,
+        snapshot_deltas=config.snapshot_deltas,
         sender=sender,
         group=commands_group,
         artifacts=artifacts,

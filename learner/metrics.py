@@ -15,6 +15,8 @@
     tether_learner_broadcast_raw_bytes                 the same version whole, in the wire dtype
                                                        (gauge; below the above only with
                                                        weight_sync.delta)
+    tether_learner_weights_log_bytes                   the last version's delta file in the
+                                                       weights log (learner.snapshot_deltas)
     tether_learner_trained_trajectories_total          trajectories trained on
     tether_learner_dropped_trajectories_total{reason}  trajectories dropped (stale, errors, ...)
     tether_learner_filtered_groups                     last step's groups without reward signal,
@@ -48,6 +50,7 @@ Keys read (each optional; a missing key leaves its metric alone):
     broadcast_s         -> broadcast_seconds
     broadcast_bytes     -> broadcast_bytes
     broadcast_raw_bytes -> broadcast_raw_bytes
+    weights_log_bytes   -> weights_log_bytes
     trained             -> trained_trajectories_total: the run's CUMULATIVE count
     dropped_by_reason   -> dropped_trajectories_total: CUMULATIVE counts {reason: n}
     eval/all/pass_at_1, eval/env/<e>/pass_at_1 -> eval_pass_at_1{env}
@@ -100,6 +103,10 @@ _GAUGES = {  # record key -> the gauge that shows its last value
     "broadcast_raw_bytes": prometheus_client.Gauge(
         "tether_learner_broadcast_raw_bytes",
         "The last broadcast's version whole, in the wire dtype (weight_sync.delta sends less)",
+    ),
+    "weights_log_bytes": prometheus_client.Gauge(
+        "tether_learner_weights_log_bytes",
+        "The last version's delta file in the weights log (learner.snapshot_deltas)",
     ),
 }
 _SECONDS_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)

@@ -85,4 +85,5 @@ def test_policy_version_fields():
         ("snapshot_version", "IntType"),
         ("broadcast_addr", "StrType"),
         ("lineage", "StrType"),  # issue 13: actors learn that a resumed learner rolled back
+        ("deltas_path", "StrType"),  # issue 32: the weights log, for store-only actors
     ]

@@ -62,6 +62,11 @@ class SnapshotWriter:
         save_file(self._shard, self._tmp / f"model-{self.num_files:05d}.safetensors")
         self._shard, self._shard_size = {}, 0
 
+    def discard(self) -> None:
+        """Give up: the partial snapshot is deleted, nothing is moved into place."""
+        self._shard, self._shard_size = {}, 0
+        shutil.rmtree(self._tmp, ignore_errors=True)
+
     def finish(self) -> Path:
         """Write the last shard and move the snapshot into place; returns its directory
         (absolute: it is announced to actors that may run elsewhere)."""

@@ -198,10 +198,12 @@ def learner_panels() -> list[dict]:
             "Bytes the last weight broadcast carried to the engines: the whole model in its "
             "engine dtype, or with LoRA the adapter alone (docs/lora.md); with "
             "weight_sync.delta the change from the version before, against the whole "
-            "version (docs/weights.md).",
+            "version (docs/weights.md); with learner.snapshot_deltas the delta file the "
+            "weights log wrote for actors that follow the object store.",
             [
                 target("max(tether_learner_broadcast_bytes)", "bytes per update"),
                 target("max(tether_learner_broadcast_raw_bytes)", "the version whole"),
+                target("max(tether_learner_weights_log_bytes)", "weights log delta"),
             ],
             unit="bytes",
         ),

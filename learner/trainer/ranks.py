@@ -27,6 +27,7 @@ import torch.distributed as dist
 
 from learner.trainer.checkpoint import TrainingState, prune_checkpoints
 from learner.trainer.trainer import Trainer
+from weights.delta_log import DeltaLogWriter
 from weights.lora import AdapterSnapshotWriter
 from weights.snapshot import SnapshotWriter
 
@@ -64,12 +65,20 @@ class RankCommands:
     """The gloo group commands travel on (`command_group`); None with one rank."""
     artifacts: Any = None
     """learner.artifacts.ArtifactSync when a bucket is set."""
+    snapshot_deltas: bool = False
+    """The weights log (`learner.snapshot_deltas`): every version between snapshots as a
+    delta file in `<snapshot_dir>/deltas`, for actors that follow the object store."""
     _snapshot: tuple[Path, int] | None = field(default=None, init=False)
+    delta_log: DeltaLogWriter | None = field(default=None, init=False)
     _saving: Future | None = field(default=None, init=False)
     _saver: ThreadPoolExecutor = field(
         default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="checkpoint"),
         init=False,
     )
+
+    def __post_init__(self) -> None:
+        if self.snapshot_deltas:
+            self.delta_log = DeltaLogWriter(Path(self.snapshot_dir) / "deltas")
 
     def _command(self, command: str, payload=None) -> None:
         # A checkpoint being saved reads the weights and runs collectives: every command
@@ -131,9 +140,22 @@ class RankCommands:
     def load(self, path: Path) -> TrainingState:
         self._command("load", str(path))
         state = self.trainer.load(path)
+        if self.delta_log is not None:  # the versions after the checkpoint's are undone
+            self.delta_log.forget()
+            self.delta_log.prune(above=self.trainer.version)
         # Actors that start now know only the initial weights: give them these.
         self.write_snapshot(self.trainer.version, self._weights())
         return state
+
+    def start_weights_log(self) -> None:
+        """With the weights log, before the first announcement: a snapshot of the current
+        version (the chain's first keyframe), and no delta past it (a history a resumed
+        learner rolled back)."""
+        if self.delta_log is None:
+            return
+        self.delta_log.prune(above=self.trainer.version)
+        if self._snapshot is None or self._snapshot[1] != self.trainer.version:
+            self.snapshot_current()
 
     def publish_weights(self, version: int, snapshot: bool = False) -> dict:
         """Send version `version` to the actors (when broadcasting); every
@@ -141,10 +163,10 @@ class RankCommands:
         that join later. Returns the broadcast report (`num_receivers` 0 when nobody was
         sent anything)."""
         snapshot = snapshot or version % self.snapshot_interval == 0
-        if self.sender is None and not snapshot:
+        if self.sender is None and not snapshot and self.delta_log is None:
             return {"num_receivers": 0}  # nothing to gather the full weights for
         self._command("weights")
-        named = self._weights()
+        named = self._logged(version, self._weights())
         # The snapshot is written from the same stream as the broadcast, shard by shard:
         # rank 0 never holds the whole model.
         writer = self._snapshot_writer(version) if snapshot else None
@@ -166,6 +188,10 @@ class RankCommands:
             pass
         if writer is not None:
             self._keep_snapshot(writer.finish(), version)
+        if self.delta_log is not None:
+            report["log_bytes"] = self.delta_log.num_bytes
+            if self.artifacts is not None and self.delta_log.last_path is not None:
+                self.artifacts.delta_written(self.delta_log.last_path, version)
         return report
 
     def engines_behind(self) -> bool:
@@ -181,11 +207,27 @@ class RankCommands:
         """Write version `version` for actors that join later, as the tensors arrive; the
         previous snapshot is removed once the new one is in place."""
         writer = self._snapshot_writer(version)
-        for _ in writer.tee(named):
+        for _ in writer.tee(self._logged(version, named)):
             pass
         final = writer.finish()
         self._keep_snapshot(final, version)
         return final
+
+    def _logged(self, version: int, named):
+        """`named`, written to the weights log on the way when it is on and does not hold
+        `version` already (a snapshot of the version just published)."""
+        if self.delta_log is None or self.delta_log.version == version:
+            return named
+        return self.delta_log.tee(version, named)
+
+    @property
+    def deltas_path(self) -> str:
+        """Where the weights log is, to announce ("" when off): in the bucket when
+        snapshots go there (actors elsewhere read the same place), else the directory."""
+        if self.delta_log is None:
+            return ""
+        url = self.artifacts.deltas_url if self.artifacts is not None else None
+        return url or str(self.delta_log.directory)
 
     def _snapshot_writer(self, version: int) -> SnapshotWriter:
         """Full weights in HF format, or with LoRA the adapter as a PEFT directory."""
@@ -198,6 +240,8 @@ class RankCommands:
         previous, self._snapshot = self._snapshot, (final, version)
         if previous is not None and previous[0] != final:
             shutil.rmtree(previous[0], ignore_errors=True)
+        if self.delta_log is not None:  # the snapshot is the newer keyframe
+            self.delta_log.prune(through=version)
         if self.artifacts is not None:
             self.artifacts.snapshot_written(final, version)
 

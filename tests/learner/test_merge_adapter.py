@@ -50,8 +50,11 @@ def test_merge_adapter_from_a_checkpoint_and_from_a_snapshot(tmp_path, capsys):
     ids = torch.tensor([[5, 17, 33, 40, 41, 99, 7, 260]])
     with torch.no_grad():
         got = merged(input_ids=ids).logits
+    # Merged W + BA and PEFT's W x + B(A x) sum in different orders: float32 rounding, which
+    # grows with the logit (measured up to 1.3e-6 relative, 1.2e-5 absolute at logits ~10,
+    # depending on the thread count): a relative bound with a margin.
     torch.testing.assert_close(got, _peft_logits(adapter, trainer.adapter_config, ids),
-                               rtol=0, atol=1e-5)  # fmt: skip
+                               rtol=1e-5, atol=1e-5)  # fmt: skip
     assert not any("lora" in name for name in merged.state_dict())
     assert AutoTokenizer.from_pretrained(tmp_path / "a").encode(
         "1 + 2"
