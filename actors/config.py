@@ -132,8 +132,10 @@ class VllmEngineConfig(StrictModel):
     (staged): every tensor is copied to host memory and loaded after the last, so a failed
     round leaves the old weights intact, at the cost of a host copy of the model per worker
     during each update (~15 GB for a 7B model in bf16); refused for tensor or pipeline
-    parallel engines, whose every worker would stage the whole model. The GPU holds one
-    bucket outside vLLM's budget either way. Snapshot loads follow the same choice."""
+    parallel engines, whose every worker would stage the whole model. A staged round is
+    received while the engine keeps generating, and generation pauses only for the load
+    (weights/staging.py): the lower stall. The GPU holds one bucket outside vLLM's budget
+    either way. Snapshot loads follow the same choice."""
     enable_lora: bool = False
     """For a learner that trains a LoRA adapter (`learner.finetune.mode = "lora"`): load
     each version's adapter as a vLLM LoRA adapter (one slot, reloaded in place; generation

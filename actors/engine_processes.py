@@ -82,3 +82,12 @@ def shut_down(llm) -> None:
     (SIGTERM). Nothing of ours lives in it once its requests are done."""
     logging.getLogger(EngineKilledNotice.LOGGER).addFilter(_ENGINE_KILLED_NOTICE)
     llm.shutdown(timeout=ENGINE_EXIT_GRACE_S)
+
+
+def threads_bind_for_replica(bind: str, replica_index: int, cores: list[int]) -> str:
+    """The VLLM_CPU_OMP_THREADS_BIND value of one replica (`spread` resolved to a core)."""
+    if bind != "spread":
+        return bind
+    if not cores:
+        raise ValueError("cpu_threads_bind = 'spread' needs at least one usable core")
+    return str(sorted(cores)[replica_index % len(cores)])

@@ -178,7 +178,8 @@ def replica_main(spec: ReplicaSpec) -> None:
 async def _build_real(spec: ReplicaSpec, config: ActorConfig, broker: BrokerConfig):
     from transformers import AutoTokenizer
 
-    from actors.vllm_engine import VllmEngine, threads_bind_for_replica
+    from actors.engine_processes import threads_bind_for_replica
+    from actors.vllm_engine import VllmEngine
     from common.config import load_section
     from common.storage_config import StorageConfig
 

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import multiprocessing as mp
 import socket
 import sys
@@ -47,6 +48,12 @@ from bench.common import load_average, report  # noqa: E402
 
 CHUNK = 64 * 2**20
 MAX_MODEL_LEN = 4096
+
+
+def max_model_len(model_dir: Path) -> int:
+    """MAX_MODEL_LEN, or a shorter context the model has (the demo's 2048)."""
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    return min(MAX_MODEL_LEN, int(config.get("max_position_embeddings", MAX_MODEL_LEN)))
 
 
 def build_model(out: Path, *, hidden: int, layers: int) -> Path:
@@ -160,7 +167,7 @@ async def decode_arrivals(engine, stop: asyncio.Event, arrivals: list[float]) ->
     from vllm.sampling_params import RequestOutputKind, SamplingParams
 
     params = SamplingParams(
-        max_tokens=MAX_MODEL_LEN - 8,
+        max_tokens=engine.config.max_model_len - 8,
         ignore_eos=True,
         detokenize=False,
         output_kind=RequestOutputKind.DELTA,
@@ -222,12 +229,8 @@ async def one_round(conn, version: int, engines, updates: dict) -> dict:
 async def start_engines(model_dir: Path):
     from actors.vllm_engine import VllmEngine, VllmEngineConfig
 
-    configs = [
-        VllmEngineConfig(
-            model=str(model_dir), max_model_len=MAX_MODEL_LEN, max_num_seqs=4, cpu_threads_bind=core
-        )
-        for core in ("0", "1")
-    ]
+    base = VllmEngineConfig(model=str(model_dir), max_model_len=max_model_len(model_dir))
+    configs = [base.model_copy(update={"max_num_seqs": 4, "cpu_threads_bind": c}) for c in "01"]
     return await asyncio.gather(*(VllmEngine.start(c) for c in configs))
 
 

@@ -41,11 +41,12 @@ class WeightUpdate:
 
     version: int
     stall_s: float
-    """Time generation was paused: pause + receive + load + relabel and resume."""
+    """Time generation was paused: pause + (streamed: receive +) load + relabel and resume."""
     pause_s: float
-    """Time pause_generation took (the running step finishing, outputs drained)."""
+    """Time the pause took (the running engine step finishing)."""
     receive_s: float
-    """Forming the round's group and receiving every bucket (slowest worker)."""
+    """Forming the round's group and receiving every bucket (slowest worker); for a staged
+    round, spent before the pause while the engine generated: not part of `stall_s`."""
     load_s: float
     """reload_weights (slowest worker)."""
     num_bytes: int

@@ -42,6 +42,7 @@ from weights.cpu_packing import (
 from weights.lora import apply_adapter, read_adapter_dir
 from weights.receiver import WeightChannel
 from weights.snapshot import safetensors_weights
+from weights.staging import RoundStaging
 from weights.subscription import RoundTicket
 
 
@@ -121,7 +122,7 @@ class RotaryReloadNotice(logging.Filter):
 _ROTARY_RELOAD_NOTICE = RotaryReloadNotice()
 
 
-class WeightSyncExtension:
+class WeightSyncExtension(RoundStaging):
     """Methods added to vLLM's worker (`self` is the worker: `model_runner`, `vllm_config`,
     `rank` come from it). Names must not clash with the worker's own attributes."""
 
@@ -170,6 +171,16 @@ class WeightSyncExtension:
         self._tether_checksum = fingerprint.values if track else None
         return num_bytes
 
+    def _tether_load_round(
+        self, ticket: RoundTicket, weights: Iterable[tuple[str, torch.Tensor]], track: bool
+    ) -> dict[str, Any]:
+        """Load a round's tensors: full weights, or an adapter (vLLM's LoRA, or merged)."""
+        if ticket.payload == "lora":
+            return apply_adapter(
+                self, weights, ticket.adapter_config, version=ticket.version, track=track
+            )
+        return {"num_bytes": self._tether_reload(weights, track)}
+
     def _tether_channel(self) -> WeightChannel:
         if not hasattr(self, "_tether_weight_channel"):
             self._tether_weight_channel = WeightChannel(worker_rank=self.rank)
@@ -208,18 +219,7 @@ class WeightSyncExtension:
             if staged:
                 # Host copies as buckets arrive: the GPU never holds the model outside vLLM.
                 weights = [(name, tensor.cpu()) for name, tensor in weights]
-            if round_ticket.payload == "lora":  # an adapter: vLLM's LoRA, or merged
-                result.update(
-                    apply_adapter(
-                        self,
-                        weights,
-                        round_ticket.adapter_config,
-                        version=round_ticket.version,
-                        track=track_checksum,
-                    )
-                )
-            else:
-                result["num_bytes"] = self._tether_reload(weights, track_checksum)
+            result.update(self._tether_load_round(round_ticket, weights, track_checksum))
         except (RuntimeError, TimeoutError, ValueError) as e:
             # The round failed (a peer died, the learner went away, we were not seated) or
             # the model refused a tensor: leave the round's group if we are still in it, and

@@ -19,6 +19,7 @@ from bench.render import (
     projection,
     resume,
     scale,
+    stall,
     system,
 )
 from bench.render.markdown import Figures
@@ -56,6 +57,7 @@ SECTIONS: dict[str, Section] = {
     "agentic": Section("agentic", agentic.agentic, "make bench-agentic"),
     "staleness": Section("staleness", system.staleness),
     "weightsync": Section("weightsync", system.weightsync),
+    "update_stall": Section("update_stall", stall.update_stall, "python bench/update_stall.py"),
     "delta_sync": Section("delta_sync", delta.delta_sync, "python bench/delta_sync.py"),
     "episode_resume": Section(
         "episode_resume", resume.episode_resume, "python bench/episode_resume.py"

@@ -5,7 +5,7 @@ import dataclasses
 import pytest
 
 from actors.config import VLLM_ENGINE_ARGS, VllmEngineConfig
-from actors.vllm_engine import threads_bind_for_replica
+from actors.engine_processes import threads_bind_for_replica
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,54 @@
+"""The block of bench/update_stall.py: the generation stall per weight update, streamed
+rounds against staged ones, on the demo and on a larger model."""
+
+from __future__ import annotations
+
+from bench.render.markdown import Figures, check, fixed, join, provenance, table
+
+CASES = (("demo", "the demo model (0.9 M)"), ("28m", "random Qwen2 (28.7 M)"))
+MODES = ("streamed", "staged")
+
+
+def update_stall(f: Figures) -> str:
+    setup = (
+        "One engine decoding a batch of long requests while rounds of the real weight sender"
+        " land, streamed and staged rounds alternating on the same engine; medians over"
+        f" {f.get('rounds', '?')} rounds of each. The stall is the longest gap between two"
+        " tokens over the update; the decode step the median gap before it."
+    )
+    header = ["figure"] + [f"{name}, {mode}" for _, name in CASES for mode in MODES]
+    rows = [
+        ["requests decoding", *(fixed(f.get(f"batch_{c}"), 0) for c, _ in CASES for _ in MODES)],
+        _row(f, "generation stall per update, ms", "stall_ms", 0),
+        _row(f, "decode step, ms", "decode_step_ms", 1),
+        _row(f, "**stall in decode steps**", "stall_in_decode_steps", 1),
+        [
+            "engine's account: pause / receive / load, ms",
+            *(
+                " / ".join(
+                    fixed(f.get(f"engine_{part}_ms_{c}_{m}"), 0)
+                    for part in ("pause", "receive", "load")
+                )
+                for c, _ in CASES
+                for m in MODES
+            ),
+        ],
+    ]
+    ratios = ", ".join(f"{name} {fixed(f.get(f'staged_vs_streamed_{c}'))}" for c, name in CASES)
+    targets = "\n".join(
+        [
+            f"- staged stall / streamed stall, same run: {ratios}",
+            check(
+                "stall in decode steps on the demo (staged)",
+                f.get("stall_in_decode_steps_demo_staged"),
+                2,
+                "<=",
+                lambda v: fixed(v, 1),
+            ),
+        ]
+    )
+    return join(setup, table(header, rows), targets, provenance(f))
+
+
+def _row(f: Figures, label: str, key: str, places: int) -> list[str]:
+    return [label, *(fixed(f.get(f"{key}_{c}_{m}"), places) for c, _ in CASES for m in MODES)]

@@ -1,0 +1,130 @@
+"""The generation stall per weight update on the demo, streamed rounds against staged ones
+(issue 32): how many decode steps an engine loses to each update.
+
+One vLLM engine on the demo model (`demo/tiny_model`, 0.9 M parameters), fed by the real
+weight sender in a process of its own (bench/weightsync.py's), while it decodes a batch of
+long requests: 64 on the demo (its `max_num_seqs`, which its 8 prompts x 8 samples fill).
+Then the same on weightsync's larger random model (28.7 M parameters, 115 MB; 16 requests),
+where receiving costs more than loading. Rounds alternate between the two ways an engine
+takes an update, on the same engine and in the same run (the worker decides per round):
+
+    streamed  pause, then receive and load each bucket as it arrives, relabel, resume
+    staged    receive the whole version into host memory while generating
+              (weights/staging.py), then pause for the load alone, relabel, resume
+
+The stall is the longest gap between two tokens overlapping the update; the decode step
+the median gap before it (bench/weightsync.py `stall_of`). Also the engine's own account
+(`WeightUpdate`: pause, receive, load). Medians over rounds; writes
+bench/results/update_stall.json. Not part of `make bench` (`python bench/update_stall.py`,
+two or three minutes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import multiprocessing as mp
+import sys
+import tempfile
+from pathlib import Path
+from statistics import median
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.common import load_average, report  # noqa: E402
+from bench.weightsync import (  # noqa: E402
+    build_model,
+    decode_arrivals,
+    follow,
+    max_model_len,
+    one_round,
+    sender_main,
+)
+
+MODES = ("streamed", "staged")
+
+
+async def measure(conn, model_dir: Path, rounds: int, batch: int) -> dict[str, list[dict]]:
+    from actors.vllm_engine import VllmEngine, VllmEngineConfig
+
+    address = f"127.0.0.1:{conn.recv()}"
+    config = VllmEngineConfig(
+        model=str(model_dir), max_model_len=max_model_len(model_dir), max_num_seqs=batch
+    )
+    engine = await VllmEngine.start(config)
+    updates: dict = {}
+    measured = {mode: [] for mode in MODES}
+    followers = []
+    stop = asyncio.Event()  # the rest of the batch, decoding through every round
+    others = [asyncio.create_task(decode_arrivals(engine, stop, [])) for _ in range(batch - 1)]
+    try:
+        followers = await follow({0: engine}, address, updates, conn, 1)
+        for version in range(1, 2 * rounds + 1):
+            mode = MODES[version % 2]
+            engine.config = config.model_copy(update={"staged_weight_load": mode == "staged"})
+            measured[mode].append(await one_round(conn, version, {0: engine}, updates))
+    finally:
+        stop.set()
+        await asyncio.gather(*others, return_exceptions=True)
+        for follower, task in followers:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            await follower.leave()
+        engine.shutdown()
+    return measured
+
+
+def summarize(measured: dict[str, list[dict]], case: str) -> dict:
+    figures: dict = {}
+    for mode, rounds in measured.items():
+        key = f"{case}_{mode}"
+        stall = 1e3 * median(r["stall_s"] for r in rounds)
+        step = 1e3 * median(r["decode_step_s"] for r in rounds)
+        figures.update({f"stall_ms_{key}": stall, f"decode_step_ms_{key}": step})
+        figures[f"stall_in_decode_steps_{key}"] = stall / step
+        for part in ("stall", "pause", "receive", "load"):
+            figures[f"engine_{part}_ms_{key}"] = 1e3 * median(r[f"engine_{part}_s"] for r in rounds)
+    figures[f"staged_vs_streamed_{case}"] = (
+        figures[f"stall_ms_{case}_staged"] / figures[f"stall_ms_{case}_streamed"]
+    )
+    return figures
+
+
+def run_case(case: str, model_dir: Path, rounds: int, batch: int) -> dict:
+    """One model: its own sender process and engine."""
+    from weights.snapshot import safetensors_weights
+
+    context = mp.get_context("spawn")
+    conn, child_conn = context.Pipe()
+    sender = context.Process(target=sender_main, args=(child_conn, str(model_dir)))
+    sender.start()
+    try:
+        measured = asyncio.run(measure(conn, model_dir, rounds, batch))
+        conn.send(("stop",))
+        conn.recv()
+    finally:
+        sender.join(timeout=30)
+        if sender.is_alive():
+            sender.kill()
+    nbytes = sum(t.numel() * t.element_size() for _, t in safetensors_weights(model_dir))
+    return {**summarize(measured, case), f"batch_{case}": batch, f"weight_bytes_{case}": nbytes}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=5, help="rounds of each kind (median)")
+    args = parser.parse_args()
+
+    from demo.tinymodel import shipped_model_dir
+
+    figures: dict = {"rounds": args.rounds}
+    with tempfile.TemporaryDirectory(prefix="update-stall-") as tmp, load_average() as loads:
+        larger = build_model(Path(tmp) / "model", hidden=768, layers=4)
+        for case, model_dir, batch in (("demo", shipped_model_dir(), 64), ("28m", larger, 16)):
+            figures.update(run_case(case, model_dir, args.rounds, batch))
+    figures.update(loads)
+    report("update_stall", "generation stall per update: streamed vs staged rounds", figures)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,77 @@
+"""A staged weight round is received while the engine keeps generating, and generation
+pauses only for the load (weights/staging.py, `staged_weight_load`): tokens keep coming
+while the learner's buckets trickle in, the update's stall holds no receive, and the engine
+then holds the new version exactly. The real engine and a real gloo round."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+import uuid
+
+import pytest
+
+from tests.actors.test_vllm_engine import _loads, _perturbed, _sender_and_subscription
+from weights.vllm_worker import checksum
+
+vllm = pytest.mark.vllm
+GATHER_S = 1.5
+"""How long the learner's side takes before its first tensor (a slow gather, a slow link)."""
+
+
+async def _decode(engine, stop: asyncio.Event, arrivals: list[float]) -> None:
+    """One long request, each token's arrival recorded, until `stop`."""
+    from vllm.sampling_params import RequestOutputKind, SamplingParams
+
+    params = SamplingParams(
+        max_tokens=engine.config.max_model_len - 8,
+        ignore_eos=True,
+        detokenize=False,
+        output_kind=RequestOutputKind.DELTA,
+    )
+    async for output in engine.llm.generate(
+        {"prompt_token_ids": [1, 2, 3]}, params, uuid.uuid4().hex
+    ):
+        arrivals += [time.monotonic()] * len(output.outputs[0].token_ids)
+        if stop.is_set() or output.finished:
+            return
+
+
+@vllm
+async def test_a_staged_round_arrives_while_the_engine_generates(vllm_engine, hf_tiny_model):
+    model = _perturbed(hf_tiny_model, seed=31)
+    named = [(name, param.detach()) for name, param in model.named_parameters()]
+
+    def slow_gather():
+        time.sleep(GATHER_S)
+        yield from named
+
+    arrivals: list[float] = []
+    stop = asyncio.Event()
+    version = vllm_engine.version + 1
+    with _sender_and_subscription() as (sender, subscription), _loads(vllm_engine, staged=True):
+        decoding = asyncio.create_task(_decode(vllm_engine, stop, arrivals))
+        while len(arrivals) < 20:
+            await asyncio.sleep(0.01)
+        thread = threading.Thread(target=sender.broadcast, args=(version, slow_gather()))
+        thread.start()
+        ticket = await asyncio.to_thread(subscription.wait_round, vllm_engine.version, 30.0)
+        started = time.monotonic()
+        update = await vllm_engine.update_weights(ticket)
+        ended = time.monotonic()
+        await asyncio.to_thread(thread.join)
+        await asyncio.sleep(0.2)
+        stop.set()
+        await decoding
+    paused_at = ended - update.stall_s
+    while_staging = [t for t in arrivals if started < t < paused_at]
+    # Before staging moved off the pause, the engine paused first and no token came for
+    # the whole receive (GATHER_S and more).
+    assert paused_at - started > GATHER_S * 0.9
+    assert len(while_staging) >= 20, (len(while_staging), paused_at - started)
+    assert update.receive_s > GATHER_S * 0.9 > update.stall_s
+    assert update.version == version == vllm_engine.version
+    expected, got = checksum(named), await vllm_engine.weights_checksum()
+    assert got["num_tensors"] == expected["num_tensors"]
+    assert got["sum"] == pytest.approx(expected["sum"], rel=1e-12)
