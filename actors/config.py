@@ -136,6 +136,12 @@ class VllmEngineConfig(StrictModel):
     received while the engine keeps generating, and generation pauses only for the load
     (weights/staging.py): the lower stall. The GPU holds one bucket outside vLLM's budget
     either way. Snapshot loads follow the same choice."""
+    weight_swap: bool = False
+    """With `staged_weight_load` on a CPU engine: also load and process the staged version
+    into a second copy of the model while generating, and swap the two by reference in
+    the pause, which then holds no load (weights/shadow.py): the shortest stall, for a
+    second copy of the model in host memory. Ignored on GPU (CUDA graphs keep the old
+    tensors' addresses) and with vLLM's LoRA."""
     enable_lora: bool = False
     """For a learner that trains a LoRA adapter (`learner.finetune.mode = "lora"`): load
     each version's adapter as a vLLM LoRA adapter (one slot, reloaded in place; generation
@@ -200,6 +206,10 @@ class VllmEngineConfig(StrictModel):
 
     @pydantic.model_validator(mode="after")
     def _no_full_staging_per_worker(self) -> VllmEngineConfig:
+        if self.weight_swap and not self.staged_weight_load:
+            raise ValueError(
+                "weight_swap needs staged_weight_load = true: it swaps in a staged version"
+            )
         if self.staged_weight_load and self.num_gpus > 1:
             raise ValueError(
                 f"staged_weight_load = true with {self.num_gpus} GPUs per engine: every "

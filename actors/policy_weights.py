@@ -144,7 +144,9 @@ class PolicyWeights:
             log.info("loading weights v%d (%s)", version, kind)
             stall_s = await self.engine.load_snapshot(path, version)
         except WeightUpdateError as e:
-            log.warning("weights v%d not loaded from the store: %s", announced.version, e)
+            what = f"snapshot v{announced.snapshot_version}"
+            what += " (nor the weights log after it)" if announced.deltas_path else ""
+            log.warning("weights %s not loaded: %s", what, e)
         else:
             metrics.WEIGHT_UPDATE_STALL_SECONDS.labels(kind).observe(stall_s)
 

@@ -252,7 +252,8 @@ class VllmEngine:
     async def _stage(self, ticket: RoundTicket) -> None:
         """Receive round `ticket` into the workers' host memory while generation goes on;
         WeightUpdateError (weights untouched, nothing paused) when the round failed."""
-        states = await self._worker_call("stage_weights", ticket.as_dict())
+        swap, track = self.config.weight_swap, self.config.track_weights_checksum
+        states = await self._worker_call("stage_weights", ticket.as_dict(), swap, track)
         while not any(s["error"] for s in states) and not all(s["done"] for s in states):
             await asyncio.sleep(0.005)  # each call is served between two engine steps
             states = await self._worker_call("staged_weights_state")

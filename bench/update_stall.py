@@ -11,6 +11,8 @@ takes an update, on the same engine and in the same run (the worker decides per 
     streamed  pause, then receive and load each bucket as it arrives, relabel, resume
     staged    receive the whole version into host memory while generating
               (weights/staging.py), then pause for the load alone, relabel, resume
+    swapped   staged, and loaded into a second copy of the model while generating too
+              (`weight_swap`, weights/shadow.py): the pause swaps the two by reference
 
 The stall is the longest gap between two tokens overlapping the update; the decode step
 the median gap before it (bench/weightsync.py `stall_of`). Also the engine's own account
@@ -41,7 +43,11 @@ from bench.weightsync import (  # noqa: E402
     sender_main,
 )
 
-MODES = ("streamed", "staged")
+MODES = {  # the engine settings of each way to take an update
+    "streamed": {"staged_weight_load": False, "weight_swap": False},
+    "staged": {"staged_weight_load": True, "weight_swap": False},
+    "swapped": {"staged_weight_load": True, "weight_swap": True},
+}
 
 
 async def measure(conn, model_dir: Path, rounds: int, batch: int) -> dict[str, list[dict]]:
@@ -59,9 +65,9 @@ async def measure(conn, model_dir: Path, rounds: int, batch: int) -> dict[str, l
     others = [asyncio.create_task(decode_arrivals(engine, stop, [])) for _ in range(batch - 1)]
     try:
         followers = await follow({0: engine}, address, updates, conn, 1)
-        for version in range(1, 2 * rounds + 1):
-            mode = MODES[version % 2]
-            engine.config = config.model_copy(update={"staged_weight_load": mode == "staged"})
+        for version in range(1, len(MODES) * rounds + 1):
+            mode = list(MODES)[version % len(MODES)]
+            engine.config = config.model_copy(update=MODES[mode])
             measured[mode].append(await one_round(conn, version, {0: engine}, updates))
     finally:
         stop.set()
@@ -84,9 +90,10 @@ def summarize(measured: dict[str, list[dict]], case: str) -> dict:
         figures[f"stall_in_decode_steps_{key}"] = stall / step
         for part in ("stall", "pause", "receive", "load"):
             figures[f"engine_{part}_ms_{key}"] = 1e3 * median(r[f"engine_{part}_s"] for r in rounds)
-    figures[f"staged_vs_streamed_{case}"] = (
-        figures[f"stall_ms_{case}_staged"] / figures[f"stall_ms_{case}_streamed"]
-    )
+    for mode in ("staged", "swapped"):
+        figures[f"{mode}_vs_streamed_{case}"] = (
+            figures[f"stall_ms_{case}_{mode}"] / figures[f"stall_ms_{case}_streamed"]
+        )
     return figures
 
 
@@ -123,7 +130,7 @@ def main() -> None:
         for case, model_dir, batch in (("demo", shipped_model_dir(), 64), ("28m", larger, 16)):
             figures.update(run_case(case, model_dir, args.rounds, batch))
     figures.update(loads)
-    report("update_stall", "generation stall per update: streamed vs staged rounds", figures)
+    report("update_stall", "generation stall per update: streamed, staged, swapped", figures)
 
 
 if __name__ == "__main__":

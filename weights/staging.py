@@ -26,47 +26,74 @@ from typing import Any
 
 import torch
 
+from weights.shadow import ShadowModel, supported
 from weights.subscription import RoundTicket
 
 
 @dataclass
 class StagedRound:
-    """One round being received into host memory, and what came of it."""
+    """One round being received into host memory (and with a shadow model, loaded into
+    it), and what came of it."""
 
     ticket: RoundTicket
     weights: list[tuple[str, torch.Tensor]] = field(default_factory=list)
     error: str = ""
     receive_s: float = 0.0
+    shadow_s: float = 0.0
+    """Loading the shadow model (0: none)."""
+    shadowed: dict[str, Any] | None = None
+    """With a shadow: the version's bytes and checksum; the weights are in the shadow."""
     done: threading.Event = field(default_factory=threading.Event)
 
-    def receive(self, channel, device: Any) -> None:
+    def receive(self, channel, device: Any, shadow: tuple | None, track: bool) -> None:
+        """Receive the round; `shadow`: (ShadowModel, the live model) to load it into."""
         started = time.monotonic()
         try:
             if isinstance(device, torch.device) and device.type == "cuda":
                 torch.cuda.set_device(device)  # the worker's GPU, not this thread's default
             self.weights = [(name, tensor.cpu()) for name, tensor in channel.receive(self.ticket)]
+            self.receive_s = time.monotonic() - started
+            if shadow is not None:
+                self._into(shadow, track)
         # The round failed (a peer died, the learner went away, we were not seated, a delta
-        # we cannot apply): nothing reached the model.
+        # we cannot apply; the shadow refused a tensor): nothing reached the live model.
         except (RuntimeError, TimeoutError, ValueError) as e:
             self.weights, self.error = [], f"{type(e).__name__}: {e}"
         finally:
-            self.receive_s = time.monotonic() - started
+            self.receive_s = self.receive_s or time.monotonic() - started
             self.done.set()
+
+    def _into(self, shadow: tuple, track: bool) -> None:
+        from weights.vllm_worker import checksum
+
+        started = time.monotonic()
+        num_bytes = sum(t.numel() * t.element_size() for _, t in self.weights)
+        fingerprint = checksum(self.weights) if track else None
+        spare, live = shadow
+        spare.load(self.weights, live)
+        self.weights = []  # in the shadow now: the host copy goes
+        self.shadowed = {"num_bytes": num_bytes, "checksum": fingerprint}
+        self.shadow_s = time.monotonic() - started
 
 
 class RoundStaging:
     """Mixed into `WeightSyncExtension` (`self` is vLLM's worker)."""
 
-    def stage_weights(self, ticket: dict[str, Any]) -> dict[str, Any]:
-        """Start receiving round `ticket` in a thread; returns at once."""
+    def stage_weights(
+        self, ticket: dict[str, Any], swap: bool = False, track_checksum: bool = False
+    ) -> dict[str, Any]:
+        """Start receiving round `ticket` in a thread; returns at once. `swap`: load it into
+        the shadow model too (weights/shadow.py), where supported."""
         previous = getattr(self, "_tether_staged", None)
         if previous is not None and not previous.done.is_set():
             return {"done": True, "error": f"round {previous.ticket.version} is still staging"}
         job = StagedRound(RoundTicket(**ticket))
         self._tether_staged = job
+        spare = self._tether_shadow() if swap and job.ticket.payload != "lora" else None
+        shadow = (spare, self.model_runner.get_model()) if spare is not None else None
         threading.Thread(
             target=job.receive,
-            args=(self._tether_channel(), getattr(self, "device", None)),
+            args=(self._tether_channel(), getattr(self, "device", None), shadow, track_checksum),
             name="tether-staging",
             daemon=True,
         ).start()
@@ -88,6 +115,12 @@ class RoundStaging:
             return {"version": version, "ok": False, "error": error, "weights_mixed": False}
         started = time.monotonic()
         result = {"version": version, "ok": True, "error": "", "receive_s": job.receive_s}
+        if job.shadowed is not None:  # already loaded, off the pause: trade places
+            self._tether_shadow().swap_into(self.model_runner.get_model())
+            self._tether_checksum = job.shadowed["checksum"]
+            load_s = time.monotonic() - started
+            return {**result, "num_bytes": job.shadowed["num_bytes"], "load_s": load_s,
+                    "shadow_s": job.shadow_s, "weights_mixed": False}  # fmt: skip
         self._tether_load_started = False
         try:
             result.update(self._tether_load_round(job.ticket, job.weights, track_checksum))
@@ -97,6 +130,13 @@ class RoundStaging:
             return result
         result.update(load_s=time.monotonic() - started, weights_mixed=False)
         return result
+
+    def _tether_shadow(self) -> ShadowModel | None:
+        """This worker's shadow model (None where unsupported: GPU, graphs, vLLM's LoRA)."""
+        if not hasattr(self, "_tether_shadow_model"):
+            config = self.vllm_config
+            self._tether_shadow_model = ShadowModel(config) if supported(config) else None
+        return self._tether_shadow_model
 
     def drop_staged_weights(self) -> None:
         """Forget a staged round that will not be loaded (its receive failed elsewhere)."""

@@ -1,20 +1,22 @@
 """The block of bench/update_stall.py: the generation stall per weight update, streamed
-rounds against staged ones, on the demo and on a larger model."""
+rounds against staged and swapped ones, on the demo and on a larger model."""
 
 from __future__ import annotations
 
 from bench.render.markdown import Figures, check, fixed, join, provenance, table
 
-CASES = (("demo", "the demo model (0.9 M)"), ("28m", "random Qwen2 (28.7 M)"))
-MODES = ("streamed", "staged")
+CASES = (("demo", "demo (0.9 M)"), ("28m", "28.7 M"))
+MODES = ("streamed", "staged", "swapped")
 
 
 def update_stall(f: Figures) -> str:
     setup = (
         "One engine decoding a batch of long requests while rounds of the real weight sender"
-        " land, streamed and staged rounds alternating on the same engine; medians over"
+        " land, the three kinds of round alternating on the same engine; medians over"
         f" {f.get('rounds', '?')} rounds of each. The stall is the longest gap between two"
-        " tokens over the update; the decode step the median gap before it."
+        " tokens over the update; the decode step the median gap before it. Staged and"
+        " swapped rounds receive before the pause, while the engine generates (and swapped"
+        " ones load the shadow model then too): their receive is not in their stall."
     )
     header = ["figure"] + [f"{name}, {mode}" for _, name in CASES for mode in MODES]
     rows = [
@@ -34,13 +36,17 @@ def update_stall(f: Figures) -> str:
             ),
         ],
     ]
-    ratios = ", ".join(f"{name} {fixed(f.get(f'staged_vs_streamed_{c}'))}" for c, name in CASES)
+    ratios = "; ".join(
+        f"{name}: staged {fixed(f.get(f'staged_vs_streamed_{c}'))},"
+        f" swapped {fixed(f.get(f'swapped_vs_streamed_{c}'))}"
+        for c, name in CASES
+    )
     targets = "\n".join(
         [
-            f"- staged stall / streamed stall, same run: {ratios}",
+            f"- stall / the streamed stall, same run: {ratios}",
             check(
-                "stall in decode steps on the demo (staged)",
-                f.get("stall_in_decode_steps_demo_staged"),
+                "stall in decode steps on the demo (swapped)",
+                f.get("stall_in_decode_steps_demo_swapped"),
                 2,
                 "<=",
                 lambda v: fixed(v, 1),

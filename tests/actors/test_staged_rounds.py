@@ -12,7 +12,14 @@ import uuid
 
 import pytest
 
-from tests.actors.test_vllm_engine import _loads, _perturbed, _sender_and_subscription
+from demo.reference import hf_greedy
+from tests.actors.test_vllm_engine import (
+    _loads,
+    _perturbed,
+    _request,
+    _sender_and_subscription,
+    push_round,
+)
 from weights.vllm_worker import checksum
 
 vllm = pytest.mark.vllm
@@ -75,3 +82,35 @@ async def test_a_staged_round_arrives_while_the_engine_generates(vllm_engine, hf
     expected, got = checksum(named), await vllm_engine.weights_checksum()
     assert got["num_tensors"] == expected["num_tensors"]
     assert got["sum"] == pytest.approx(expected["sum"], rel=1e-12)
+
+
+@vllm
+async def test_swapped_rounds_pause_for_no_load_and_generate_with_the_new_weights(
+    vllm_engine, hf_tiny_model, prompts, tokenizer
+):
+    """`weight_swap`: each version is loaded into the shadow model off the pause and
+    swapped in by reference; three rounds in a row, so the shadow is reloaded while it
+    holds the version before (double buffering), and greedy output after each is what
+    transformers gives on that version."""
+    config = vllm_engine.config
+    vllm_engine.config = config.model_copy(update={"staged_weight_load": True, "weight_swap": True})
+    loads, spec = [], _request(temperature=0.0, max_tokens=16)
+    try:
+        with _sender_and_subscription() as (sender, subscription):
+            for seed in (41, 42, 43):
+                model = _perturbed(hf_tiny_model, seed=seed)
+                named = [(name, param.detach()) for name, param in model.named_parameters()]
+                version = vllm_engine.version + 1
+                _, update, _ = await push_round(vllm_engine, sender, subscription, named, version)
+                assert update.version == version == vllm_engine.version
+                expected, got = checksum(named), await vllm_engine.weights_checksum()
+                assert got["sum"] == pytest.approx(expected["sum"], rel=1e-12)
+                for prompt in prompts:
+                    generation = await vllm_engine.generate(prompt, spec)
+                    want = hf_greedy(model, prompt, 16, tokenizer.eos_token_id)
+                    assert generation.token_ids == want
+                    assert generation.versions == [version] * len(want)
+                loads.append(update.load_s)
+    finally:
+        vllm_engine.config = config
+    print(f"\nswapped rounds, load inside the pause: {[round(1e3 * s, 2) for s in loads]} ms")

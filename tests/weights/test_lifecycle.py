@@ -119,3 +119,24 @@ def test_engine_staging_rules():
     assert VllmEngineConfig(model="m", staged_weight_load=True).stages_weights  # opt-in
     with pytest.raises(ValueError, match="every worker would stage the whole model"):
         VllmEngineConfig(model="m", pipeline_parallel_size=2, staged_weight_load=True)
+    with pytest.raises(ValueError, match="weight_swap needs staged_weight_load"):
+        VllmEngineConfig(model="m", weight_swap=True)
+    assert VllmEngineConfig(model="m", staged_weight_load=True, weight_swap=True).weight_swap
+
+
+def test_the_shadow_model_serves_cpu_engines_in_eager_mode_without_vllm_lora():
+    from types import SimpleNamespace as Config
+
+    from weights.shadow import supported
+
+    def config(device: str, *, eager: bool = True, lora=None):
+        return Config(
+            device_config=Config(device=torch.device(device)),
+            model_config=Config(enforce_eager=eager),
+            lora_config=lora,
+        )
+
+    assert supported(config("cpu"))
+    assert not supported(config("cuda"))  # a CUDA graph keeps the old tensors' addresses
+    assert not supported(config("cpu", eager=False))
+    assert not supported(config("cpu", lora=object()))  # vLLM's LoRA layers wrap the base
