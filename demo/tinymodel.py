@@ -306,10 +306,15 @@ def rebuild_tiny_model(
     log: ProgressLog | None = _print_progress,
 ) -> Path:
     """Build the warm-started model from scratch with the tool specs a live calculator env
-    server hands out for a demo row (minutes)."""
+    server hands out for a demo row (minutes a build); a seed whose build did not learn to
+    copy operands is passed over for the next (demo/copy_check.py)."""
+    from demo.copy_check import first_build_that_copies
     from demo.env_tools import fetch_demo_tools
 
-    return build_tiny_model(out_dir, tools=fetch_demo_tools(), recipe=recipe, log=log)
+    def build(trial: TinyModelRecipe, tools: list[dict]) -> Path:
+        return build_tiny_model(out_dir, tools=tools, recipe=trial, log=log)
+
+    return first_build_that_copies(build, fetch_demo_tools(), recipe)
 
 
 def main(argv: list[str] | None = None) -> None:
