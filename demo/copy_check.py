@@ -3,9 +3,9 @@ warm start is for, and the one a seed can miss (docs/tinymodel.md: copying appea
 abruptly, and on some seeds and machines' floats never does).
 
 Teacher-forced, so it takes a second: on held-out demonstrations that call `add`, the
-fraction of tool calls whose every digit (the operands, one token per digit) the model
+fraction of the tool call's digits (the operands, one token per digit) that the model
 predicts right from the tokens before them. A build that copies is near 1; one that
-guesses digits near 0.
+guesses digits is near 0.1.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ def first_build_that_copies(build: Callable, tools: list[dict], recipe) -> Path:
         accuracy = copy_accuracy(directory, tools)
         if accuracy >= MIN_COPY_ACCURACY:
             return directory
-        print(f"seed {trial.seed}: {accuracy:.2f} of the tool calls copied (below "
+        print(f"seed {trial.seed}: {accuracy:.2f} of the operands' digits copied (below "
               f"{MIN_COPY_ACCURACY}): it did not learn to copy; building the next seed",
               file=sys.stderr)  # fmt: skip
     last = recipe.seed + REBUILD_SEEDS - 1
@@ -43,8 +43,8 @@ def first_build_that_copies(build: Callable, tools: list[dict], recipe) -> Path:
 
 
 def copy_accuracy(model_dir: str | Path, tools: list[dict], *, num: int = 64) -> float:
-    """The fraction of `num` held-out demonstrations whose first tool call has every digit
-    predicted right (one wrong digit is a wrong call, as in a played episode)."""
+    """The fraction of the first tool call's digits predicted right, over `num` held-out
+    demonstrations that call the tool."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -57,8 +57,8 @@ def copy_accuracy(model_dir: str | Path, tools: list[dict], *, num: int = 64) ->
         digits = [p for p in call if tokenizer.decode([ids[p]]).strip().isdigit()]
         with torch.no_grad():
             predicted = model(torch.tensor([ids])).logits[0].argmax(-1)  # [T]
-        right += all(int(predicted[p - 1]) == ids[p] for p in digits)
-        total += 1
+        right += sum(int(predicted[p - 1]) == ids[p] for p in digits)
+        total += len(digits)
     return right / total if total else 0.0
 
 

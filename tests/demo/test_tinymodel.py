@@ -175,6 +175,7 @@ def test_shipped_model_lands_between_never_and_always_right():
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(3000)  # a build is minutes; a seed passed over costs another
 def test_a_rebuild_still_lands_in_the_band(tmp_path):
     """`python -m demo.tinymodel --rebuild`: the tool specs from a live env server, the
     default recipe, minutes of training on this machine's floats; not bit-equal to the
