@@ -8,10 +8,10 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-import uuid
 
 import pytest
 
+from bench.weightsync import decode_arrivals
 from demo.reference import hf_greedy
 from tests.actors.test_vllm_engine import (
     _loads,
@@ -27,24 +27,6 @@ GATHER_S = 1.5
 """How long the learner's side takes before its first tensor (a slow gather, a slow link)."""
 
 
-async def _decode(engine, stop: asyncio.Event, arrivals: list[float]) -> None:
-    """One long request, each token's arrival recorded, until `stop`."""
-    from vllm.sampling_params import RequestOutputKind, SamplingParams
-
-    params = SamplingParams(
-        max_tokens=engine.config.max_model_len - 8,
-        ignore_eos=True,
-        detokenize=False,
-        output_kind=RequestOutputKind.DELTA,
-    )
-    async for output in engine.llm.generate(
-        {"prompt_token_ids": [1, 2, 3]}, params, uuid.uuid4().hex
-    ):
-        arrivals += [time.monotonic()] * len(output.outputs[0].token_ids)
-        if stop.is_set() or output.finished:
-            return
-
-
 @vllm
 async def test_a_staged_round_arrives_while_the_engine_generates(vllm_engine, hf_tiny_model):
     model = _perturbed(hf_tiny_model, seed=31)
@@ -58,7 +40,7 @@ async def test_a_staged_round_arrives_while_the_engine_generates(vllm_engine, hf
     stop = asyncio.Event()
     version = vllm_engine.version + 1
     with _sender_and_subscription() as (sender, subscription), _loads(vllm_engine, staged=True):
-        decoding = asyncio.create_task(_decode(vllm_engine, stop, arrivals))
+        decoding = asyncio.create_task(decode_arrivals(vllm_engine, stop, arrivals))
         while len(arrivals) < 20:
             await asyncio.sleep(0.01)
         thread = threading.Thread(target=sender.broadcast, args=(version, slow_gather()))
