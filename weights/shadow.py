@@ -25,7 +25,12 @@ from collections.abc import Iterable
 
 import torch
 
-from weights.cpu_packing import drop_embedding_copies, dropping_embedding_copies
+from weights.cpu_packing import (
+    drop_embedding_copies,
+    drop_lm_head_copies,
+    dropping_embedding_copies,
+)
+from weights.vocab_in_place import vocab_in_place
 
 PREFIX = "tether_shadow"
 
@@ -64,16 +69,19 @@ class ShadowModel:
                 _unshare(self.model, live)
                 self.aliases = tied_aliases(self.model)  # intact until its first reload
                 drop_embedding_copies(self.model)
+            drop_lm_head_copies(self.model)  # not live: its head is packed again after the load
             try:
-                reload_weights(
-                    config,
-                    self.model,
-                    weights_iterator=dropping_embedding_copies(
-                        self.model, with_aliases(weights, self.aliases)
-                    ),
-                    weights_path=None,
-                    is_checkpoint_format=True,
-                )
+                with vocab_in_place(self.model) as in_place:
+                    reload_weights(
+                        config,
+                        self.model,
+                        weights_iterator=dropping_embedding_copies(
+                            self.model, in_place.load(with_aliases(weights, self.aliases))
+                        ),
+                        weights_path=None,
+                        is_checkpoint_format=True,
+                    )
+                    in_place.repack()
             except BaseException:
                 # A shadow cut short holds no version: the next load starts it over.
                 finalize_layerwise_reload(self.model, config.model_config)

@@ -26,7 +26,6 @@ worker (docs/weights.md, "Memory of an update").
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
@@ -44,6 +43,7 @@ from weights.receiver import WeightChannel
 from weights.snapshot import safetensors_weights
 from weights.staging import RoundStaging
 from weights.subscription import RoundTicket
+from weights.vocab_in_place import vocab_in_place
 
 
 class Checksum:
@@ -104,24 +104,6 @@ def with_aliases(
             yield alias, tensor
 
 
-class RotaryReloadNotice(logging.Filter):
-    """Drops one message of vLLM's layerwise reload, `RotaryEmbedding: Failed to load
-    weights`, said at every update: the rotary cos/sin cache is a non-persistent buffer
-    computed from the config, which no checkpoint and no round holds, so vLLM puts the
-    cache it had back, unchanged (benign; docs/actors.md). Every other layer's failure is
-    still said: FoPE's rotary, say, has trained parameters."""
-
-    LOGGER = "vllm.model_executor.model_loader.reload.layerwise"
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not (
-            record.msg == "%s: Failed to load weights" and record.args == ("RotaryEmbedding",)
-        )
-
-
-_ROTARY_RELOAD_NOTICE = RotaryReloadNotice()
-
-
 class WeightSyncExtension(RoundStaging):
     """Methods added to vLLM's worker (`self` is the worker: `model_runner`, `vllm_config`,
     `rank` come from it). Names must not clash with the worker's own attributes."""
@@ -140,7 +122,6 @@ class WeightSyncExtension(RoundStaging):
         model = self.model_runner.get_model()
         if not hasattr(self, "_tether_aliases"):  # ties are intact until the first reload
             self._tether_aliases = tied_aliases(model)
-            logging.getLogger(RotaryReloadNotice.LOGGER).addFilter(_ROTARY_RELOAD_NOTICE)
         fingerprint = Checksum()
         num_bytes = 0
         self._tether_load_started = False
@@ -156,13 +137,14 @@ class WeightSyncExtension(RoundStaging):
                     fingerprint.add(tensor)
                 yield name, tensor
 
-        with set_current_vllm_config(self.vllm_config):
+        with set_current_vllm_config(self.vllm_config), vocab_in_place(model) as in_place:
             try:
                 self.model_runner.reload_weights(
                     weights_iterator=dropping_embedding_copies(
-                        model, with_aliases(recorded(), self._tether_aliases)
+                        model, in_place.load(with_aliases(recorded(), self._tether_aliases))
                     )
                 )
+                in_place.repack()
             except BaseException:  # whatever stopped it: no layer may stay on the meta device
                 finalize_layerwise_reload(model, self.vllm_config.model_config)
                 raise

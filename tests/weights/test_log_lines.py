@@ -19,7 +19,7 @@ import torch
 
 from tests.weights.dying_learner import kill, start_sender
 from weights.subscription import WeightSubscription
-from weights.vllm_worker import RotaryReloadNotice
+from weights.vocab_in_place import ReloadNotices
 
 NUM_LOSSES = 3
 
@@ -95,7 +95,7 @@ def test_a_rotary_layer_reloads_its_own_cache_and_its_warning_is_filtered():
     from vllm.config import VllmConfig, set_current_vllm_config
     from vllm.model_executor.layers.rotary_embedding import get_rope
 
-    vllm_logger, said = logging.getLogger(RotaryReloadNotice.LOGGER), _Said()
+    vllm_logger, said = logging.getLogger(ReloadNotices.LOGGERS[0]), _Said()
     vllm_logger.addHandler(said)
     try:
         with set_current_vllm_config(VllmConfig()):
@@ -107,7 +107,7 @@ def test_a_rotary_layer_reloads_its_own_cache_and_its_warning_is_filtered():
             assert torch.equal(rope.cos_sin_cache, cache)  # the same cache, put back
 
             said.messages.clear()
-            vllm_logger.addFilter(RotaryReloadNotice())
+            vllm_logger.addFilter(ReloadNotices())
             _reload_loading_nothing(model)
             vllm_logger.warning("%s: Failed to load weights", "QKVParallelLinear")
             assert said.messages == ["QKVParallelLinear: Failed to load weights"]  # still said
