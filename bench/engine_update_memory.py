@@ -177,9 +177,12 @@ def receiver_main(host: str, port: int, conn) -> None:
     subscription.leave()
 
 
-def receive_path_growths(named: list, *, bucket_mb: float, rounds: int) -> list[int]:
+def receive_path_growths(
+    named: list, *, bucket_mb: float, rounds: int
+) -> tuple[list[int], list[float]]:
     """Growth in bytes of a plain receiver process (`receiver_main`) in each of `rounds`
-    rounds, after a warm-up one."""
+    rounds, after a warm-up one, and the sender's transfer seconds of each (the wire and
+    the receive path, no load to wait for)."""
     import multiprocessing as mp
 
     sender = new_sender(bucket_mb)
@@ -188,7 +191,7 @@ def receive_path_growths(named: list, *, bucket_mb: float, rounds: int) -> list[
     with environ_set(FIXED_MALLOC):  # read by the receiver process when it starts
         receiver = mp.get_context("spawn").Process(target=receiver_main, args=(*address, theirs))
         receiver.start()
-    growths = []
+    growths, transfers = [], []
     try:
         pid = ours.recv()
         while not sender.members():
@@ -201,13 +204,14 @@ def receive_path_growths(named: list, *, bucket_mb: float, rounds: int) -> list[
             assert report.ok, report.error
             assert ours.recv() == tensor_bytes(named)
             growths.append((status_kb(pid)["VmHWM"] - before) * 1024)
+            transfers.append(report.transfer_s)
         ours.send("stop")
         receiver.join(timeout=60)
     finally:
         if receiver.is_alive():
             receiver.kill()
         sender.close()
-    return growths[1:]
+    return growths[1:], transfers[1:]
 
 
 async def engine_round(engine, sender, subscription, named: list, version: int, pid: int):
@@ -272,7 +276,7 @@ async def measure(model_dir: Path, *, bucket_mb: float, rounds: int) -> dict:
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     named = [(name, param.detach()) for name, param in model.named_parameters()]
     largest = largest_bucket_bytes(named, int(bucket_mb * MB))
-    received = receive_path_growths(named, bucket_mb=bucket_mb, rounds=rounds)
+    received, received_s = receive_path_growths(named, bucket_mb=bucket_mb, rounds=rounds)
     by_mode, rss_before, rss_after = await engine_rounds(
         model_dir, named, bucket_mb=bucket_mb, rounds=rounds
     )
@@ -294,6 +298,7 @@ async def measure(model_dir: Path, *, bucket_mb: float, rounds: int) -> dict:
         figures[f"{mode}_growth_mb_min"] = min(values) / MB
         figures[f"{mode}_growth_buckets"] = max(values) / (bucket_mb * MB)
         figures[f"{mode}_growth_largest_buckets"] = max(values) / largest
+    figures["receive_only_sender_transfer_ms"] = median(received_s) * 1e3
     for mode, results in by_mode.items():
         figures[f"{mode}_stall_ms"] = median(u.stall_s for _, u, _ in results) * 1e3
         figures[f"{mode}_sender_transfer_ms"] = median(r.transfer_s for _, _, r in results) * 1e3

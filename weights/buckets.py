@@ -71,10 +71,17 @@ def bucketize(
 
 
 def pack_bucket(
-    named_tensors: list[tuple[str, torch.Tensor | Encoded]], device: torch.device | str = "cpu"
+    named_tensors: list[tuple[str, torch.Tensor | Encoded]],
+    device: torch.device | str = "cpu",
+    into: torch.Tensor | None = None,
 ) -> tuple[bytes, torch.Tensor]:
     """One flat uint8 buffer holding every tensor's bytes, and a JSON header of
-    [name, dtype, shape, offset] entries locating them ([..., meta] for an `Encoded`)."""
+    [name, dtype, shape, offset] entries locating them ([..., meta] for an `Encoded`).
+
+    The buffer is the front of `into` when that is large enough (a sender reuses its
+    buffers: fresh memory costs a page fault per 4 KiB, a third of the copy's time), else a
+    new one; a lone contiguous tensor on `device` is its own buffer, sent without a copy
+    (a vocabulary-sized tensor travels alone: a quarter of a 0.5B model's bytes)."""
     import torch
 
     entries: list[list[Any]] = []
@@ -85,14 +92,37 @@ def pack_bucket(
         else:
             entries.append([name, dtype_name(tensor), list(tensor.shape), offset])
         offset = _aligned(offset + _nbytes(tensor))
-    buffer = torch.zeros(offset, dtype=torch.uint8, device=device)  # [nbytes]
+    header = json.dumps(entries).encode()
+    if len(named_tensors) == 1:
+        lone = named_tensors[0][1]
+        if not isinstance(lone, Encoded) and lone.is_contiguous() and _on(lone, device):
+            return header, lone.detach().reshape(-1).view(torch.uint8)
+    if into is not None and into.numel() >= offset:
+        buffer = into[:offset]
+    else:
+        buffer = torch.empty(offset, dtype=torch.uint8, device=device)  # [nbytes]
+    end = 0
     for (_, tensor), entry in zip(named_tensors, entries, strict=True):
         if isinstance(tensor, Encoded):
             flat = tensor.data
         else:
             flat = tensor.detach().contiguous().reshape(-1).view(torch.uint8)
-        buffer[entry[3] : entry[3] + flat.numel()].copy_(flat)
-    return json.dumps(entries).encode(), buffer
+        start = entry[3]
+        buffer[end:start].zero_()  # alignment padding: no stale bytes on the wire
+        buffer[start : start + flat.numel()].copy_(flat)
+        end = start + flat.numel()
+    buffer[end:].zero_()
+    return header, buffer
+
+
+def _on(tensor: torch.Tensor, device: torch.device | str) -> bool:
+    """Whether `tensor` lives on `device` (`cuda` meaning the current GPU)."""
+    import torch
+
+    want = torch.device(device)
+    if want.type == "cuda" and want.index is None:
+        want = torch.device("cuda", torch.cuda.current_device())
+    return tensor.device == want
 
 
 def unpack_bucket(header: bytes, buffer: torch.Tensor) -> list[tuple[str, torch.Tensor | Encoded]]:

@@ -8,9 +8,11 @@ Framing, per bucket (rank 0 sends, everyone else receives):
 
 The sender keeps at most `MAX_IN_FLIGHT` buckets in flight: before packing the next one it
 waits (bounded) for the oldest to complete, so a GPU learner holds two bucket buffers, not
-the model, however slow the receivers. A receiver allocates one bucket at a time and hands
-its tensors on (views, no copies) before the next arrives. Every wait is bounded by the
-group's timeout: no progress for that long means a dead or hung peer.
+the model, however slow the receivers. It packs into those two buffers round after round,
+and sends a tensor that travels alone from its own memory. A receiver takes one bucket at a
+time and hands its tensors on (views, no copies) before the next arrives, into a buffer of
+the round that nobody holds any more when there is one (`BucketBuffers`). Every wait is
+bounded by the group's timeout: no progress for that long means a dead or hung peer.
 """
 
 from __future__ import annotations
@@ -38,11 +40,17 @@ def send_buckets(
 
     device = group.device
     in_flight: deque = deque()
+    # One packing buffer per bucket in flight, reused round the ring: before bucket k is
+    # packed, bucket k - MAX_IN_FLIGHT (the same slot) has completed.
+    slots: list[torch.Tensor | None] = [None] * MAX_IN_FLIGHT
     num_tensors = num_bytes = 0
-    for bucket in bucketize(named_tensors, bucket_bytes):
+    for index, bucket in enumerate(bucketize(named_tensors, bucket_bytes)):
         while len(in_flight) >= MAX_IN_FLIGHT:
             group.wait(in_flight.popleft(), "a bucket")
-        header, buffer = pack_bucket(bucket, device)
+        slot = index % MAX_IN_FLIGHT
+        if slots[slot] is None and len(bucket) > 1:
+            slots[slot] = torch.empty(bucket_bytes, dtype=torch.uint8, device=device)
+        header, buffer = pack_bucket(bucket, device, into=slots[slot])
         header_tensor = torch.frombuffer(bytearray(header), dtype=torch.uint8).to(device)
         sizes = torch.tensor([len(header), buffer.numel()], dtype=torch.int64, device=device)
         group.broadcast(sizes)
@@ -62,6 +70,7 @@ def receive_buckets(group: WeightGroup) -> Iterator[tuple[str, torch.Tensor]]:
     import torch
 
     device = group.device
+    spare = BucketBuffers(device)
     while True:
         sizes = torch.zeros(2, dtype=torch.int64, device=device)
         group.wait(group.broadcast(sizes), "a bucket header")
@@ -70,6 +79,48 @@ def receive_buckets(group: WeightGroup) -> Iterator[tuple[str, torch.Tensor]]:
             return
         header = torch.empty(header_len, dtype=torch.uint8, device=device)
         group.wait(group.broadcast(header), "a bucket header")
-        buffer = torch.empty(num_bytes, dtype=torch.uint8, device=device)
+        buffer = spare.take(num_bytes)
         group.wait(group.broadcast(buffer), "a bucket")
         yield from unpack_bucket(header.cpu().numpy().tobytes(), buffer)
+        del buffer  # the views handed out now hold it, or nobody does
+
+
+class BucketBuffers:
+    """A receiver's bucket buffers within one round, reused once nobody holds a view of
+    them. Receiving into fresh memory faults in every page inside the transfer: gloo over
+    loopback moved 1.2 GB/s into fresh 64 MB buffers against 3.4 GB/s into a reused one, on
+    the same machine. A consumer that keeps every tensor (a staged load) leaves nothing to
+    reuse, and each bucket is new; one that loads as it goes (streamed) frees each bucket's
+    views when its layers are loaded. At most `MAX_KEPT` buffers are kept, and only for the
+    round: what the round leaves is freed with it."""
+
+    MAX_KEPT = MAX_IN_FLIGHT
+
+    def __init__(self, device) -> None:
+        import torch
+
+        self.device = device
+        self.kept: list[torch.Tensor] = []
+        self._use_count = getattr(torch._C, "_storage_Use_Count", None)
+
+    def take(self, num_bytes: int) -> torch.Tensor:
+        """A buffer of `num_bytes`: a kept one nobody else holds, else a new one (kept in
+        place of the smallest when `MAX_KEPT` are)."""
+        import torch
+
+        free = [b for b in self.kept if b.numel() >= num_bytes and self._unshared(b)]
+        if free:
+            return min(free, key=torch.Tensor.numel)[:num_bytes]
+        buffer = torch.empty(num_bytes, dtype=torch.uint8, device=self.device)
+        if len(self.kept) >= self.MAX_KEPT:  # by identity: `==` on tensors compares values
+            del self.kept[min(range(len(self.kept)), key=lambda i: self.kept[i].numel())]
+        self.kept.append(buffer)
+        return buffer
+
+    def _unshared(self, buffer: torch.Tensor) -> bool:
+        """Whether only this pool holds `buffer`'s memory (torch counts every tensor on a
+        storage; without that count, never: reuse must not overwrite a consumer's tensor)."""
+        if self._use_count is None:
+            return False
+        storage = buffer.untyped_storage()
+        return self._use_count(storage._cdata) <= 2  # the kept tensor, and `storage`

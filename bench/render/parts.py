@@ -178,13 +178,14 @@ def engine_update_memory(f: Figures) -> str:
         for mode, label in modes
     ]
     growth = table(["host memory growth", "MB", "largest buckets", "buckets"], rows)
+    engines = ("streamed", "staged")
     times = table(
-        ["per round, ms", "streamed", "staged"],
+        ["per round, ms", "receive path alone", "streamed", "staged"],
         [
-            ["stall (pause to resume)"]
-            + [count(f.get(f"{mode}_stall_ms")) for mode in ("streamed", "staged")],
+            ["stall (pause to resume)", "—"]
+            + [count(f.get(f"{mode}_stall_ms")) for mode in engines],
             ["sender's transfer"]
-            + [count(f.get(f"{mode}_sender_transfer_ms")) for mode in ("streamed", "staged")],
+            + [count(f.get(f"{mode}_sender_transfer_ms")) for mode in ("receive_only", *engines)],
         ],
     )
     targets = "\n".join(  # four places: a growth at the bound reads 2.00 either way
