@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from weights.buckets import bucketize, pack_bucket, unpack_bucket
+from weights.collective import BucketBuffers
 from weights.config import WeightSyncConfig
 from weights.membership import Roster, next_roster, without
 from weights.receiver import WeightChannel, receive_round
@@ -101,6 +102,40 @@ def test_pack_places_tensors_at_64_byte_offsets_and_unpack_restores_them():
     for (name, tensor), (got_name, got) in zip(tensors, restored, strict=True):
         assert got_name == name and got.dtype == tensor.dtype and got.shape == tensor.shape
         assert torch.equal(got, tensor)
+
+
+def test_a_sender_packs_into_its_own_buffer_and_a_lone_tensor_goes_uncopied():
+    tensors = [("a", torch.full((3,), 1.0)), ("b", torch.full((5,), 2.0))]
+    into = torch.full((1024,), 7, dtype=torch.uint8)  # stale bytes from an earlier bucket
+    header, buffer = pack_bucket(tensors, into=into)
+    assert buffer.data_ptr() == into.data_ptr() and buffer.numel() == 128
+    assert not buffer[12:64].any() and not buffer[84:].any()  # padding zeroed, not stale
+    for (_, got), (_, tensor) in zip(unpack_bucket(header, buffer), tensors, strict=True):
+        assert torch.equal(got, tensor)
+    lone = torch.arange(6, dtype=torch.float32).reshape(2, 3)
+    header, buffer = pack_bucket([("lone", lone)], into=into)
+    assert buffer.data_ptr() == lone.data_ptr()  # its own memory
+    assert torch.equal(unpack_bucket(header, buffer)[0][1], lone)
+    header, buffer = pack_bucket([("t", lone.T)])  # not contiguous: copied
+    assert buffer.data_ptr() != lone.data_ptr()
+    assert torch.equal(unpack_bucket(header, buffer)[0][1], lone.T)
+
+
+def test_a_receiver_reuses_a_bucket_buffer_only_once_nobody_holds_its_tensors():
+    spare = BucketBuffers("cpu")
+    first = spare.take(100)
+    view = first[10:20]  # a consumer still holds a tensor of that bucket
+    del first
+    second = spare.take(100)
+    assert second.untyped_storage().data_ptr() != view.untyped_storage().data_ptr()  # new
+    del view, second
+    kept = {buffer.untyped_storage().data_ptr() for buffer in spare.kept}
+    reused = spare.take(80)  # free again: reused, no new buffer
+    assert reused.numel() == 80 and reused.untyped_storage().data_ptr() in kept
+    assert len(spare.kept) == 2
+    held = [reused, spare.take(100)]
+    spare.take(300)  # both held: a new one, kept in place of the smallest
+    assert len(spare.kept) == BucketBuffers.MAX_KEPT and held
 
 
 def test_ranks_follow_member_ids_with_each_members_slots():
