@@ -4,8 +4,9 @@ across rounds until the membership changes or a round fails.
 
 Every wait is bounded and explicit, on NCCL as on gloo:
 
-- `broadcast` returns the collective's work; `wait(work, timeout_s)` polls
-  `work.is_completed()` until it is, or aborts the communicator and raises
+- `broadcast` returns the collective's work; `wait(work, timeout_s)` checks
+  `work.is_completed()` (woken by the work's completion on gloo, polling on NCCL) until it
+  is, or aborts the communicator and raises
   `TransferTimeout` when the deadline passes. On NCCL a plain `work.wait()` only orders the
   current CUDA stream after the collective and returns at once: a dead or hung peer would
   surface nowhere but in the watchdog, which by default (TORCH_NCCL_ASYNC_ERROR_HANDLING=3)
