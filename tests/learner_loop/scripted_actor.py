@@ -35,6 +35,7 @@ from actors.trajectory import to_trajectory
 from actors.types import EpisodeResult
 from broker import client
 from broker.names import BusNames
+from broker.retry import until_done
 from broker.wire import PromptTask, Trajectory
 
 VOCAB_LOW, VOCAB_HIGH = 5, 400  # token ids the tiny model's vocabulary (464) holds
@@ -151,7 +152,9 @@ class ScriptedActor:
                 task_id=task.task_id,
                 min_version=task.min_version,
                 is_eval=task.is_eval,
-                announced_at_receipt=await self._read_announced(),
+                # A task taken just before the broker went away (the restart test): the
+                # read waits out the restart, as the real actor's bus calls do.
+                announced_at_receipt=await until_done(self._read_announced, "the version"),
                 loaded_at_receipt=self.loaded,
             )
         )
