@@ -17,6 +17,7 @@ import logging
 import pytest
 import torch
 
+from tests.log_capture import Said
 from tests.weights.dying_learner import kill, start_sender
 from weights.subscription import WeightSubscription
 from weights.vocab_in_place import ReloadNotices
@@ -79,23 +80,12 @@ def _reload_loading_nothing(model: torch.nn.Module) -> None:
     finalize_layerwise_processing(model, None)
 
 
-class _Said(logging.Handler):
-    """The messages logged on one logger (vLLM's may or may not propagate to the root)."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.WARNING)
-        self.messages: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.messages.append(record.getMessage())
-
-
 @pytest.mark.vllm
 def test_a_rotary_layer_reloads_its_own_cache_and_its_warning_is_filtered():
     from vllm.config import VllmConfig, set_current_vllm_config
     from vllm.model_executor.layers.rotary_embedding import get_rope
 
-    vllm_logger, said = logging.getLogger(ReloadNotices.LOGGERS[0]), _Said()
+    vllm_logger, said = logging.getLogger(ReloadNotices.LOGGERS[0]), Said()
     vllm_logger.addHandler(said)
     try:
         with set_current_vllm_config(VllmConfig()):

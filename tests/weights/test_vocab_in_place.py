@@ -11,6 +11,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from tests.log_capture import said_on
 from weights.vocab_in_place import NOTICES, ReloadNotices, vocab_in_place
 
 pytestmark = pytest.mark.vllm
@@ -25,15 +26,6 @@ def _notices_removed_afterwards():
 
 
 VOCAB, WIDTH = 100, 32  # padded to 128 rows by vLLM
-
-
-class _Said(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.WARNING)
-        self.messages: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.messages.append(record.getMessage())
 
 
 def _model():
@@ -84,15 +76,8 @@ def _reload(model, weights, *, in_place: bool) -> None:
 
 
 def _said_on_reload(model, weights, *, in_place: bool) -> list[str]:
-    loggers = [logging.getLogger(name) for name in ReloadNotices.LOGGERS]
-    said = _Said()
-    for logger in loggers:
-        logger.addHandler(said)
-    try:
+    with said_on(*ReloadNotices.LOGGERS) as said:
         _reload(model, weights, in_place=in_place)
-    finally:
-        for logger in loggers:
-            logger.removeHandler(said)
     return said.messages
 
 
