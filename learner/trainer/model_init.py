@@ -18,6 +18,8 @@ device leaves them empty: they are recomputed by building their modules afresh.
 
 from __future__ import annotations
 
+import functools
+import logging
 import os
 from pathlib import Path
 
@@ -25,6 +27,8 @@ import torch
 import torch.distributed as dist
 
 from weights.dtypes import resolve_dtype
+
+log = logging.getLogger(__name__)
 
 
 def select_device(local_rank: int, num_gpus: int) -> torch.device:
@@ -53,7 +57,25 @@ def default_device() -> torch.device:
 def compute_dtype(setting: str, device: torch.device) -> torch.dtype:
     """The learner's compute dtype on `device` (`learner.dtype`, resolved as the engine's is:
     weights/dtypes.py). The one place the learner works it out."""
-    return getattr(torch, resolve_dtype(setting, on_gpu=device.type == "cuda"))
+    dtype = getattr(torch, resolve_dtype(setting, on_gpu=device.type == "cuda"))
+    if dtype == torch.bfloat16 and device.type == "cpu" and not native_cpu_bf16():
+        _say_bf16_is_emulated()
+    return dtype
+
+
+def native_cpu_bf16() -> bool:
+    """Whether this CPU multiplies bf16 natively (AVX512-BF16 or AMX): without, torch
+    emulates it, and a bf16 matmul ran at a quarter of fp32's speed (Cascade Lake)."""
+    return torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
+
+
+@functools.cache
+def _say_bf16_is_emulated() -> None:
+    log.warning(
+        "learner.dtype = bfloat16 on a CPU without native bf16 (no AVX512-BF16 or AMX): torch "
+        "emulates its matmuls, several times slower than float32 here; float32 (auto) on "
+        "both sides trains faster on this host"
+    )
 
 
 def shard(model: torch.nn.Module, *, bf16: bool, device: torch.device) -> torch.nn.Module:

@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from common.procs import free_port
-from learner.trainer.model_init import select_device
+from learner.trainer import model_init
+from learner.trainer.model_init import compute_dtype, select_device
 
 REPO = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).with_name("sharded_load_worker.py")
@@ -27,6 +28,18 @@ def test_each_rank_takes_the_gpu_of_its_local_rank():
     assert select_device(7, 8) == torch.device("cuda", 7)
     with pytest.raises(ValueError, match="LOCAL_RANK=2 has no GPU of its own: 2 visible"):
         select_device(2, 2)
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_bf16_on_a_cpu_without_native_bf16_is_said_once(native, monkeypatch, caplog):
+    monkeypatch.setattr(model_init, "native_cpu_bf16", lambda: native)
+    model_init._say_bf16_is_emulated.cache_clear()
+    cpu = torch.device("cpu")
+    assert compute_dtype("bf16", cpu) == compute_dtype("bfloat16", cpu) == torch.bfloat16
+    assert compute_dtype("auto", cpu) == torch.float32
+    said = [r for r in caplog.records if "without native bf16" in r.getMessage()]
+    assert len(said) == (0 if native else 1)  # a warning per process, not per call
+    model_init._say_bf16_is_emulated.cache_clear()
 
 
 def test_sharded_load_over_two_ranks_equals_the_checkpoint(tmp_path):
