@@ -66,6 +66,15 @@ WEIGHT_UPDATE_STALL_SECONDS = prom.Histogram(
     ["kind"],
     buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30),
 )
+WEIGHT_WIRE_SECONDS = prom.Counter(
+    "tether_actor_weight_wire_seconds_total",
+    "Broadcast rounds' time on the wire (slowest worker): their messages arriving, the loads "
+    "between them not counted",
+)
+WEIGHT_UPDATE_BYTES = prom.Counter(
+    "tether_actor_weight_update_bytes_total",
+    "Bytes of weights broadcast rounds brought (as loaded: a delta round's wire carries fewer)",
+)
 TASKS = prom.Counter(
     "tether_actor_tasks_total",
     "Prompt tasks by outcome: acked, rejected (never retried), nacked (retried elsewhere)",

@@ -188,6 +188,8 @@ class PolicyWeights:
 
         def on_update(update) -> None:
             metrics.WEIGHT_UPDATE_STALL_SECONDS.labels("broadcast").observe(update.stall_s)
+            metrics.WEIGHT_WIRE_SECONDS.inc(update.wire_s)
+            metrics.WEIGHT_UPDATE_BYTES.inc(update.num_bytes)
             self._record_versions()
 
         self._follower = BroadcastFollower(

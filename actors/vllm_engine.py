@@ -69,9 +69,8 @@ class VllmEngine:
         self.weights_mixed = False
         """A streamed round failed half-way: generation stays paused until a whole load."""
         self._update_lock = asyncio.Lock()
-        # Salts the prefix cache of each request: bumped when an update starts and when its
-        # weights are in, so a request admitted afterwards never reuses KV blocks that older
-        # weights computed (vLLM cannot drop cached blocks while kept requests hold some).
+        # Salts each request's prefix cache: bumped when an update starts and when its weights
+        # are in, so a later request never reuses KV blocks older weights computed.
         self._cache_epoch = 0
         self.max_lora_rank = config.max_lora_rank if config.enable_lora else None
         """The largest LoRA adapter this engine loads natively; None: it merges adapters."""
@@ -247,6 +246,7 @@ class VllmEngine:
             receive_s=max(r["receive_s"] for r in results),
             load_s=max(r["load_s"] for r in results) + adapter_s,
             num_bytes=results[0]["num_bytes"],
+            wire_s=max(r.get("wire_s", 0.0) for r in results),
         )
 
     async def _stage(self, ticket: RoundTicket) -> None:

@@ -11,7 +11,10 @@ model grows mean nothing grows faster than the model.
     learner_rss_vs_bare   the learner's peak over the bare loop's (weights, gradients, AdamW
                           state and activations, nothing else)
     learner_rss_x_state   the learner's peak over its training state (16 bytes a parameter)
-    broadcast_of_loopback the weight broadcast's bytes/s over one loopback TCP stream's
+    wire_of_loopback      the weight broadcast's bytes/s on the wire (the engines' time
+                          waiting for its messages) over one loopback TCP stream's
+    broadcast_of_loopback the whole round's bytes/s as the sender saw it (streamed: the
+                          engine loads each bucket before it takes the next) over the same
     checkpoint_x_disk     a checkpoint's write seconds over (its bytes / fsynced disk writes)
     checkpoint_wait_s     of that write, the seconds the next step waited (the rest was
                           hidden behind its wait for data: learner/checkpoints.py)
@@ -190,6 +193,8 @@ def measure(shape: Shape, model_dir: Path, work: Path, machine: dict, *, bf16: b
                    key=lambda step: int(step.name.removeprefix("step_")))  # fmt: skip
     resume_s = resume(overrides, steps[-1])
     last_counters = run.actor_samples[-1][1] if run.actor_samples else []
+    wire = [sum(c.get(f"tether_actor_weight_{m}_total", 0.0) for c in last_counters)
+            for m in ("update_bytes", "wire_seconds")]  # fmt: skip
     figures = {
         "params": shape.num_params,
         "weights_gb": weights / 1e9,
@@ -199,6 +204,7 @@ def measure(shape: Shape, model_dir: Path, work: Path, machine: dict, *, bf16: b
         "bare_tokens_per_s": bare_tokens_per_s,
         "bare_peak_gb": bare_peak / 1e9,
         "broadcast_mb_per_s": statistics.median(broadcast) / 1e6,
+        "broadcast_wire_mb_per_s": wire[0] / wire[1] / 1e6 if wire[1] else float("nan"),
         "checkpoint_gb": checkpoint_bytes / 1e9,
         "checkpoint_s": checkpoint_s,
         "resume_s": resume_s,
@@ -217,6 +223,7 @@ def measure(shape: Shape, model_dir: Path, work: Path, machine: dict, *, bf16: b
     for role, peak in roles.items():
         figures[f"{role}_rss_x_weights"] = peak / weights
     figures["broadcast_of_loopback"] = statistics.median(broadcast) / machine["loopback"]
+    figures["wire_of_loopback"] = figures["broadcast_wire_mb_per_s"] * 1e6 / machine["loopback"]
     figures["checkpoint_x_disk"] = checkpoint_s / (checkpoint_bytes / machine["disk_write"])
     figures["resume_x_disk"] = resume_s / (checkpoint_bytes / machine["disk_read"])
     return figures
@@ -229,12 +236,11 @@ def plot(results: dict[str, dict], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     ratios = ("learner_vs_bare", "learner_rss_vs_bare", "learner_rss_x_state",
-              "actor_rss_x_weights", "broadcast_of_loopback", "checkpoint_x_disk",
-              "resume_x_disk")  # fmt: skip
+              "actor_rss_x_weights", "wire_of_loopback", "broadcast_of_loopback",
+              "checkpoint_x_disk", "resume_x_disk")  # fmt: skip
     series = {"fp32": [s for s in results if "@" not in s],
               "bf16": [s for s in results if s.endswith("@bf16")]}  # fmt: skip
     figure, axes = plt.subplots(2, 4, figsize=(15, 6.5), sharex=True)
-    axes.flat[-1].axis("off")
     for axis, ratio in zip(axes.flat, ratios, strict=False):
         for label, sizes in series.items():
             if sizes:

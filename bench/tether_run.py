@@ -37,6 +37,8 @@ ACTOR_COUNTERS = (
     'tether_actor_wait_seconds_total{what="env"}',
     'tether_actor_weight_update_stall_seconds_sum{kind="broadcast"}',
     'tether_actor_weight_update_stall_seconds_count{kind="broadcast"}',
+    "tether_actor_weight_wire_seconds_total",
+    "tether_actor_weight_update_bytes_total",
 )
 
 

@@ -95,7 +95,7 @@ def pack_bucket(
     header = json.dumps(entries).encode()
     if len(named_tensors) == 1:
         lone = named_tensors[0][1]
-        if not isinstance(lone, Encoded) and lone.is_contiguous() and _on(lone, device):
+        if not isinstance(lone, Encoded) and lone.is_contiguous() and on_device(lone, device):
             return header, lone.detach().reshape(-1).view(torch.uint8)
     if into is not None and into.numel() >= offset:
         buffer = into[:offset]
@@ -115,7 +115,7 @@ def pack_bucket(
     return header, buffer
 
 
-def _on(tensor: torch.Tensor, device: torch.device | str) -> bool:
+def on_device(tensor: torch.Tensor, device: torch.device | str) -> bool:
     """Whether `tensor` lives on `device` (`cuda` meaning the current GPU)."""
     import torch
 

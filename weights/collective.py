@@ -17,11 +17,12 @@ bounded by the group's timeout: no progress for that long means a dead or hung p
 
 from __future__ import annotations
 
+import json
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING
 
-from weights.buckets import bucketize, pack_bucket, unpack_bucket
+from weights.buckets import bucketize, on_device, pack_bucket, unpack_bucket
 
 if TYPE_CHECKING:
     import torch
@@ -29,6 +30,10 @@ if TYPE_CHECKING:
     from weights.communicator import WeightGroup
 
 MAX_IN_FLIGHT = 2
+
+Destination = Callable[[str, str, list], "torch.Tensor | None"]
+"""(name, dtype name, shape) -> the tensor a receiver wants that tensor's bytes written
+into, or None: the consumer's own memory for a tensor that travels alone."""
 
 
 def send_buckets(
@@ -64,9 +69,14 @@ def send_buckets(
     return num_tensors, num_bytes
 
 
-def receive_buckets(group: WeightGroup) -> Iterator[tuple[str, torch.Tensor]]:
+def receive_buckets(
+    group: WeightGroup, destination: Destination | None = None
+) -> Iterator[tuple[str, torch.Tensor]]:
     """Yield (name, tensor) as buckets arrive from rank 0, until the end marker. Tensors are
-    views into the bucket's buffer, on the group's device."""
+    views into the bucket's buffer, on the group's device; a bucket of one plain tensor for
+    which `destination` offers a tensor of its dtype, shape and device arrives in that
+    tensor's memory instead (the engine's own vocabulary-sized parameter: no buffer of that
+    size, no copy, memory already faulted in)."""
     import torch
 
     device = group.device
@@ -79,10 +89,36 @@ def receive_buckets(group: WeightGroup) -> Iterator[tuple[str, torch.Tensor]]:
             return
         header = torch.empty(header_len, dtype=torch.uint8, device=device)
         group.wait(group.broadcast(header), "a bucket header")
-        buffer = spare.take(num_bytes)
+        entries = header.cpu().numpy().tobytes()
+        buffer = _destined(entries, num_bytes, destination, device)
+        if buffer is None:
+            buffer = spare.take(num_bytes)
         group.wait(group.broadcast(buffer), "a bucket")
-        yield from unpack_bucket(header.cpu().numpy().tobytes(), buffer)
+        yield from unpack_bucket(entries, buffer)
         del buffer  # the views handed out now hold it, or nobody does
+
+
+def _destined(entries: bytes, num_bytes: int, destination: Destination | None, device):
+    """The bytes of the tensor `destination` offers for a bucket that is exactly one plain
+    tensor (not an `Encoded` delta, no padding) of the same dtype, shape and device; else
+    None."""
+    import torch
+
+    parsed = json.loads(entries) if destination is not None else []
+    if len(parsed) != 1 or len(parsed[0]) != 4 or parsed[0][3] != 0:
+        return None
+    name, dtype, shape, _ = parsed[0]
+    target = destination(name, dtype, shape)
+    if (
+        target is None
+        or target.dtype != getattr(torch, dtype)
+        or list(target.shape) != shape
+        or not target.is_contiguous()
+        or not on_device(target, device)
+        or target.numel() * target.element_size() != num_bytes
+    ):
+        return None
+    return target.detach().reshape(-1).view(torch.uint8)
 
 
 class BucketBuffers:

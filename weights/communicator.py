@@ -112,6 +112,9 @@ class WeightGroup:
         self.peer_alive = peer_alive
         self.device = buffer_device(backend)
         self._pending: list = []
+        self.waited_s = 0.0
+        """Seconds spent in `wait`, in all: on a receiver, the time its rounds' bytes were
+        on the wire (it waits for each message, and does its own work between them)."""
         self._backend = _new_backend(store, host, group_id, rank, world_size, backend, timeout_s)
         self.closed = False
 
@@ -152,6 +155,7 @@ class WeightGroup:
                 time.sleep(pause)
                 pause = min(pause * 2, 0.005)
         self._pending = [(w, t) for w, t in self._pending if w is not work]
+        self.waited_s += time.monotonic() - started
         work.wait()  # raises a failed work's error; on NCCL orders this stream after it
 
     def _completion(self, work) -> threading.Event | None:

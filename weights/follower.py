@@ -50,6 +50,9 @@ class WeightUpdate:
     load_s: float
     """reload_weights (slowest worker)."""
     num_bytes: int
+    wire_s: float = 0.0
+    """Of `receive_s`, the round's messages' time on the wire (slowest worker): the
+    broadcast's own speed, whatever the loads between them took."""
 
 
 class WeightReceiver(Protocol):

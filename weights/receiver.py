@@ -29,7 +29,7 @@ from collections.abc import Iterator
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
-from weights.collective import receive_buckets
+from weights.collective import Destination, receive_buckets
 from weights.communicator import WeightGroup
 from weights.delta import DeltaMismatch
 from weights.delta_book import ReceiverBook
@@ -72,6 +72,9 @@ class WeightChannel:
         self.group: WeightGroup | None = None
         self.book = ReceiverBook()
         """The version this worker holds, for delta rounds (weights/delta_book.py)."""
+        self.wire_s = 0.0
+        """The last whole round's time on the wire: waiting for its messages, the work
+        between them (loading what arrived) not counted."""
 
     def _connect(self, ticket: RoundTicket):
         """Our connection to the ticket's store. A ticket of another store (a restarted
@@ -98,10 +101,13 @@ class WeightChannel:
             self._store, self._store_id = store, found
         return self._store
 
-    def receive(self, ticket: RoundTicket) -> Iterator[tuple[str, torch.Tensor]]:
+    def receive(
+        self, ticket: RoundTicket, destination: Destination | None = None
+    ) -> Iterator[tuple[str, torch.Tensor]]:
         """Take part in round `ticket.version`: yield (name, tensor) as they arrive (on CUDA
-        for nccl, CPU for gloo). RoundMissed when not seated; RuntimeError when the round
-        failed (our group is aborted then)."""
+        for nccl, CPU for gloo); a tensor travelling alone into the memory `destination`
+        offers for it (`receive_buckets`). RoundMissed when not seated; RuntimeError when the
+        round failed (our group is aborted then)."""
         store = self._connect(ticket)
         member = ticket.member_id
         store.add(round_key(ticket.version, f"ready/{member}"), 1)
@@ -113,7 +119,9 @@ class WeightChannel:
             raise RoundMissed(f"member {member} was not ready in time for {ticket.version}")
         try:
             group = self._group_for(store, ticket, roster)
-            yield from self.book.decode(receive_buckets(group))
+            waited_s = group.waited_s
+            yield from self.book.decode(receive_buckets(group, destination))
+            self.wire_s = group.waited_s - waited_s
         # Failed, closed mid-round by a consumer that stopped (its load failed), or a delta
         # we cannot apply: the group is mid-broadcast, so abort it (the sender's next send
         # fails at once, and its next round is a keyframe); what we hold is now unknown.

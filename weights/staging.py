@@ -39,6 +39,8 @@ class StagedRound:
     weights: list[tuple[str, torch.Tensor]] = field(default_factory=list)
     error: str = ""
     receive_s: float = 0.0
+    wire_s: float = 0.0
+    """Of `receive_s`, the messages' time on the wire (`WeightChannel.wire_s`)."""
     shadow_s: float = 0.0
     """Loading the shadow model (0: none)."""
     shadowed: dict[str, Any] | None = None
@@ -52,7 +54,7 @@ class StagedRound:
             if isinstance(device, torch.device) and device.type == "cuda":
                 torch.cuda.set_device(device)  # the worker's GPU, not this thread's default
             self.weights = [(name, tensor.cpu()) for name, tensor in channel.receive(self.ticket)]
-            self.receive_s = time.monotonic() - started
+            self.receive_s, self.wire_s = time.monotonic() - started, channel.wire_s
             if shadow is not None:
                 self._into(shadow, track)
         # The round failed (a peer died, the learner went away, we were not seated, a delta
@@ -114,7 +116,8 @@ class RoundStaging:
             error = job.error if job is not None and job.error else f"round {version} not staged"
             return {"version": version, "ok": False, "error": error, "weights_mixed": False}
         started = time.monotonic()
-        result = {"version": version, "ok": True, "error": "", "receive_s": job.receive_s}
+        result = {"version": version, "ok": True, "error": "", "receive_s": job.receive_s,
+                  "wire_s": job.wire_s}  # fmt: skip
         if job.shadowed is not None:  # already loaded, off the pause: trade places
             self._tether_shadow().swap_into(self.model_runner.get_model())
             self._tether_checksum = job.shadowed["checksum"]

@@ -124,12 +124,11 @@ class WeightSyncExtension(RoundStaging):
             self._tether_aliases = tied_aliases(model)
         fingerprint = Checksum()
         num_bytes = 0
-        self._tether_load_started = False
 
         def recorded():
             nonlocal num_bytes
-            for name, tensor in weights:
-                if not self._tether_load_started:  # its reload packs it again (cpu_packing)
+            for index, (name, tensor) in enumerate(weights):
+                if index == 0:  # its reload packs it again (cpu_packing)
                     drop_lm_head_copies(model)
                 self._tether_load_started = True
                 num_bytes += tensor.numel() * tensor.element_size()
@@ -138,6 +137,7 @@ class WeightSyncExtension(RoundStaging):
                 yield name, tensor
 
         with set_current_vllm_config(self.vllm_config), vocab_in_place(model) as in_place:
+            self._tether_in_place = in_place
             try:
                 self.model_runner.reload_weights(
                     weights_iterator=dropping_embedding_copies(
@@ -149,6 +149,7 @@ class WeightSyncExtension(RoundStaging):
                 finalize_layerwise_reload(model, self.vllm_config.model_config)
                 raise
             finally:
+                self._tether_in_place = None
                 drop_embedding_copies(model)  # one packed late (finalize) or before any round
         self._tether_checksum = fingerprint.values if track else None
         return num_bytes
@@ -163,6 +164,16 @@ class WeightSyncExtension(RoundStaging):
             )
         return {"num_bytes": self._tether_reload(weights, track)}
 
+    def _tether_live_destination(self, name: str, dtype: str, shape: list) -> torch.Tensor | None:
+        """Where a streamed round's lone tensor may arrive: straight into the live model's
+        vocabulary layer of that name (`VocabInPlace.destination`) while a reload runs. The
+        load has begun once one is handed out: a round failing mid-tensor leaves it mixed."""
+        in_place = getattr(self, "_tether_in_place", None)
+        target = None if in_place is None else in_place.destination(name, dtype, shape)
+        if target is not None:
+            self._tether_load_started = True
+        return target
+
     def _tether_channel(self) -> WeightChannel:
         if not hasattr(self, "_tether_weight_channel"):
             self._tether_weight_channel = WeightChannel(worker_rank=self.rank)
@@ -176,11 +187,13 @@ class WeightSyncExtension(RoundStaging):
         arrives; `staged`: all of them after the last). Never raises for a failed round: `ok`
         False, `error`, and `weights_mixed` when the load had begun. `track_checksum`
         records `weights_checksum()`. `receive_s` is the time spent receiving (forming the
-        group, waiting for buckets), `load_s` the rest."""
+        group, waiting for buckets), `load_s` the rest; `wire_s`, of `receive_s`, the time
+        the round's messages took to arrive."""
         round_ticket = RoundTicket(**ticket)
         started = time.monotonic()
         self._tether_load_started = False
-        channel_stream = self._tether_channel().receive(round_ticket)
+        into_live = None if staged else self._tether_live_destination
+        channel_stream = self._tether_channel().receive(round_ticket, into_live)
         receive_s = 0.0
 
         def received():
@@ -212,7 +225,10 @@ class WeightSyncExtension(RoundStaging):
             )
             return result
         elapsed = time.monotonic() - started
-        result.update(receive_s=receive_s, load_s=elapsed - receive_s, weights_mixed=False)
+        wire_s = self._tether_channel().wire_s
+        result.update(
+            receive_s=receive_s, load_s=elapsed - receive_s, wire_s=wire_s, weights_mixed=False
+        )
         return result
 
     def close_weight_channel(self) -> None:

@@ -48,11 +48,35 @@ class VocabInPlace:
         self.written: set[str] = set()
         """Names loaded in place by the last `load` (the tied ones included)."""
 
+    def destination(self, name: str, dtype: str, shape: list) -> torch.Tensor | None:
+        """Where a tensor of `name` can be received straight into the live parameter: its
+        first rows, when this layer holds the whole vocabulary (one shard, nothing added)
+        in the tensor's dtype and width (vLLM's padding rows after them stay zero); else
+        None (the tensor is copied as it passes)."""
+        target = self.targets.get(name)
+        if target is None or not shape:
+            return None
+        module, param = target
+        shard = module.shard_indices
+        whole = (
+            getattr(param, "output_dim", None) == 0
+            and getattr(param, "packed_dim", None) is None
+            and shard.org_vocab_start_index == 0
+            and shard.org_vocab_end_index == shape[0] <= param.shape[0]
+            and shard.num_added_elements == 0
+        )
+        if not whole or param.dtype != getattr(torch, dtype, None):
+            return None
+        if list(param.shape[1:]) != list(shape[1:]):
+            return None
+        return param.data[: shape[0]]
+
     def load(
         self, weights: Iterable[tuple[str, torch.Tensor]]
     ) -> Iterator[tuple[str, torch.Tensor]]:
         """`weights` less the vocabulary layers' tensors, which are copied into the live
-        parameters as they pass (each shared parameter once)."""
+        parameters as they pass (each shared parameter once; one received straight into its
+        parameter, `destination`, is there already)."""
         self.written = set()
         copied: set[int] = set()
         for name, tensor in weights:
@@ -61,6 +85,9 @@ class VocabInPlace:
                 yield name, tensor
                 continue
             module, param = target
+            if tensor.data_ptr() == param.data_ptr() and tensor.shape[1:] == param.shape[1:]:
+                param.data[tensor.shape[0] :].zero_()  # received in place: padding rows zero
+                copied.add(id(param))
             if id(param) not in copied:
                 _copy_in(module, param, name, tensor)
                 copied.add(id(param))

@@ -371,6 +371,20 @@ def actor_panels() -> list[dict]:
             unit="s",
         ),
         timeseries(
+            "Weight broadcast on the wire",
+            "Bytes per second of weight rounds while their messages were arriving, per "
+            "replica: the broadcast's own speed (the engine's loads between messages are in "
+            "the stall above). Compare with the host's network, or loopback on one machine.",
+            [
+                target(
+                    f"sum by (instance) (rate(tether_actor_weight_update_bytes_total[{RI}])) / "
+                    f"sum by (instance) (rate(tether_actor_weight_wire_seconds_total[{RI}]))",
+                    "{{instance}}",
+                )
+            ],
+            unit="Bps",
+        ),
+        timeseries(
             "Version lag",
             "Per replica: newest version the learner announced minus the engine's version.",
             [target("max by (instance) (tether_actor_version_lag)", "{{instance}}")],

@@ -298,6 +298,9 @@ async def test_actor_follows_broadcast_versions_and_gates_tasks_on_min_version(
     collector = Collector(js, broker)
     stalls_before = _stalls("broadcast")
     waited_before = _metric("tether_actor_wait_seconds_total", what="weights")
+    wire_before = [
+        _metric(f"tether_actor_weight_{m}_total") for m in ("wire_seconds", "update_bytes")
+    ]
     await learner.announce(0)  # learner start: version 0, the store's address, no snapshot
     # Released together: "early" may run on v0, "gated" only on v1 or newer.
     await bus.publish_prompts(
@@ -346,6 +349,12 @@ async def test_actor_follows_broadcast_versions_and_gates_tasks_on_min_version(
     assert num_updates == 2
     waited_s = _metric("tether_actor_wait_seconds_total", what="weights") - waited_before
     assert waited_s >= 1.0  # "gated" sat out at least the second we watched it wait
+    wire_s, wire_bytes = (
+        _metric(f"tether_actor_weight_{m}_total") - before
+        for m, before in zip(("wire_seconds", "update_bytes"), wire_before, strict=True)
+    )
+    assert 0 < wire_s < stalls[1] - stalls_before[1]  # streamed: on the wire within the stall
+    assert 0 < wire_bytes <= report_1.num_bytes + report_2.num_bytes  # the tensors, no padding
     print(
         f"\nversions on tokens: early {{0}}, gated {{1}}, after-2 {{2}}; broadcasts "
         f"{report_1.num_bytes / 1e6:.1f} MB ({report_1.join_s * 1e3:.0f} ms join, "

@@ -227,6 +227,25 @@ async def test_greedy_after_gloo_broadcast_equals_transformers(
 
 
 @vllm
+async def test_an_embedding_travelling_alone_lands_in_the_engines_own_and_greedy_agrees(
+    vllm_engine, hf_tiny_model, prompts, tokenizer
+):
+    """Buckets smaller than the embedding (434 x 128 fp32, 222 KB): it travels alone, and
+    the worker receives it straight into the rows of its live embedding (vLLM pads them to
+    448; weights/vocab_in_place.py `destination`), the tied head packed again after."""
+    model = _perturbed(hf_tiny_model, seed=3)
+    version = vllm_engine.version + 1
+    with _loads(vllm_engine, staged=False), _sender_and_subscription(bucket_mb=0.125) as pair:
+        report, update = await _push(vllm_engine, pair, model, version)
+    assert report.ok and update.version == version and 0 < update.wire_s <= update.receive_s
+    got, expected = await vllm_engine.weights_checksum(), checksum(model.named_parameters())
+    assert got["sum"] == pytest.approx(expected["sum"], rel=1e-12)
+    for prompt in prompts:
+        generation = await vllm_engine.generate(prompt, _request(temperature=0.0, max_tokens=24))
+        assert generation.token_ids == _hf_greedy(model, prompt, 24, tokenizer.eos_token_id)
+
+
+@vllm
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 async def test_sampled_logprobs_match_transformers(
     vllm_engine, hf_tiny_model, prompts, channel, temperature

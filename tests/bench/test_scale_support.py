@@ -70,11 +70,14 @@ def test_the_table_shows_each_size_and_checks_the_top_one():
             f"{size}/params": params, f"{size}/weights_gb": 4 * params / 1e9,
             f"{size}/learner_tokens_per_s": 100.0, f"{size}/learner_vs_bare": 0.9,
             f"{size}/learner_peak_gb": 9.0, f"{size}/learner_rss_x_state": 1.1,
-            f"{size}/bare_activation_gb": 1.0, f"{size}/broadcast_of_loopback": 0.4,
+            f"{size}/bare_activation_gb": 1.0, f"{size}/wire_of_loopback": 0.4,
         })  # fmt: skip
     text = scale(figures)
     assert text.index("| 10M |") < text.index("| 0.5B |")
-    assert "0.5B: broadcast over loopback bandwidth: 0.40 (target ≥ 0.50): **missed**" in text
+    assert (
+        "0.5B: the broadcast on the wire over loopback bandwidth: 0.40 (target ≥ 0.50): **missed**"
+        in text
+    )
     # 9.0 / (1.3 * 7.9 + 1.0) = 0.80
     assert "(1.3 x training state + the bare loop's activations): 0.80" in text
 

@@ -432,3 +432,39 @@ def test_sender_forgets_older_rounds(sender):
         sender.broadcast(version, [("w", torch.ones(1))])
     rounds = {key.split("/")[3] for key in sender._store.list_keys() if "/round/" in key}
     assert rounds == {"3"}
+
+
+def test_a_lone_tensor_arrives_in_the_memory_the_receiver_offers(sender):
+    """A vocabulary-sized tensor travels alone: a receiver that offers its own tensor of
+    that dtype and shape (the engine's live embedding) gets the bytes there, no buffer; one
+    offered in another shape, or a tensor sharing a bucket, arrives in a buffer as before."""
+    embedding = torch.zeros(64, 32)  # the live parameter
+    transposed = torch.zeros(32, 16)  # offered for "wide", which is (16, 32): refused
+    offers = {"embed": embedding, "wide": transposed, "a": torch.zeros(5)}
+    asked = []
+
+    def destination(name, dtype, shape):
+        asked.append(name)
+        return offers.get(name)
+
+    weights = [("embed", torch.randn(64, 32)), ("wide", torch.randn(16, 32)),
+               ("a", torch.randn(5)), ("b", torch.randn(3))]  # fmt: skip
+    subscription = _subscribe(sender.config)
+    thread, ticket = _in_thread(subscription.wait_round, -1, 30.0)
+    # 1 KiB buckets: "embed" (8 KiB) and "wide" (2 KiB) travel alone, "a" and "b" together.
+    sender.config.bucket_mb = 1024 / 2**20
+    report_thread, report = _in_thread(sender.broadcast, 1, weights)
+    channel = WeightChannel()
+    try:
+        got = dict(channel.receive(_wait(thread, ticket), destination))
+    finally:
+        channel.close()
+    report_thread.join(timeout=15)
+    assert report["value"].ok
+    assert asked == ["embed", "wide"]  # only a bucket of one tensor is offered anywhere
+    assert got["embed"].data_ptr() == embedding.data_ptr()
+    assert torch.equal(embedding, weights[0][1])
+    for name, tensor in weights[1:]:
+        assert torch.equal(got[name], tensor)
+    assert got["wide"].data_ptr() != transposed.data_ptr() and not transposed.any()
+    assert channel.wire_s > 0

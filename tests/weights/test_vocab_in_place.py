@@ -28,7 +28,7 @@ def _notices_removed_afterwards():
 VOCAB, WIDTH = 100, 32  # padded to 128 rows by vLLM
 
 
-def _model():
+def _model(vocab: int = VOCAB):
     """vLLM's layers as Qwen2 ties them: `model.embed_tokens`, `lm_head` sharing its weight,
     and a plain linear layer loaded the usual way."""
     from vllm.model_executor.layers.vocab_parallel_embedding import (
@@ -41,8 +41,8 @@ def _model():
         def __init__(self) -> None:
             super().__init__()
             self.model = torch.nn.Module()
-            self.model.embed_tokens = VocabParallelEmbedding(VOCAB, WIDTH, disable_tp=True)
-            self.lm_head = ParallelLMHead(VOCAB, WIDTH, disable_tp=True).tie_weights(
+            self.model.embed_tokens = VocabParallelEmbedding(vocab, WIDTH, disable_tp=True)
+            self.lm_head = ParallelLMHead(vocab, WIDTH, disable_tp=True).tie_weights(
                 self.model.embed_tokens
             )
             self.proj = torch.nn.Linear(WIDTH, WIDTH)
@@ -119,3 +119,33 @@ def test_a_tensor_that_does_not_fit_is_refused_by_name():
     with pytest.raises(ValueError, match=r"model\.embed_tokens\.weight: a tensor of shape"):
         with vocab_in_place(model) as loading:
             list(loading.load([("model.embed_tokens.weight", torch.zeros(VOCAB + 1, WIDTH))]))
+
+
+def test_a_tensor_received_into_the_live_parameter_is_loaded_where_it_is():
+    """The broadcast may write a lone vocabulary-sized tensor straight into the rows
+    `destination` offers (weights/collective.py): only in the parameter's dtype and width,
+    for the whole vocabulary; the load then finds it there, keeps the padding rows zero and
+    packs the tied head again."""
+    model = _model()
+    embedding = model.model.embed_tokens.weight
+    name = "model.embed_tokens.weight"
+    with vocab_in_place(model) as loading:
+        assert loading.destination(name, "bfloat16", [VOCAB, WIDTH]) is None
+        assert loading.destination(name, "float32", [VOCAB + 1, WIDTH]) is None
+        assert loading.destination(name, "float32", [VOCAB, WIDTH + 1]) is None
+        assert loading.destination("proj.weight", "float32", [WIDTH, WIDTH]) is None
+        into = loading.destination(name, "float32", [VOCAB, WIDTH])
+    assert into.data_ptr() == embedding.data_ptr() and into.shape == (VOCAB, WIDTH)
+    new = torch.randn(VOCAB, WIDTH)
+    with torch.no_grad():
+        embedding[VOCAB:] = 1.0  # stale padding: the load zeroes it
+        into.copy_(new)  # what the broadcast does as the bucket arrives
+    weights = [(name, into), ("lm_head.weight", into), ("proj.weight", torch.eye(WIDTH)),
+               ("proj.bias", torch.zeros(WIDTH))]  # fmt: skip
+    said = _said_on_reload(model, weights, in_place=True)
+    assert model.model.embed_tokens.weight is embedding and model.lm_head.weight is embedding
+    assert torch.equal(embedding[:VOCAB], new) and not embedding[VOCAB:].any()
+    x = torch.randn(3, WIDTH)
+    logits = model.lm_head.quant_method.apply(model.lm_head, x)
+    torch.testing.assert_close(logits[:, :VOCAB], x @ new.T, rtol=1e-5, atol=1e-5)
+    assert said == []
