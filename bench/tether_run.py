@@ -143,6 +143,8 @@ class _Watcher:
             # Network boundary: a replica not serving yet (engine starting) or already gone.
             except (urllib.error.URLError, OSError):
                 return
+            if "tether_actor_generated_tokens_total" not in samples[-1]:
+                return  # not a replica's page: one exiting, or another process on its port
         if samples:
             self.run.actor_samples.append((time.time() - self.started, samples))
 

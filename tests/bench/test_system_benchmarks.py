@@ -129,6 +129,41 @@ def test_the_watcher_keeps_each_snapshot_the_learner_writes_once(tmp_path):
     assert [name for name, _ in safetensors_weights(kept)] == ["w"]
 
 
+def test_the_watcher_takes_a_replicas_page_only(tmp_path):
+    """A port that answers without the actor's series (a replica exiting, or another
+    process on its port) is no sample: a ladder run once ended on one and lost its row."""
+    import http.server
+    import threading
+
+    pages = [b"# another process\nprocess_cpu_seconds_total 1.0\n", METRICS_PAGE.encode()]
+
+    class Page(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 (http.server's name)
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(pages[0])
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Page)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        run = RunRecord(run_dir=tmp_path)
+        (tmp_path / "metrics_ports.json").write_text(
+            json.dumps({"actor": server.server_port, "actor_replicas": 1})
+        )
+        watcher = tether_run._Watcher(run, started=0.0, keep_dir=None)
+        watcher.poll()
+        assert run.actor_samples == []
+        pages.pop(0)
+        watcher.poll()
+        [(_, [sample])] = run.actor_samples
+        assert sample[TOKENS] == 3000.0
+    finally:
+        server.shutdown()
+
+
 def test_peer_curves_share_the_start_and_name_every_checkpoint():
     scores = {"start": 0.4, "trl_2": 0.6, "trl_4": 0.85, "tether_2": 0.7}
     trl = {"checkpoints": [(2, 11.0, "a"), (4, 15.0, "b")]}
