@@ -76,7 +76,7 @@ def provenance(figures: Figures) -> str:
     """When, where and under what load the figures were measured, from the JSON itself."""
     parts = [f"Measured {figures.get('measured_at', 'at an unrecorded time')}"]
     if figures.get("machine"):
-        parts.append(f"on {figures['machine']}")
+        parts.append(f"on {figures['machine']};")  # a host's description has commas
     before, after = figures.get("load_avg_1m_before"), figures.get("load_avg_1m_after")
     if isinstance(before, int | float) and isinstance(after, int | float):
         parts.append(f"at 1-minute load average {before:.1f} before and {after:.1f} after")

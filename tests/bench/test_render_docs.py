@@ -130,7 +130,7 @@ def test_a_target_line_says_met_or_missed_on_either_side_and_at_the_bound():
 
 def test_provenance_shows_when_where_and_the_load():
     figures = {"measured_at": "T", "machine": "m", "load_avg_1m_before": 1.0}
-    assert provenance(figures) == "_Measured T on m (load average not recorded)._"
+    assert provenance(figures) == "_Measured T on m; (load average not recorded)._"
     figures["load_avg_1m_after"] = 2.25
     assert "load average 1.0 before and 2.2 after" in provenance(figures)
     assert "load average 11.9" in provenance({"measured_at": "T", "load_avg_1m": 11.94})
