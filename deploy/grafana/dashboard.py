@@ -376,9 +376,9 @@ def actor_panels() -> list[dict]:
             "replica: the broadcast's own speed (the engine's loads between messages are in "
             "the stall above). Compare with the host's network, or loopback on one machine.",
             [
-                target(
+                target(  # no series while no round lands (not 0 / 0 = NaN)
                     f"sum by (instance) (rate(tether_actor_weight_update_bytes_total[{RI}])) / "
-                    f"sum by (instance) (rate(tether_actor_weight_wire_seconds_total[{RI}]))",
+                    f"(sum by (instance) (rate(tether_actor_weight_wire_seconds_total[{RI}])) > 0)",
                     "{{instance}}",
                 )
             ],

@@ -61,6 +61,10 @@ EXPECTED_EMPTY = {
     # Env counters that move only on a hostile or broken env (docs/security.md).
     "sum by (env) (rate(tether_env_truncated_observations_total[5m]))",
     "sum by (env) (rate(tether_env_nonfinite_rewards_total[5m]))",
+    # Broadcast rounds: this actor's scripted engine takes none (tests/actors/
+    # test_actor_weights.py checks the two counters on real rounds).
+    "sum by (instance) (rate(tether_actor_weight_update_bytes_total[$__rate_interval])) / "
+    "(sum by (instance) (rate(tether_actor_weight_wire_seconds_total[$__rate_interval])) > 0)",
 }
 TOOL_CALL = '<tool_call>\n{"name": "add", "arguments": {"a": 17, "b": 25}}\n</tool_call>'
 DATA_DEADLINE_S = 45.0
