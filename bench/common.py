@@ -12,29 +12,25 @@ from collections.abc import Iterator
 from pathlib import Path
 
 RESULTS_DIR = Path(__file__).parent / "results"
-BF16_FLAGS = {"amx_bf16": "AMX", "avx512_bf16": "AVX512-BF16"}
-"""CPU flags (/proc/cpuinfo) of native bf16 matmuls, by name. Without one, bf16 is emulated:
-a bf16 matmul ran at a quarter of fp32's speed on a Cascade Lake host (no such flag), and
-the scale ladder's bf16 learner at a sixth of its speed on an earlier host where bf16 had
-outrun fp32."""
 
 
 def machine() -> str:
     """The host a figure came from: architecture, CPU model, CPUs, and whether bf16 is
-    native. Hosts differ from run to run (and from CI's), and bf16 speed with them."""
-    model, flags = platform.processor() or "", set()
+    native (`native_cpu_bf16`: without it torch emulates bf16, several times slower than
+    fp32). Hosts differ from run to run (and from CI's), and bf16 speed with them."""
+    from learner.trainer.model_init import native_cpu_bf16
+
+    model = platform.processor() or ""
     with contextlib.suppress(OSError):
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             key, _, value = line.partition(":")
             if key.strip() == "model name":
                 model = value.strip()
-            elif key.strip() == "flags":
-                flags = set(value.split())
                 break
-    native = [name for flag, name in BF16_FLAGS.items() if flag in flags]
-    bf16 = f"native bf16 ({', '.join(native)})" if native else "bf16 emulated"
-    parts = [platform.machine(), model, f"{os.cpu_count()} CPUs", bf16 if flags else ""]
-    return ", ".join(part for part in parts if part)
+    bf16 = "native bf16" if native_cpu_bf16() else "bf16 emulated"
+    return ", ".join(
+        part for part in (platform.machine(), model, f"{os.cpu_count()} CPUs", bf16) if part
+    )
 
 
 def print_table(title: str, rows: list[tuple[str, object]]) -> None:

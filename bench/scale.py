@@ -264,7 +264,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     from learner.trainer.model_init import native_cpu_bf16
 
-    # bf16 where the CPU multiplies it natively: elsewhere torch emulates it (bench/common.py).
+    # bf16 where the CPU multiplies it natively: elsewhere torch emulates it.
     bf16 = ["0.5B@bf16"] if native_cpu_bf16() else []
     parser.add_argument("--sizes", default=",".join([*(s.name for s in LADDER), *bf16]),
                         help="ladder sizes; SIZE@bf16 runs that size in bf16 (by default "
