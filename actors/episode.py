@@ -32,10 +32,10 @@ other addresses), `error:env_replay` (a re-opened session did not replay identic
 Error episodes carry reward 0.0 and an all-zero loss mask: the learner must leave them out
 of group statistics (the stop reason says the reward is not a reward).
 
-Turn-level checkpoints (issue 33): `on_turn` sees the episode after every turn that does not
-end it (the actor records it in the broker); an episode given its `saved` checkpoint
-continues from that turn (actors/resume.py: the env session is rebuilt by replaying the
-recorded actions) or, when the rules refuse it, starts over, saying why.
+Turn-level checkpoints, so an episode outlives its replica: `on_turn` sees the episode after
+every turn that does not end it (the actor records it in the broker); an episode given its
+`saved` checkpoint continues from that turn (actors/resume.py: the env session is rebuilt by
+replaying the recorded actions) or, when the rules refuse it, starts over, saying why.
 """
 
 from __future__ import annotations

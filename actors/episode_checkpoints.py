@@ -1,6 +1,7 @@
-"""One prompt task's episode checkpoints, as the actor loop keeps them (issue 33): recalled
-when the task comes back from a replica that died, recorded after each turn that does not
-end an episode, marked stored with each trajectory, and forgotten when the task is acked.
+"""One prompt task's episode checkpoints, as the actor loop keeps them so that an episode
+outlives its replica: recalled when the task comes back from a replica that died, recorded
+after each turn that does not end an episode, marked stored with each trajectory, and
+forgotten when the task is acked.
 The broker side is broker/episodes.py; what a checkpoint holds and when it may be continued
 is actors/resume.py. Without a store (`actor.episode_checkpoints = false`) every call is a
 no-op and a redelivered task is played from its start.

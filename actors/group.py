@@ -1,6 +1,7 @@
 """A GRPO group: the n samples of one prompt task played concurrently on one engine (they
 share the prompt's prefix cache), each an episode of actors/episode.py. A redelivered
-task's samples continue from their checkpoints (issue 33) or are skipped when stored."""
+task's samples continue from their last recorded turn (actors/resume.py) or are skipped
+when stored."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""How much work a replica takes (issue 36): by its engine's room, not a fixed count.
+"""How much work a replica takes, so slow tools never leave its engine idle: by its engine's
+room, not a fixed count (docs/running.md, "Slow tools").
 
     take more tasks while  episodes wanting the engine + one more group  <=  max_num_seqs
 

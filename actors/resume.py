@@ -1,6 +1,6 @@
-"""Continuing an episode from its last turn (issue 33): the episode's state as a checkpoint,
-and the rules for taking one over. Pure, no I/O: actors/episode.py rebuilds the env
-session (replaying the recorded actions) and actors/episode_checkpoints.py moves
+"""Continuing an episode from its last turn after its replica died: the episode's state as
+a checkpoint, and the rules for taking one over. Pure, no I/O: actors/episode.py rebuilds
+the env session (replaying the recorded actions) and actors/episode_checkpoints.py moves
 checkpoints to and from the broker.
 
 A checkpoint is continued only when every policy token in it may still be trained on and

@@ -1,5 +1,5 @@
-"""Episode checkpoints in the broker (issue 33): the episodes KV bucket, one key per sample
-of a prompt task in flight.
+"""Episode checkpoints in the broker, so an episode outlives its replica: the episodes KV
+bucket, one key per sample of a prompt task in flight.
 
     after each turn that does not end the episode   record(checkpoint)      put
     when the sample's trajectory is stored          mark_stored(task, i)    put (small)

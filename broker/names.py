@@ -61,7 +61,8 @@ class BusNames:
     def spill_bucket(self) -> str:
         return f"{self.namespace}_spill"
 
-    # Episode checkpoints (issue 33): a KV bucket, one key per sample of a task in flight.
+    # Episode checkpoints (broker/episodes.py): a KV bucket, one key per sample of a task in
+    # flight.
     @property
     def episodes_bucket(self) -> str:
         return f"{self.namespace}_episodes"

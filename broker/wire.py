@@ -113,10 +113,10 @@ class PolicyVersion(msgspec.Struct, frozen=True, kw_only=True):
 
 class EpisodeCheckpoint(msgspec.Struct, frozen=True, kw_only=True):
     """One sample of a prompt task at a turn boundary, as its actor recorded it in the
-    episodes KV bucket (issue 33): what another replica needs to continue the episode from
-    its last turn if this one dies (the env session is rebuilt by replaying `actions`, which
-    must give back `observations`). `stored` marks a sample whose trajectory is on the
-    stream already: a redelivered task does not play it again.
+    episodes KV bucket (broker/episodes.py): what another replica needs to continue the
+    episode from its last turn if this one dies (the env session is rebuilt by replaying
+    `actions`, which must give back `observations`). `stored` marks a sample whose
+    trajectory is on the stream already: a redelivered task does not play it again.
 
     The token arrays are packed as in `Trajectory` and end where the next turn's
     generation starts (after the last observation's templated delta)."""

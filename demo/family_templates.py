@@ -1,5 +1,5 @@
-r"""Chat templates of the main open model families' tool-use formats (issue 34), written from
-each family's documented format, for tests over a real vocabulary (demo/qwen_vocab.py):
+r"""Chat templates of the main open model families' tool-use formats (docs/actors.md), written
+from each family's documented format, for tests over a real vocabulary (demo/qwen_vocab.py):
 
     hermes       Qwen2.5 / Hermes ChatML: calls as <tool_call>{json}</tool_call>, results in a
                  user turn as <tool_response>...</tool_response> (demo/chat_template.py's)

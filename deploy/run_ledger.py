@@ -110,7 +110,7 @@ class RunLedger:
             "malformed": d["malformed"],
             "left_in_stream": d["stream_messages_left"],
             "versions": len(self.train_records),
-            # Episodes continued from a dead replica's checkpoint (issue 33).
+            # Episodes continued from a dead replica's checkpoint (docs/reliability.md).
             **{k: d.get(k, 0) for k in ("resumed_episodes", "resumed_turns", "resumed_tokens")},
         }
 

@@ -1,6 +1,7 @@
-"""Tool calls in the formats of the main open model families (issue 34), read out of
-assistant text: pure functions over strings, written from each family's documented format
-(no vLLM needed). `hermes` is envservers/tool_parsing.py's; the others:
+"""Tool calls in the formats of the main open model families (docs/envservers.md, "Tool-call
+formats"), read out of assistant text: pure functions over strings, written from each
+family's documented format (no vLLM needed). `hermes` is envservers/tool_parsing.py's; the
+others:
 
     qwen3_coder   Qwen3-Coder's XML-style calls, any number per message:
                       <tool_call>

@@ -52,7 +52,8 @@ class Ledger:
     (learner/intake.py)."""
     num_resumed_episodes: int = 0
     """Trajectories taken whose episode an actor continued from another's checkpoint (its
-    replica died mid-episode: issue 33), with the turns and policy tokens taken over."""
+    replica died mid-episode; docs/reliability.md), with the turns and policy tokens taken
+    over."""
     num_resumed_turns: int = 0
     num_resumed_tokens: int = 0
 

@@ -1,5 +1,5 @@
 """The vocabulary-sized packed copies vLLM-CPU keeps, and the two it need not keep during a
-weight update (issue 29: an update's host memory bounded by two buckets).
+weight update, so that an update's host memory is bounded by two buckets.
 
 On CPU vLLM multiplies by a weight through a packed copy of it (oneDNN, or sgl's format),
 made by `process_weights_after_loading` and held in the layer's `cpu_linear` closure. The

@@ -1,4 +1,4 @@
-"""Weight updates as deltas in the wire dtype (issue 32): the codec, pure, no I/O.
+"""Weight updates as deltas in the wire dtype, to send fewer bytes: the codec, pure, no I/O.
 
 At RL learning rates most bf16 values do not change from one version to the next: a step
 moves a weight by about the learning rate, and bf16 rounds it back unless that crosses half

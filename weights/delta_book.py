@@ -1,6 +1,6 @@
-"""Delta rounds (issue 32): each side of the broadcast keeps the version the engines hold,
-so a round sends only what changed (weights/delta.py's codec) and a receiver rebuilds the
-new version bit for bit.
+"""Delta rounds (docs/weights.md, "Delta rounds"): each side of the broadcast keeps the
+version the engines hold, so a round sends only what changed (weights/delta.py's codec) and
+a receiver rebuilds the new version bit for bit.
 
     sender (learner rank 0)                           receiver (each engine worker)
     SenderBook: the last version sent, host memory    ReceiverBook: the last version received

@@ -1,4 +1,4 @@
-"""The weights log (issue 32): every policy version between two snapshots written as its
+"""The weights log (docs/weights.md): every policy version between two snapshots written as its
 change from the version before, so an actor outside the learner's network follows every
 version from the object store (local disk or S3) without joining the broadcast.
 

@@ -1,4 +1,4 @@
-"""A second copy of a CPU engine's model, for the stall (issue 32): the next version is
+"""A second copy of a CPU engine's model, to shorten an update's stall: the next version is
 loaded and processed into it while the engine generates, and swapped in by reference while
 it is paused, so the pause holds no load.
 

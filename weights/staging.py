@@ -1,4 +1,4 @@
-"""Staged rounds received while the engine generates (issue 32, the stall): with
+"""Staged rounds received while the engine generates, to shorten an update's stall: with
 `staged_weight_load`, a worker receives the next version into host memory in a thread of
 its own, beside the live weights, and generation is paused only for the load.
 

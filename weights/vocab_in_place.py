@@ -1,5 +1,5 @@
-"""Vocabulary-sized layers loaded in place during a weight update (issue 29: an update's host
-memory bounded by two buckets).
+"""Vocabulary-sized layers loaded in place during a weight update, so that an update's host
+memory is bounded by two buckets (docs/weights.md, "Memory of an update").
 
 vLLM's layerwise reload (weights/vllm_worker.py) buffers each layer's incoming tensors, then
 materialises the layer beside the live one, loads it, processes it and copies the result
