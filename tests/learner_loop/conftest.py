@@ -25,13 +25,6 @@ REPO = Path(__file__).resolve().parents[2]
 CONFIG = REPO / "configs" / "learner_test.toml"
 
 
-@pytest.fixture(scope="session")
-def tiny_model_dir() -> Path:
-    from demo.tinymodel import build_random_tiny_model
-
-    return build_random_tiny_model()  # cached under .cache/tinymodel
-
-
 def _rows(n: int, offset: int) -> list[dict]:
     return [
         {
