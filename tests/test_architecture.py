@@ -16,7 +16,7 @@ REPO = Path(__file__).resolve().parents[1]
 ROLES = ("actors", "learner", "envservers")
 SHARED = ("broker", "weights", "protos", "common", "demo")
 PACKAGES = ROLES + SHARED + ("deploy", "bench")
-# Generated code and dashboards (declarative panel lists) are exempt, as the issue says.
+# Generated code and dashboards (declarative panel lists) are exempt (docs/architecture.md).
 GENERATED = {
     "protos/env_pb2.py",
     "protos/env_pb2_grpc.py",

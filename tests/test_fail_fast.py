@@ -1,4 +1,4 @@
-"""What cannot heal fails fast, what can heal waits with a clear line (issue #30, part B):
+"""What cannot heal fails fast, what can heal waits with a clear line:
 each role's real command line as a subprocess, its exit code, its one line (no traceback)
 and the time to it. The bounds are generous (a loaded 2-core machine); what each took here
 is in docs/running.md ("When something is wrong at start-up")."""

@@ -49,7 +49,7 @@ def test_trajectory_fields():
         ("num_tool_calls", "IntType"),
         ("env_metrics", "DictType"),
         ("timing", "DictType"),
-        ("resumed_turns", "IntType"),  # issue 33: taken over from an episode checkpoint
+        ("resumed_turns", "IntType"),  # taken over from an episode checkpoint
         ("resumed_tokens", "IntType"),
     ]
 
@@ -84,6 +84,6 @@ def test_policy_version_fields():
         ("snapshot_path", "StrType"),
         ("snapshot_version", "IntType"),
         ("broadcast_addr", "StrType"),
-        ("lineage", "StrType"),  # issue 13: actors learn that a resumed learner rolled back
-        ("deltas_path", "StrType"),  # issue 32: the weights log, for store-only actors
+        ("lineage", "StrType"),  # actors learn that a resumed learner rolled back
+        ("deltas_path", "StrType"),  # the weights log (weights/delta_log.py), for store-only actors
     ]

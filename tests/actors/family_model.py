@@ -1,5 +1,6 @@
 """A tiny model over Qwen's real 151k-token vocabulary that plays one tool-use episode in
-each model family's chat format (issue 34), for tests of the whole actor path per format.
+each model family's chat format (demo/family_templates.py), for tests of the whole actor
+path per format.
 
 A random-init Qwen2 (the tiny recipe's shape, head_dim 32) whose vocabulary holds Qwen's
 BPE and every family's added tokens is taught, by about a minute of supervised steps, one

@@ -286,9 +286,9 @@ async def test_engine_ahead_of_a_resumed_learner_rolls_back_to_its_snapshot(toke
 async def test_weights_that_do_not_come_are_caught_up_from_a_snapshot_or_the_task_handed_back(
     tokenizer, broker, js, monkeypatch
 ):
-    # The replica follows a broadcast that never delivers: the issue's restarted replica
-    # whose eval tasks waited for ever. Past version_wait_s it loads the announced snapshot
-    # when it is new enough, and hands the task back when not.
+    # The replica follows a broadcast that never delivers, as the restarted replica whose eval
+    # tasks once waited for ever (docs/reliability.md). Past version_wait_s it loads the
+    # announced snapshot when it is new enough, and hands the task back when not.
     monkeypatch.setattr("weights.follower.BroadcastFollower", SilentFollower)
     names = broker.names
     policy = bus.PolicyStore(js, names)
@@ -415,7 +415,7 @@ async def _hand_over(tokenizer, broker, js, task_id, *, first_engine, config=Non
 async def test_stopped_replica_hands_its_group_to_another(tokenizer, broker, js):
     slow = ScriptedEngine(tokenizer, by_turn(ANSWER), delay_for_seed={2: 60.0, 3: 60.0})
     _, second = await _hand_over(tokenizer, broker, js, "handover", first_engine=slow)
-    # The samples `first` stored were marked so (issue 33): not generated a second time.
+    # The samples `first` stored were marked so in the episodes bucket: not generated again.
     assert second.num_published == 2
 
 

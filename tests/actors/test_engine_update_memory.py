@@ -1,8 +1,8 @@
-"""Host memory of a vLLM engine worker during a weight round (issue 29, item 5), measured by
-bench/engine_update_memory.py on its small model (174 MB of fp32, 16 MB buckets): VmHWM of
-the process after its peak was reset, less its VmRSS before the round. The receive path
-holds one bucket at a time; a streamed engine adds vLLM's layer-by-layer reload; a staged
-one holds the whole model."""
+"""Host memory of a vLLM engine worker during a weight round (docs/weights.md, "Memory of an
+update"), measured by bench/engine_update_memory.py on its small model (174 MB of fp32,
+16 MB buckets): VmHWM of the process after its peak was reset, less its VmRSS before the
+round. The receive path holds one bucket at a time; a streamed engine adds vLLM's
+layer-by-layer reload; a staged one holds the whole model."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Turn-level episode checkpoints (issue 33), on a scripted engine and the in-process
+"""Turn-level episode checkpoints (actors/resume.py), on a scripted engine and the in-process
 calculator env: an episode recorded after a turn and continued on another engine is, token
 for token, the episode played whole; the rules that refuse a checkpoint start it over and
 say why; a group skips the samples marked stored."""

@@ -1,5 +1,5 @@
 """A multi-turn episode in each model family's tool-call format through the whole actor path
-(issue 34), on Qwen's real 151k-token vocabulary: a real vLLM engine on a tiny model of
+on Qwen's real 151k-token vocabulary: a real vLLM engine on a tiny model of
 that vocabulary taught one episode per family (tests/actors/family_model.py), the calculator env
 server reading that family's format (`envserver.tool_format`), the broker, and the actor
 templating with the family's chat template. Greedy decoding: each family's episode must be

@@ -1,7 +1,8 @@
-"""Work in flight sized by the engine's room (actors/in_flight.py, issue 36): the rule on its
-own, the counts an episode's env calls keep, and replicas on a real nats-server taking every
-admitted task while their episodes wait on tools, only what their engine has room for while
-they generate, and spreading the work between them."""
+"""Work in flight sized by the engine's room, so slow tools never leave it idle
+(actors/in_flight.py): the rule on its own, the counts an episode's env calls keep, and
+replicas on a real nats-server taking every admitted task while their episodes wait on
+tools, only what their engine has room for while they generate, and spreading the work
+between them."""
 
 from __future__ import annotations
 

@@ -449,9 +449,10 @@ def test_limits_are_validated():
 
 
 async def test_ids_the_tokenizer_cannot_decode_are_counted_and_said_once(tokenizer, chat, caplog):
-    """Issue 28's probe: a random model with Qwen's 151,936 embedding rows and the demo's
-    434-token tokenizer samples ids that decode to nothing; the env sees no text and every
-    episode runs to its limit. The actor now says why, once, and counts them."""
+    """The scale ladder's probe (bench/scale.py): a random model with Qwen's 151,936
+    embedding rows and the demo's 434-token tokenizer samples ids that decode to nothing;
+    the env sees no text and every episode runs to its limit. The actor now says why, once,
+    and counts them."""
     from actors import metrics
     from actors.types import Generation
 

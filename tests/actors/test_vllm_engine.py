@@ -418,9 +418,9 @@ async def test_a_streamed_round_failing_part_way_pauses_generation_until_a_snaps
 async def test_a_round_whose_learner_dies_ends_at_once_and_generation_resumes(
     vllm_engine, prompts, when
 ):
-    # Issue 26: killed before "go" (while the engine paused; the launcher restarts it on the
-    # same port within a second or two), the engines waited 36 s, paused, for a round the
-    # new learner never planned. Killed mid-transfer, gloo notices at once.
+    # A learner killed before "go" (while the engine paused; the launcher restarts it on the
+    # same port within a second or two) used to leave the engines waiting 36 s, paused, for a
+    # round the new learner never planned. Killed mid-transfer, gloo notices at once.
     # The dying sender's tensors are not the model's: staged mid-transfer, so that the
     # round ends by the learner's death, not by the model refusing them.
     spec = _request(temperature=0.0, max_tokens=12)

@@ -1,4 +1,4 @@
-"""A publisher against a full stream backs off exponentially (issue 11: a new `PublishRetry`
+"""A publisher against a full stream backs off exponentially (before, a new `PublishRetry`
 on every pass of `publish_many` kept the wait at 50 ms forever) and is accepted once the
 stream has room again (nats-py never resolves a `publish_async` future the stream answered
 with an error: nats-io/nats.py#985)."""

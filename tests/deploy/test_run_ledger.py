@@ -82,7 +82,7 @@ def test_a_balanced_run_has_no_problems_and_sums_by_hand(tmp_path):
         "malformed": 0,
         "left_in_stream": 1,
         "versions": 2,
-        "resumed_episodes": 0,  # a done record from before issue 33 counts none
+        "resumed_episodes": 0,  # a done record from before episode checkpoints counts none
         "resumed_turns": 0,
         "resumed_tokens": 0,
     }

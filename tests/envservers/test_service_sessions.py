@@ -1,4 +1,4 @@
-"""The session table under concurrent Resets (issue 11): the servicer is called directly on
+"""The session table under concurrent Resets: the servicer is called directly on
 one event loop, so the interleaving is exact. Reset used to check, await `env.reset()`, then
 insert: two Resets of one session id both made an env (the first never closed, the gauge
 counted twice), and a burst of Resets passed `max_sessions`."""

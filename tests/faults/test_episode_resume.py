@@ -1,4 +1,4 @@
-"""An actor replica SIGKILLed mid-episode (issue 33), on real parts only
+"""An actor replica SIGKILLed mid-episode (docs/reliability.md), on real parts only
 (bench/resume_support.py: a nats-server, the calculator env server with a slow tool, so an
 episode spans seconds, `actor --replicas 2` with real vLLM engines on the shipped
 warm-start model, which calls the `add` tool). The replica that recorded the first episode

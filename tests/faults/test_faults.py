@@ -1,6 +1,7 @@
-"""The fault suite (issue 13): the real launcher with every real part — nats-server, the
-calculator env server, the learner, two actor replicas with real vLLM engines on the tiny
-random-weight model — and one process SIGKILLed (or SIGSTOPped: hung) mid-run.
+"""The fault suite (docs/reliability.md): the real launcher with every real part —
+nats-server, the calculator env server, the learner, two actor replicas with real vLLM
+engines on the tiny random-weight model — and one process SIGKILLed (or SIGSTOPped: hung)
+mid-run.
 
     baseline: the same run, no fault (measured in this session)
     broker and env server: nats-server killed at step 1, the env server killed at step 3
@@ -44,7 +45,7 @@ TOTAL_STEPS = 10  # evals at 0, 5, 10
 SLACK_S = 60.0
 REPLICA_RUN_STEPS = 40
 LEARNER_SLACK_S = 30.0
-"""A learner's death is news to every engine at once (issue 26: the engines sat out a dead
+"""A learner's death is news to every engine at once (before, the engines sat out a dead
 round and version_wait_s, +33 to +70 s); what is left is its restart and resume."""
 ARGS = [
     "local.warm_start=false",  # random weights: the plumbing, not the learning

@@ -1,4 +1,4 @@
-"""A whole run stopped at once (issue 33: a preempted machine, a reboot, Ctrl-C), then
+"""A whole run stopped at once (a preempted machine, a reboot, Ctrl-C), then
 `python -m deploy.local --resume latest`: the launcher and every process it started are
 SIGKILLed after step 4 of 10, and the resumed run comes back on the same directory (its
 checkpoints, the broker's file store, the same run id), finishes with exit 0, and its books
@@ -127,7 +127,7 @@ def test_a_run_killed_whole_resumes_where_it_stopped_with_its_books_whole(tmp_pa
         "resumed_from_version": int(resumed_from),
         "steps_trained_again": reached + 1 - int(resumed_from),
         "seconds_to_a_new_step": round(new_step_s, 1),  # start-up, the steps again, one more
-        "a_new_run_to_the_same_step_s": round(first_reached_s, 1),  # the stop before issue 33
+        "a_new_run_to_the_same_step_s": round(first_reached_s, 1),  # the stop without a resume
         **{k: ledger.done[k] for k in ("resumed_episodes", "resumed_turns", "resumed_tokens")},
     }
     resumed_pass_at_1 = _pass_at_1(run_dir)

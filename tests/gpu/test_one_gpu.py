@@ -169,7 +169,7 @@ def _best_step_s(trainer: Trainer, samples, repeats: int = 3) -> float:
 
 
 def test_step_time_at_8192_token_micro_batches_against_1024(monkeypatch):
-    """Figures for docs/gpu.md (issue 14's packed micro-batches, on GPU): tokens/s at two
+    """Figures for docs/gpu.md (packed micro-batches, on GPU): tokens/s at two
     micro-batch budgets, with attention's `auto` choice (varlen for rows of many segments)
     and with one SDPA call per segment always (the CPU path)."""
     need_gpus(1)

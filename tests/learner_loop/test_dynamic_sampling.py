@@ -1,4 +1,4 @@
-"""Dynamic sampling (learner.dynamic_sampling, issue 35) in the real `learner` CLI, fed by
+"""Dynamic sampling (learner.dynamic_sampling) in the real `learner` CLI, fed by
 scripted actors some of whose groups got one reward for every sample: those are filtered
 (dropped whole as `filtered`, each replaced by a new prompt), every step still trains
 `prompts_per_step` groups, all with signal, and the books balance; past

@@ -1,4 +1,4 @@
-"""A learner started by hand prints the progress line `make run` shows (issue 30), from one
+"""A learner started by hand prints the progress line `make run` shows, from one
 home (common/progress.py): the learner's own reporting path (learner/reporting.py) with
 `learner.progress = "always"`, against the launcher's follower (deploy/local.py) reading
 the metrics.jsonl that path wrote."""

@@ -1,4 +1,4 @@
-"""Runs that share one long-lived broker, as people run them by hand (issue 30): one real
+"""Runs that share one long-lived broker, as people run them by hand: one real
 `python -m broker serve`, then six runs one after another, each the real `learner` CLI fed
 by a scripted actor, each with fresh run directories; three in the default namespace, three
 in new ones.

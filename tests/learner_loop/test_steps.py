@@ -151,8 +151,9 @@ def test_resume_cuts_history_back_to_the_checkpointed_lines(tmp_path):
 
 
 def test_a_step_without_loss_tokens_is_counted_and_said_with_its_stop_reasons():
-    """The 0.5B probe of issue 28: a random model never ends its turn, every response is cut
-    at max_tokens, overlong filtering masks them all, and three steps learned nothing."""
+    """The scale ladder's 0.5B probe (bench/scale.py): a random model never ends its turn,
+    every response is cut at max_tokens, overlong filtering masks them all, and three steps
+    learned nothing."""
     ledger = Ledger()
     assert ledger.train(8, [0, 0], num_loss_tokens=120)
     assert not ledger.train(8, [0, 0], num_loss_tokens=0)

@@ -1,4 +1,4 @@
-"""What the weight path logs on an actor (issue 30: little signal, much noise).
+"""What the weight path logs on an actor (once little signal in much noise).
 
 - A learner's weight store that keeps going away: one warning line at once, then at most
   one per 30 s with a count, no traceback; an INFO line each time the store is back; a

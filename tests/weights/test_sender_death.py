@@ -1,5 +1,5 @@
-"""A learner that dies during a weight round (issue 26): the receiver learns it at once and
-gives the round up, whether the learner died before its worker reached the store, while
+"""A learner that dies during a weight round (docs/reliability.md): the receiver learns it
+at once and gives the round up, whether the learner died before its worker reached the store, while
 it waited for "go", or mid-transfer; and whether or not a restarted learner already
 serves a store on the same address (the launcher restarts it within a second or two).
 Waiting instead paused every engine for join + transfer timeout (36 s in the fault suite).
