@@ -41,17 +41,12 @@ def pytest_collection_modifyitems(config, items):
     collected: `--no-loadscope-reorder`), the engine tests run one after another on one
     worker while the other takes everything else, most of which waits on a subprocess, a
     socket or a timer: two engine tests at once on a 2-core machine each ran 2-3x slower.
-    The longest work is handed out first (the engine group, then the `slow` tests, such as
-    the tiny model's rebuild), so no long test starts last and sets the suite's end. A test
-    that uses a module- or class-scoped fixture goes with the rest of its file, so the
-    fixture is built once."""
+    The longest work is handed out first (the engine group, then the `slow` tests), so no
+    long test starts last and sets the suite's end. A test that uses a module- or
+    class-scoped fixture goes with the rest of its file, so the fixture is built once."""
     if not os.environ.get("PYTEST_XDIST_WORKER"):
         return
-    engine_files = {
-        item.path
-        for item in items
-        if "vllm_engine" in item.fixturenames or any(item.iter_markers("vllm"))
-    }
+    engine_files = {item.path for item in items if "vllm_engine" in item.fixturenames}
     groups = {item.nodeid: xdist_group(item, engine_files) for item in items}
     items.sort(key=lambda item: start_rank(item, groups[item.nodeid]))  # stable
     for item in items:
@@ -77,9 +72,11 @@ def group_by_node_id(item, group: str) -> None:
 
 
 def xdist_group(item, engine_files: set) -> str | None:
-    """HEAVY for an engine test, and for a test sharing a module's fixtures with one; the
-    file for another test with module- or class-scoped fixtures; None (any worker) else."""
-    if "vllm_engine" in item.fixturenames or any(item.iter_markers("vllm")):
+    """HEAVY for an engine test (marked `vllm`) and every test of a file that uses the
+    session engine (the tiny model's rebuild among them: run beside the engine tests, it
+    slowed a staged round's decoding below what that test asks); the file for another test
+    with module- or class-scoped fixtures; None (any worker) else."""
+    if item.path in engine_files or any(item.iter_markers("vllm")):
         return HEAVY
     info = getattr(item, "_fixtureinfo", None)
     scopes = {
@@ -87,9 +84,7 @@ def xdist_group(item, engine_files: set) -> str | None:
         for definitions in (info.name2fixturedefs.values() if info else ())
         for definition in definitions
     }
-    if not scopes & {"module", "class", "package"}:
-        return None
-    return HEAVY if item.path in engine_files else str(item.path)
+    return str(item.path) if scopes & {"module", "class", "package"} else None
 
 
 @pytest.fixture(scope="session")
