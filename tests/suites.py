@@ -46,6 +46,10 @@ class Budget:
     durations: int
     """How many of its slowest tests each suite prints."""
     suites: list[Suite]
+    noise: float = 0.0
+    """How far past its share a suite may run before it fails, as a fraction of the share:
+    the run-to-run spread of one suite on these shared machines (the main suite took 12:16
+    and 13:53 in two fresh-clone runs of the same tests)."""
 
     def __post_init__(self) -> None:
         names = [s.name for s in self.suites]
@@ -67,6 +71,7 @@ def load_budget(path: Path = SUITES_FILE) -> Budget:
         install_s=raw["install_s"],
         durations=raw["durations"],
         suites=[Suite(**suite) for suite in raw["suite"]],
+        noise=raw["noise"],
     )
 
 
@@ -85,8 +90,9 @@ class Outcome:
         return self.wall_s > self.suite.share_s
 
 
-def verdict(outcomes: list[Outcome]) -> tuple[list[str], bool]:
-    """The budget table's lines and whether every suite passed within its share."""
+def verdict(outcomes: list[Outcome], noise: float = 0.0) -> tuple[list[str], bool]:
+    """The budget table's lines and whether every suite passed, none past its share by more
+    than `noise` of it."""
     lines = [f"{'suite':<14} {'wall':>8} {'share':>8}  result"]
     for o in outcomes:
         if o.failed:
@@ -96,13 +102,20 @@ def verdict(outcomes: list[Outcome]) -> tuple[list[str], bool]:
         else:
             result = "passed"
         if o.over_share:
-            result += f"; OVER ITS SHARE by {o.wall_s - o.suite.share_s:.0f} s"
+            past = o.wall_s - o.suite.share_s
+            within = past <= noise * o.suite.share_s
+            result += (
+                f"; over its share by {past:.0f} s"
+                if within
+                else (f"; OVER ITS SHARE by {past:.0f} s, past the noise allowance")
+            )
         wall, share = _mmss(o.wall_s), _mmss(o.suite.share_s)
         lines.append(f"{o.suite.name:<14} {wall:>8} {share:>8}  {result}")
     total = sum(o.wall_s for o in outcomes)
     share = sum(o.suite.share_s for o in outcomes)
     lines.append(f"{'all':<14} {_mmss(total):>8} {_mmss(share):>8}")
-    ok = not any(o.failed or o.over_share for o in outcomes)
+    too_slow = [o for o in outcomes if o.wall_s > o.suite.share_s * (1 + noise)]
+    ok = not any(o.failed for o in outcomes) and not too_slow
     return lines, ok
 
 
@@ -144,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     # options: each suite is exactly what suites.toml says, plus what was given here.
     os.environ.pop("PYTEST_ADDOPTS", None)
     outcomes = [run_suite(s, budget.durations, extra) for s in chosen]
-    lines, ok = verdict(outcomes)
+    lines, ok = verdict(outcomes, budget.noise)
     if args.no_budget:
         ok = not any(o.failed for o in outcomes)
     print("\n" + "\n".join(lines), flush=True)

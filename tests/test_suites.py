@@ -40,7 +40,15 @@ def test_a_suite_within_its_share_passes_and_one_past_it_fails():
     assert "no tests collected" in lines[2]
     assert lines[-1].split()[:3] == ["all", "1:49", "2:30"]  # 109 s of 150 s
     lines, ok = verdict([Outcome(suites[0], 0, 130.0)])
-    assert not ok and "OVER ITS SHARE by 30 s" in lines[1]
+    assert not ok and "OVER ITS SHARE by 30 s, past the noise allowance" in lines[1]
+
+
+def test_the_noise_allowance_is_said_and_forgiven_only_up_to_its_fraction():
+    suite = _suite(share_s=100)
+    lines, ok = verdict([Outcome(suite, 0, 119.0)], noise=0.2)
+    assert ok and "over its share by 19 s" in lines[1]
+    lines, ok = verdict([Outcome(suite, 0, 121.0)], noise=0.2)
+    assert not ok and "past the noise allowance" in lines[1]
 
 
 def test_a_failed_suite_fails_within_its_share():
