@@ -64,10 +64,17 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=config.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    from envservers.registry import build_providers
+
+    try:  # before grpc loads: a plug-in that cannot load is one line at once
+        providers = build_providers(config)
+    except ValueError as e:
+        print(f"envserver: {e}", file=sys.stderr)
+        return 2
     from envservers.server import serve
 
     try:
-        asyncio.run(serve(config))
+        asyncio.run(serve(config, providers))
     except ValueError as e:
         print(f"envserver: {e}", file=sys.stderr)
         return 2

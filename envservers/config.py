@@ -148,7 +148,10 @@ class EnvServerConfig(StrictModel):
     envs: list[str] = ["calculator"]
     """Environments hosted: built-in names (calculator, noop, sql, python, mcp),
     `skyrl_gym:NAME` (a skyrl-gym registered env, served as NAME; `skyrl_gym:*` = all of
-    them) and `openenv:NAME` (configured under [envserver.openenv.NAME])."""
+    them), `openenv:NAME` (configured under [envserver.openenv.NAME]),
+    `reasoning_gym:TASK` (a reasoning-gym task), the user's own by import path
+    (`my_pkg.envs:make`, `reward:my_pkg.rewards:score`) or installed entry point name, and
+    `NAME=...` to serve any of them under NAME (envservers/registry.py, docs/envservers.md)."""
     max_sessions: int = pydantic.Field(4096, ge=1)
     """Open sessions allowed at once; more is RESOURCE_EXHAUSTED."""
     session_idle_ttl_s: float = pydantic.Field(600.0, gt=0)
@@ -190,19 +193,21 @@ class EnvServerConfig(StrictModel):
     """OpenEnv servers by name, hosted as `openenv:NAME`."""
     skyrl_gym: dict[str, dict[str, Any]] = {}
     """env_config passed to skyrl_gym.make per skyrl-gym env name."""
+    plugins: dict[str, dict[str, Any]] = {}
+    """Settings of plug-in environments, rewards and reasoning-gym tasks, one free-form
+    table per name as served (`[envserver.plugins.my_task]`); the plug-in checks them."""
 
     @pydantic.model_validator(mode="after")
     def _check_envs(self) -> EnvServerConfig:
         if not self.envs:
             raise ValueError("envs: host at least one environment")
-        for name in self.envs:
+        for entry in self.envs:
+            name = entry.partition("=")[2] or entry  # what NAME=... serves
             prefix, sep, rest = name.partition(":")
-            if sep and prefix not in ("skyrl_gym", "openenv"):
-                raise ValueError(f"envs: {name!r}: prefix must be skyrl_gym: or openenv:")
             if sep and not rest:
-                raise ValueError(f"envs: {name!r} names no environment after the colon")
+                raise ValueError(f"envs: {entry!r} names nothing after the colon")
             if prefix == "openenv" and sep and rest not in self.openenv:
-                raise ValueError(f"envs: {name!r} needs a [envserver.openenv.{rest}] section")
+                raise ValueError(f"envs: {entry!r} needs a [envserver.openenv.{rest}] section")
         if "mcp" in self.envs and not self.mcp.servers:
             raise ValueError("envs: 'mcp' needs at least one [envserver.mcp.servers.NAME]")
         parser_for(self.tool_format)  # an unknown format: the error lists the supported ones

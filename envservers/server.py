@@ -123,9 +123,9 @@ class EnvServer:
         await self.stop(drain_s=0, grace_s=1)
 
 
-async def serve(config: EnvServerConfig) -> None:
+async def serve(config: EnvServerConfig, providers: dict[str, EnvProvider] | None = None) -> None:
     """Run until SIGTERM or SIGINT, then shut down gracefully."""
-    server = EnvServer(config)
+    server = EnvServer(config, providers)
     await server.start()
     print(
         f"envserver ready on {server.address} hosting {','.join(sorted(server.providers))}"

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from envservers.config import EnvServerConfig
 from envservers.latency import DelayedTools, ToolLatency
 from envservers.tool_env import ToolEnv
 from envservers.tools import Tool, ToolError, ToolGroup
@@ -96,3 +97,11 @@ class CalculatorProvider(EnvProvider):
 
     def make(self) -> CalculatorEnv:
         return CalculatorEnv(latency=self.latency, **self.tool_rules)
+
+
+def build_provider(config: EnvServerConfig) -> CalculatorProvider:
+    slow = config.calculator
+    latency = None
+    if slow.latency_median_s > 0:
+        latency = ToolLatency(slow.latency_median_s, slow.latency_p99_s, slow.latency_seed)
+    return CalculatorProvider(config.tool_rules, latency)

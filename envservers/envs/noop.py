@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from envservers.config import EnvServerConfig
 from envservers.tool_env import ToolEnv
 from envservers.tools import Tool, ToolGroup
 from envservers.types import EnvProvider
@@ -24,3 +25,7 @@ class NoopProvider(EnvProvider):
 
     def make(self) -> NoopEnv:
         return NoopEnv(max_turns=2**31)
+
+
+def build_provider(config: EnvServerConfig) -> NoopProvider:
+    return NoopProvider()

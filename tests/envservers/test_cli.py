@@ -87,14 +87,12 @@ async def test_sigterm_drains_then_finishes_in_flight_steps(tmp_path):
     config.write_text("[envserver]\nmetrics_port = 0\ndrain_s = 1.0\nshutdown_grace_s = 10\n")
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
-        "-c",
-        "import sys; from tests.envservers.fakes import SlowProvider;"
-        "from envservers import registry; registry.register('slow', lambda c: SlowProvider());"
-        "from envservers.cli import main; sys.exit(main(sys.argv[1:]))",
+        "-m",
+        "envservers.cli",
         "--config",
         str(config),
         "--env",
-        "slow",
+        "slow=tests.envservers.fakes:SlowProvider",  # a user's environment, by import path
         "--port",
         "0",
         cwd=REPO,
