@@ -56,9 +56,10 @@ def build_providers(config: EnvServerConfig) -> dict[str, EnvProvider]:
         if alias and len(built) != 1:
             raise PluginError(f"envs: {entry!r}: an alias names one environment, not {len(built)}")
         for name, provider in built.items():
-            if name in providers:
-                raise PluginError(f"envs: {name!r} is hosted twice; give one an alias (NAME=...)")
-            providers[alias or name] = provider
+            served = alias or name
+            if served in providers:
+                raise PluginError(f"envs: {served!r} is hosted twice; give one an alias (NAME=...)")
+            providers[served] = provider
     unused = sorted(set(config.plugins) - set(providers))
     if unused:
         raise PluginError(

@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import sys
 from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
@@ -135,7 +136,9 @@ def write_dataset(rows: list[Row], path: str | Path) -> None:
 
 
 def add_prepare_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("inputs", nargs="+", help="JSONL or Parquet files of SkyRL rows")
+    from learner import sources  # here, not at the top: sources imports this module
+
+    sources.add_source_arguments(parser)  # inputs, --from, --column, ... (learner/sources.py)
     parser.add_argument("--output-dir", required=True, help="where train.* and eval.* go")
     parser.add_argument("--eval-fraction", type=float, default=0.02)
     parser.add_argument(
@@ -153,7 +156,9 @@ def add_prepare_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run_prepare(args: argparse.Namespace) -> int:
     """Load, split, write `train.<format>` and `eval.<format>`, print counts per env."""
-    rows = [row for path in args.inputs for row in load_dataset(path)]
+    from learner import sources
+
+    rows = sources.prepare_rows(args)
     train, eval_ = split_rows(
         rows,
         eval_fraction=args.eval_fraction,
@@ -168,10 +173,11 @@ def run_prepare(args: argparse.Namespace) -> int:
     for split, split_rows_ in ((0, train), (1, eval_)):
         for row in split_rows_:
             counts[row[args.env_field]][split] += 1
-    print(f"{'environment':<24}{'train':>8}{'eval':>8}")
+    width = max([24, *(len(env) + 2 for env in counts)])  # reasoning_gym:TASK names are long
+    print(f"{'environment':<{width}}{'train':>8}{'eval':>8}")
     for env in sorted(counts):
-        print(f"{env:<24}{counts[env][0]:>8}{counts[env][1]:>8}")
-    print(f"{'total':<24}{len(train):>8}{len(eval_):>8}")
+        print(f"{env:<{width}}{counts[env][0]:>8}{counts[env][1]:>8}")
+    print(f"{'total':<{width}}{len(train):>8}{len(eval_):>8}")
     return 0
 
 
@@ -179,7 +185,12 @@ def prepare_main(argv: list[str] | None = None) -> int:
     """`python -m learner.data ...`: the prepare subcommand on its own."""
     parser = argparse.ArgumentParser(prog="learner prepare", description=__doc__.splitlines()[0])
     add_prepare_arguments(parser)
-    return run_prepare(parser.parse_args(argv))
+    args = parser.parse_args(argv)
+    try:
+        return run_prepare(args)
+    except ValueError as e:  # a bad input file, row, column or source: one line, nothing written
+        print(f"learner prepare: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":
