@@ -39,6 +39,12 @@ class LocalRunConfig(StrictModel):
     """Fixed eval prompts (held out from training)."""
     dataset_seed: int = 0
     """Seed of the training prompts."""
+    train_data: str = ""
+    """Your own training rows (a SkyRL JSONL or Parquet file, e.g. `learner prepare`'s
+    train.jsonl; relative to the working directory) instead of the calculator's; needs
+    `eval_data` too. The run keeps a validated copy in its directory."""
+    eval_data: str = ""
+    """Your own eval rows, with `train_data`."""
     warm_start: bool = True
     """Start RL from the supervised warm start (False: random weights, for quick checks)."""
     timeout_s: float = 3600.0
@@ -46,6 +52,13 @@ class LocalRunConfig(StrictModel):
     restarts: RestartPolicy = RestartPolicy()
     """How a role process that dies is restarted (backoff, restart budget); the run fails
     once a process has spent its budget."""
+
+    @pydantic.model_validator(mode="after")
+    def _own_data_whole(self) -> LocalRunConfig:
+        if bool(self.train_data) != bool(self.eval_data):
+            raise ValueError("local.train_data and local.eval_data: set both, or neither")
+        return self
+
     colocate: Literal["auto", "never"] = "auto"
     """On a GPU machine with fewer GPUs than learner ranks plus engines: `auto` puts engines
     on the learner's GPUs (a 1-GPU machine runs everything on GPU 0; weights then go over

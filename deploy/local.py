@@ -91,16 +91,9 @@ def _prepare_run_dir(
     """The run directory with its dataset, logs folder, what started it (`launched`: a new
     run; None: a resumed one, which has them already) and the metrics ports of its processes
     (for `make observe`); `runs/latest` points at it. Returns those ports."""
-    from demo import data as demo_data
-
     if launched is not None:
         run_dir.mkdir(parents=True)
-        demo_data.write_dataset(
-            run_dir / "data",
-            num_train=local.num_train_rows,
-            num_eval=local.num_eval_rows,
-            seed=local.dataset_seed,
-        )
+        _write_run_data(run_dir / "data", local)
         (run_dir / "logs").mkdir()
         (run_dir / LAUNCH_FILE).write_text(json.dumps(launched, indent=2) + "\n")
     _point_latest(run_dir.parent, run_dir)
@@ -113,6 +106,25 @@ def _prepare_run_dir(
     }
     (run_dir / "metrics_ports.json").write_text(json.dumps(metrics_ports, indent=2) + "\n")
     return metrics_ports
+
+
+def _write_run_data(data_dir: Path, local: LocalRunConfig) -> None:
+    """train.jsonl and eval.jsonl of the run: the user's rows (validated, copied: the run
+    keeps what it started with) or the calculator's, generated."""
+    if not local.train_data:
+        from demo import data as demo_data
+
+        demo_data.write_dataset(
+            data_dir,
+            num_train=local.num_train_rows,
+            num_eval=local.num_eval_rows,
+            seed=local.dataset_seed,
+        )
+        return
+    from learner.data import load_dataset, write_dataset
+
+    for split, path in (("train", local.train_data), ("eval", local.eval_data)):
+        write_dataset(load_dataset(path), data_dir / f"{split}.jsonl")
 
 
 def bus_credentials(environ=os.environ) -> tuple[NatsAuth, dict[str, str]]:

@@ -1,0 +1,144 @@
+"""docs/running.md's "Train on your own task", done as a new user does it: the files of that
+section written to a directory outside the repository, `pip install -e` of the package into
+this virtual environment, `learner prepare --from` its dataset entry point, and one launch of
+`python -m deploy.local` with the one config file, from that directory.
+
+Checked: the run finishes; its books balance (deploy/run_ledger.py); both of the user's
+tasks were trained on, one hosted by entry point and one by import path; no file of Tether
+changed. The package is uninstalled afterwards. The run is shortened on the command line
+(2 steps of 4 x 4): the plumbing is the point, the learning is the demo's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from deploy.run_ledger import RunLedger
+
+REPO = Path(__file__).resolve().parents[2]
+SECTION = "## Train on your own task"
+COMMANDS = [
+    "pip install -e ./my-tasks",
+    "learner prepare --from words --size 400 --seed 0 --eval-fraction 0.05 --output-dir data",
+    "python -m deploy.local --config my-task.toml",
+]
+SHORTER = [
+    "learner.total_steps=2",
+    "learner.prompts_per_step=4",
+    "learner.group_size=4",
+    "learner.eval_interval=2",
+    "learner.eval_samples_per_prompt=2",
+]
+
+
+def walkthrough() -> str:
+    text = (REPO / "docs" / "running.md").read_text()
+    assert SECTION in text, f"docs/running.md lost its section {SECTION!r}"
+    return text.split(SECTION, 1)[1].split("\n## ", 1)[0]
+
+
+def walkthrough_files(section: str) -> dict[str, str]:
+    """{path: text} of the section's code blocks marked ```LANG file=PATH."""
+    return {
+        match.group(1): match.group(2)
+        for match in re.finditer(r"```\w+ file=(\S+)\n(.*?)```", section, re.S)
+    }
+
+
+def _run(command: list[str], cwd: Path, timeout: float) -> subprocess.CompletedProcess:
+    bin_dir = str(Path(sys.executable).parent)  # what `source .venv/bin/activate` puts first
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # nothing of ours on it
+    env.update(PATH=f"{bin_dir}:{env.get('PATH', '/usr/bin:/bin')}", WANDB_MODE="disabled")
+    return subprocess.run(
+        command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def _git_status() -> str:
+    return subprocess.run(
+        ["git", "status", "--porcelain", "--untracked-files=all"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+
+
+@pytest.fixture(scope="module")
+def user_run(tmp_path_factory):
+    """The walkthrough, step by step: (the user's directory, the run directory, outputs)."""
+    section = walkthrough()
+    for command in COMMANDS:
+        assert command in section, f"the walkthrough no longer says {command!r}"
+    home = tmp_path_factory.mktemp("my-project")
+    for path, text in walkthrough_files(section).items():
+        (home / path).parent.mkdir(parents=True, exist_ok=True)
+        (home / path).write_text(text)
+    tether_before = _git_status()
+    # --no-build-isolation: the venv's setuptools builds it, with no index to reach.
+    install = _run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-build-isolation", "-e", "./my-tasks"],
+        home,
+        300,
+    )
+    assert install.returncode == 0, install.stderr
+    try:
+        prepare = _run(COMMANDS[1].split(), home, 120)
+        assert prepare.returncode == 0, prepare.stderr
+        launch = _run(
+            [*COMMANDS[2].split(), f"local.runs_dir={home / 'runs'}", *SHORTER], home, 900
+        )
+        assert launch.returncode == 0, (launch.stdout + launch.stderr)[-5000:]
+    finally:
+        _run([sys.executable, "-m", "pip", "uninstall", "-q", "-y", "my-tasks"], home, 120)
+    yield home, (home / "runs" / "latest").resolve(), prepare.stdout, launch.stdout
+    assert _git_status() == tether_before, "the walkthrough changed a file of Tether"
+
+
+def test_prepare_found_the_dataset_by_entry_point(user_run):
+    _, _, prepared, _ = user_run
+    counts = {line.split()[0]: line.split()[1:] for line in prepared.splitlines()[1:]}
+    assert set(counts) == {"length", "reverse", "total"}
+    assert int(counts["total"][0]) + int(counts["total"][1]) == 400
+
+
+def test_the_run_trained_both_tasks_and_its_books_balance(user_run):
+    _, run_dir, _, output = user_run
+    assert "steps (policy versions)  2" in output
+    ledger = RunLedger.read(run_dir)
+    assert ledger.problems() == []
+    assert [line["step"] for line in ledger.trained] == [0, 1]
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    seen = {
+        key.split("/")[2]
+        for record in records
+        if record["kind"] in ("train", "eval")
+        for key in record
+        if key.startswith(("rollout/env/", "eval/env/")) and key.endswith("/num_samples")
+    }
+    # `reverse` by its entry point, `length` by the reward's import path.
+    assert seen == {"length", "reverse"}
+    hosting = (run_dir / "logs" / "envserver.log").read_text()
+    assert "hosting length,reverse" in hosting
+
+
+def test_the_plugin_settings_reached_the_environment(user_run):
+    """`tries = 2`: a wrong first answer of `reverse` gets a second turn."""
+    _, run_dir, _, _ = user_run
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    turns = [
+        record[key]
+        for record in records
+        for key in record
+        if key.startswith(("rollout/env/reverse/", "eval/env/reverse/"))
+        and key.endswith("/mean_turns")
+    ]
+    assert turns and all(1.0 <= t <= 2.0 for t in turns)
+    assert max(turns) > 1.0
