@@ -47,6 +47,10 @@ class LocalRunConfig(StrictModel):
     """Your own eval rows, with `train_data`."""
     warm_start: bool = True
     """Start RL from the supervised warm start (False: random weights, for quick checks)."""
+    model_dir: str = ""
+    """Your own model directory (a Hugging Face checkpoint: config, tokenizer with a chat
+    template, safetensors) for the learner and the engines, instead of the demo's tiny model
+    (then `warm_start` does not apply). Relative to the working directory."""
     timeout_s: float = 3600.0
     """Stop everything if the run has not finished after this long."""
     restarts: RestartPolicy = RestartPolicy()

@@ -79,6 +79,14 @@ def _point_latest(runs_dir: Path, run_dir: Path) -> None:
 def _model_dir(local: LocalRunConfig) -> Path:
     from demo.tinymodel import build_random_tiny_model, shipped_model_dir
 
+    if local.model_dir:
+        from common.model_paths import model_dir_problem
+
+        if problem := model_dir_problem(local.model_dir, key="local.model_dir"):
+            raise ValueError(problem)
+        if not Path(local.model_dir).is_dir():  # a hub id: nothing is downloaded here
+            raise ValueError(f"local.model_dir: {local.model_dir} is not a directory")
+        return Path(local.model_dir).resolve()
     if local.warm_start:
         return shipped_model_dir()  # the warm start shipped in the repository
     print("building a random-weight tiny model (seconds; cached) ...", flush=True)
@@ -86,14 +94,18 @@ def _model_dir(local: LocalRunConfig) -> Path:
 
 
 def _prepare_run_dir(
-    run_dir: Path, local: LocalRunConfig, ports: dict[str, int], launched: dict | None
+    run_dir: Path,
+    local: LocalRunConfig,
+    ports: dict[str, int],
+    launched: dict | None,
+    own_rows: dict | None,
 ) -> dict[str, int]:
     """The run directory with its dataset, logs folder, what started it (`launched`: a new
     run; None: a resumed one, which has them already) and the metrics ports of its processes
     (for `make observe`); `runs/latest` points at it. Returns those ports."""
     if launched is not None:
         run_dir.mkdir(parents=True)
-        _write_run_data(run_dir / "data", local)
+        _write_run_data(run_dir / "data", local, own_rows)
         (run_dir / "logs").mkdir()
         (run_dir / LAUNCH_FILE).write_text(json.dumps(launched, indent=2) + "\n")
     _point_latest(run_dir.parent, run_dir)
@@ -108,10 +120,20 @@ def _prepare_run_dir(
     return metrics_ports
 
 
-def _write_run_data(data_dir: Path, local: LocalRunConfig) -> None:
-    """train.jsonl and eval.jsonl of the run: the user's rows (validated, copied: the run
-    keeps what it started with) or the calculator's, generated."""
+def _own_rows(local: LocalRunConfig) -> dict[str, list[dict]] | None:
+    """The user's train and eval rows, every row validated (ValueError naming the file, the
+    line and the field), or None for the calculator's."""
     if not local.train_data:
+        return None
+    from learner.data import load_dataset
+
+    return {"train": load_dataset(local.train_data), "eval": load_dataset(local.eval_data)}
+
+
+def _write_run_data(data_dir: Path, local: LocalRunConfig, own: dict | None) -> None:
+    """train.jsonl and eval.jsonl of the run: the user's rows (copied: the run keeps what it
+    started with, whatever happens to their files) or the calculator's, generated."""
+    if own is None:
         from demo import data as demo_data
 
         demo_data.write_dataset(
@@ -121,10 +143,10 @@ def _write_run_data(data_dir: Path, local: LocalRunConfig) -> None:
             seed=local.dataset_seed,
         )
         return
-    from learner.data import load_dataset, write_dataset
+    from learner.data import write_dataset
 
-    for split, path in (("train", local.train_data), ("eval", local.eval_data)):
-        write_dataset(load_dataset(path), data_dir / f"{split}.jsonl")
+    for split, rows in own.items():
+        write_dataset(rows, data_dir / f"{split}.jsonl")
 
 
 def bus_credentials(environ=os.environ) -> tuple[NatsAuth, dict[str, str]]:
@@ -177,6 +199,7 @@ def launch(config_path: Path, overrides: list[str], resume: str | None = None) -
                   " resume", flush=True)  # fmt: skip
             return 0
         model_dir = _model_dir(local)
+        own_rows = _own_rows(local) if launched is not None else None  # resumed: it has them
         ports = {name: free_port() for name in ("nats", "learner", "envserver", "envserver_grpc")}
         ports["weight_store"] = free_port()
         ports["actor"] = free_port_block(local.actor_replicas)  # replica i serves on base + i
@@ -195,7 +218,7 @@ def launch(config_path: Path, overrides: list[str], resume: str | None = None) -
         print(f"python -m deploy.local: {e}", file=sys.stderr)
         return 2
 
-    metrics_ports = _prepare_run_dir(run_dir, local, ports, launched)
+    metrics_ports = _prepare_run_dir(run_dir, local, ports, launched, own_rows)
     if launched is None:
         print(f"resuming {run_dir.name}: every process on its directory, checkpoints and"
               " broker store", flush=True)  # fmt: skip
