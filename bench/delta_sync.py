@@ -45,7 +45,7 @@ def _follow_rounds(address: tuple[str, int], rounds: int, queue) -> None:
     checksum of each rebuilt version on `queue`."""
     from weights.receiver import WeightChannel
     from weights.subscription import WeightSubscription
-    from weights.vllm_worker import checksum
+    from weights.tensors import checksum
 
     subscription, channel = WeightSubscription(*address), WeightChannel()
     queue.put("ready")
@@ -90,7 +90,7 @@ class Wire:
 
     def send(self, named: dict) -> tuple[object, bool]:
         """One round of `named`; (its report, whether the receiver rebuilt it exactly)."""
-        from weights.vllm_worker import checksum
+        from weights.tensors import checksum
 
         self.version += 1
         report = self.sender.broadcast(self.version, named.items())

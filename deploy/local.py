@@ -36,7 +36,7 @@ from common.config import load_section
 from common.placement import visible_gpus
 from common.procs import free_port, stop_on_signals
 from common.progress import ProgressView
-from deploy import progress
+from deploy import progress, run_inputs
 from deploy.config import LocalRunConfig, load_run_config
 from deploy.gpus import gpu_wiring
 from deploy.supervisor import Service, Supervisor, http_probe
@@ -76,23 +76,6 @@ def _point_latest(runs_dir: Path, run_dir: Path) -> None:
     os.replace(tmp, latest)  # atomic: `latest` always names a whole run
 
 
-def _model_dir(local: LocalRunConfig) -> Path:
-    from demo.tinymodel import build_random_tiny_model, shipped_model_dir
-
-    if local.model_dir:
-        from common.model_paths import model_dir_problem
-
-        if problem := model_dir_problem(local.model_dir, key="local.model_dir"):
-            raise ValueError(problem)
-        if not Path(local.model_dir).is_dir():  # a hub id: nothing is downloaded here
-            raise ValueError(f"local.model_dir: {local.model_dir} is not a directory")
-        return Path(local.model_dir).resolve()
-    if local.warm_start:
-        return shipped_model_dir()  # the warm start shipped in the repository
-    print("building a random-weight tiny model (seconds; cached) ...", flush=True)
-    return build_random_tiny_model()
-
-
 def _prepare_run_dir(
     run_dir: Path,
     local: LocalRunConfig,
@@ -105,7 +88,7 @@ def _prepare_run_dir(
     (for `make observe`); `runs/latest` points at it. Returns those ports."""
     if launched is not None:
         run_dir.mkdir(parents=True)
-        _write_run_data(run_dir / "data", local, own_rows)
+        run_inputs.write_data(run_dir / "data", local, own_rows)
         (run_dir / "logs").mkdir()
         (run_dir / LAUNCH_FILE).write_text(json.dumps(launched, indent=2) + "\n")
     _point_latest(run_dir.parent, run_dir)
@@ -118,35 +101,6 @@ def _prepare_run_dir(
     }
     (run_dir / "metrics_ports.json").write_text(json.dumps(metrics_ports, indent=2) + "\n")
     return metrics_ports
-
-
-def _own_rows(local: LocalRunConfig) -> dict[str, list[dict]] | None:
-    """The user's train and eval rows, every row validated (ValueError naming the file, the
-    line and the field), or None for the calculator's."""
-    if not local.train_data:
-        return None
-    from learner.data import load_dataset
-
-    return {"train": load_dataset(local.train_data), "eval": load_dataset(local.eval_data)}
-
-
-def _write_run_data(data_dir: Path, local: LocalRunConfig, own: dict | None) -> None:
-    """train.jsonl and eval.jsonl of the run: the user's rows (copied: the run keeps what it
-    started with, whatever happens to their files) or the calculator's, generated."""
-    if own is None:
-        from demo import data as demo_data
-
-        demo_data.write_dataset(
-            data_dir,
-            num_train=local.num_train_rows,
-            num_eval=local.num_eval_rows,
-            seed=local.dataset_seed,
-        )
-        return
-    from learner.data import write_dataset
-
-    for split, rows in own.items():
-        write_dataset(rows, data_dir / f"{split}.jsonl")
 
 
 def bus_credentials(environ=os.environ) -> tuple[NatsAuth, dict[str, str]]:
@@ -198,8 +152,9 @@ def launch(config_path: Path, overrides: list[str], resume: str | None = None) -
             print(f"{run_dir} finished already (version {done.get('version')}): nothing to"
                   " resume", flush=True)  # fmt: skip
             return 0
-        model_dir = _model_dir(local)
-        own_rows = _own_rows(local) if launched is not None else None  # resumed: it has them
+        model_dir = run_inputs.model_dir(local)
+        # A resumed run has its rows in its directory already.
+        own_rows = run_inputs.own_rows(local) if launched is not None else None
         ports = {name: free_port() for name in ("nats", "learner", "envserver", "envserver_grpc")}
         ports["weight_store"] = free_port()
         ports["actor"] = free_port_block(local.actor_replicas)  # replica i serves on base + i

@@ -14,12 +14,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass
 
 from nats.js import JetStreamContext
-from nats.js.api import ConsumerInfo, StreamInfo
 
 from broker.names import BusNames, WorkQueue
+from broker.queue_depth import QueueDepth, queue_depth
 from broker.retry import RETRYABLE_ERRORS
 from common.tasks import swallowed_cancel
 from learner import metrics
@@ -28,47 +27,6 @@ log = logging.getLogger(__name__)
 
 POLL_INTERVAL_S = 5.0
 """How often the learner reads the queues (the shipped Prometheus scrape interval)."""
-
-
-@dataclass(frozen=True)
-class QueueDepth:
-    """One work queue (a stream and the one durable consumer all its takers share), now."""
-
-    pending: int
-    """Stored, not yet delivered to the consumer: prompts no actor has taken; trajectories
-    the learner has not fetched."""
-    ack_pending: int
-    """Delivered, not yet acked: prompts whose groups actors are running; trajectories the
-    learner holds until a checkpoint covers them (queued for training, or trained since)."""
-    redelivered: int
-    """Unacked messages delivered more than once (a taker died, nacked or timed out)."""
-    messages: int
-    """Messages the stream stores (a work queue: every one not yet acked)."""
-    bytes: int
-    """Bytes the stream stores."""
-    max_messages: int | None
-    """The stream's message limit; None where unlimited."""
-    max_bytes: int | None
-    """The stream's byte limit; None where unlimited. A full stream refuses publishes
-    (DiscardNew, broker/streams.py): its publishers wait."""
-
-
-def queue_depth(stream: StreamInfo, consumer: ConsumerInfo) -> QueueDepth:
-    """A queue's depth from its stream's and its consumer's info (JetStream's answers)."""
-    return QueueDepth(
-        pending=consumer.num_pending or 0,
-        ack_pending=consumer.num_ack_pending or 0,
-        redelivered=consumer.num_redelivered or 0,
-        messages=stream.state.messages,
-        bytes=stream.state.bytes,
-        max_messages=_limit(stream.config.max_msgs),
-        max_bytes=_limit(stream.config.max_bytes),
-    )
-
-
-def _limit(value: int | None) -> int | None:
-    """JetStream answers "no limit" as -1 (nats-py's own default is None)."""
-    return value if value is not None and value > 0 else None
 
 
 def work_queues(names: BusNames) -> dict[str, WorkQueue]:

@@ -38,7 +38,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["prepare"]:
-        from learner.data import prepare_main
+        from learner.prepare import prepare_main
 
         return prepare_main(argv[1:])
     if argv[:1] == ["merge-adapter"]:

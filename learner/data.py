@@ -12,17 +12,14 @@ key (`extra_info.task_key`, else a hash of env_class + prompt) falls below the e
 fraction, so the same task lands in the same split on every run; stratified per
 environment (each one keeps the ratio); an environment expecting fewer than
 `min_eval_per_env` eval rows goes entirely to train; held-out environments go entirely to
-eval. `run_prepare` is the body of a `prepare` subcommand (`add_prepare_arguments` adds its
-flags to an argparse parser).
+eval. `learner prepare` (learner/prepare.py) makes a dataset's splits with them.
 """
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
-import sys
-from collections import Counter, defaultdict
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -133,65 +130,3 @@ def write_dataset(rows: list[Row], path: str | Path) -> None:
     with path.open("w") as f:
         for row in rows:
             f.write(json.dumps(row) + "\n")
-
-
-def add_prepare_arguments(parser: argparse.ArgumentParser) -> None:
-    from learner import sources  # here, not at the top: sources imports this module
-
-    sources.add_source_arguments(parser)  # inputs, --from, --column, ... (learner/sources.py)
-    parser.add_argument("--output-dir", required=True, help="where train.* and eval.* go")
-    parser.add_argument("--eval-fraction", type=float, default=0.02)
-    parser.add_argument(
-        "--min-eval-per-env",
-        type=int,
-        default=5,
-        help="an environment expecting fewer eval rows than this goes entirely to train",
-    )
-    parser.add_argument(
-        "--held-out", nargs="*", default=[], help="environments that go entirely to eval"
-    )
-    parser.add_argument("--env-field", choices=("env_class", "data_source"), default="env_class")
-    parser.add_argument("--format", choices=("jsonl", "parquet"), default="jsonl")
-
-
-def run_prepare(args: argparse.Namespace) -> int:
-    """Load, split, write `train.<format>` and `eval.<format>`, print counts per env."""
-    from learner import sources
-
-    rows = sources.prepare_rows(args)
-    train, eval_ = split_rows(
-        rows,
-        eval_fraction=args.eval_fraction,
-        min_eval_per_env=args.min_eval_per_env,
-        held_out_envs=tuple(args.held_out),
-        env_field=args.env_field,
-    )
-    out = Path(args.output_dir)
-    write_dataset(train, out / f"train.{args.format}")
-    write_dataset(eval_, out / f"eval.{args.format}")
-    counts: dict[str, list[int]] = defaultdict(lambda: [0, 0])
-    for split, split_rows_ in ((0, train), (1, eval_)):
-        for row in split_rows_:
-            counts[row[args.env_field]][split] += 1
-    width = max([24, *(len(env) + 2 for env in counts)])  # reasoning_gym:TASK names are long
-    print(f"{'environment':<{width}}{'train':>8}{'eval':>8}")
-    for env in sorted(counts):
-        print(f"{env:<{width}}{counts[env][0]:>8}{counts[env][1]:>8}")
-    print(f"{'total':<{width}}{len(train):>8}{len(eval_):>8}")
-    return 0
-
-
-def prepare_main(argv: list[str] | None = None) -> int:
-    """`python -m learner.data ...`: the prepare subcommand on its own."""
-    parser = argparse.ArgumentParser(prog="learner prepare", description=__doc__.splitlines()[0])
-    add_prepare_arguments(parser)
-    args = parser.parse_args(argv)
-    try:
-        return run_prepare(args)
-    except ValueError as e:  # a bad input file, row, column or source: one line, nothing written
-        print(f"learner prepare: {e}", file=sys.stderr)
-        return 2
-
-
-if __name__ == "__main__":
-    raise SystemExit(prepare_main())

@@ -67,12 +67,10 @@ a new baseline without advancing.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
 
 import prometheus_client
 
-if TYPE_CHECKING:
-    from learner.bus_metrics import QueueDepth
+from broker.queue_depth import QueueDepth
 
 _GAUGES = {  # record key -> the gauge that shows its last value
     "version": prometheus_client.Gauge(

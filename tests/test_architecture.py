@@ -2,12 +2,14 @@
 each other, and the shared packages import no role. Every import counts, at the top of a
 module or inside a function; the import graph is read from the source, not from what a test
 happened to import. Inside the learner, its torch side (learner/trainer/) imports nothing of
-its bus side. Also the size rules docs/architecture.md states: no module over 350 lines, no
-function over 80 (generated code and dashboards aside)."""
+its bus side. No import cycles anywhere (two modules importing each other, however deep,
+hide a missing seam). Also the size rules docs/architecture.md states: no module over 350
+lines, no function over 80 (generated code and dashboards aside)."""
 
 from __future__ import annotations
 
 import ast
+import shutil
 from pathlib import Path
 
 import pytest
@@ -108,3 +110,107 @@ def test_no_function_over_80_lines():
                     if n > MAX_FUNCTION_LINES:
                         long.append(f"{path.relative_to(REPO)}:{node.lineno} {node.name}: {n}")
     assert long == []
+
+
+def _module_name(path: Path, root: Path) -> str:
+    parts = path.relative_to(root).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph(root: Path, packages: tuple[str, ...]) -> dict[str, set[str]]:
+    """{module: the modules of `packages` it imports}, every import anywhere in it counted;
+    `from a.b import c` is an edge to a.b.c when that is a module, else to a.b."""
+    paths = {
+        _module_name(p, root): p
+        for package in packages
+        for p in (root / package).rglob("*.py")
+        if "__pycache__" not in p.parts
+    }
+    graph = {}
+    for module, path in paths.items():
+        targets = set()
+        for name in _imported_modules(path):
+            parts = name.split(".")
+            for cut in range(len(parts), 0, -1):  # the longest prefix that is a module
+                if (candidate := ".".join(parts[:cut])) in paths:
+                    targets.add(candidate)
+                    break
+        graph[module] = targets - {module}
+    return graph
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Each strongly connected group of two or more modules, as one cycle through it
+    (Tarjan's algorithm, iterative), sorted."""
+    index, low, on_stack, stack, groups = {}, {}, set(), [], []
+    for start in sorted(graph):
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                group = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    group.append(member)
+                    if member == node:
+                        break
+                if len(group) > 1:
+                    groups.append(_cycle_through(sorted(group), graph))
+    return sorted(groups)
+
+
+def _cycle_through(group: list[str], graph: dict[str, set[str]]) -> list[str]:
+    """A path from the group's first module back to itself inside the group (breadth-first,
+    so the cycle named is a shortest one)."""
+    members, first = set(group), group[0]
+    came_from: dict[str, str] = {}
+    frontier = [first]
+    while frontier:
+        following = []
+        for node in frontier:
+            for child in sorted(graph[node] & members):
+                if child == first:
+                    path = [node]
+                    while path[-1] != first:
+                        path.append(came_from[path[-1]])
+                    return [first, *reversed(path[:-1]), first] if node != first else [first]
+                if child not in came_from:
+                    came_from[child] = node
+                    following.append(child)
+        frontier = following
+    raise AssertionError(f"{group} is not strongly connected")
+
+
+def test_no_import_cycles():
+    cycles = import_cycles(import_graph(REPO, PACKAGES))
+    assert cycles == [], "import cycles: " + "; ".join(" -> ".join(c) for c in cycles)
+
+
+def test_a_cycle_added_to_a_copy_of_the_tree_is_named(tmp_path):
+    for package in ("common", "broker"):
+        shutil.copytree(REPO / package, tmp_path / package, ignore=shutil.ignore_patterns("*.pyc"))
+    assert import_cycles(import_graph(tmp_path, ("common", "broker"))) == []
+    (tmp_path / "common" / "first.py").write_text("def f():\n    from broker import second\n")
+    (tmp_path / "broker" / "second.py").write_text("from common.first import f\n")
+    assert import_cycles(import_graph(tmp_path, ("common", "broker"))) == [
+        ["broker.second", "common.first", "broker.second"]
+    ]

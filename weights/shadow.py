@@ -59,7 +59,7 @@ class ShadowModel:
         from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
         from vllm.model_executor.model_loader.reload.inplace import reload_weights
 
-        from weights.vllm_worker import tied_aliases, with_aliases
+        from weights.tensors import tied_aliases, with_aliases
 
         config = self.vllm_config
         with set_current_vllm_config(config):

@@ -66,7 +66,7 @@ class StagedRound:
             self.done.set()
 
     def _into(self, shadow: tuple, track: bool) -> None:
-        from weights.vllm_worker import checksum
+        from weights.tensors import checksum
 
         started = time.monotonic()
         num_bytes = sum(t.numel() * t.element_size() for _, t in self.weights)

@@ -16,7 +16,7 @@ from tests.actors.test_vllm_engine import _request, push_round
 from weights.config import WeightSyncConfig
 from weights.sender import WeightSender
 from weights.subscription import WeightSubscription
-from weights.vllm_worker import checksum
+from weights.tensors import checksum
 
 vllm = pytest.mark.vllm
 

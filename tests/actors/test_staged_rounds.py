@@ -20,7 +20,7 @@ from tests.actors.test_vllm_engine import (
     _sender_and_subscription,
     push_round,
 )
-from weights.vllm_worker import checksum
+from weights.tensors import checksum
 
 vllm = pytest.mark.vllm
 GATHER_S = 1.5

@@ -27,7 +27,7 @@ from weights.config import WeightSyncConfig
 from weights.follower import WeightUpdateError, follow_weights
 from weights.sender import WeightSender
 from weights.subscription import RoundTicket, WeightSubscription
-from weights.vllm_worker import checksum
+from weights.tensors import checksum
 
 vllm = pytest.mark.vllm
 

@@ -22,7 +22,7 @@ from learner.trainer.trainer import Trainer
 from tests.fakes import InProcessEnv
 from tests.learner.builders import learner_config, random_samples
 from weights.snapshot import safetensors_weights
-from weights.vllm_worker import checksum
+from weights.tensors import checksum
 
 vllm = pytest.mark.vllm
 

@@ -117,7 +117,7 @@ async def test_delta_rounds_into_a_bf16_cuda_engine(cuda_engine, tiny_model_dir,
     versions as bf16 deltas rebuilt in the engine's worker (on the host) and loaded into its
     GPU; after each the engine loaded exactly the learner's bf16 version (its checksum),
     after the last it generates as transformers does on those weights."""
-    from weights.vllm_worker import checksum
+    from weights.tensors import checksum
 
     sender = WeightSender(
         WeightSyncConfig(store_port=0, backend="gloo", delta=True, transfer_timeout_s=60),

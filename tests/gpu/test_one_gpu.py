@@ -28,7 +28,7 @@ from tests.gpu.conftest import REPO, need_gpus, record
 from tests.learner.builders import learner_config, random_samples
 from weights.config import WeightSyncConfig
 from weights.sender import WeightSender
-from weights.vllm_worker import checksum
+from weights.tensors import checksum
 
 pytestmark = [pytest.mark.gpu]
 RECEIVER = REPO / "tests" / "weights" / "receiver_process.py"

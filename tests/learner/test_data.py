@@ -5,15 +5,8 @@ import math
 
 import pytest
 
-from learner.data import (
-    add_prepare_arguments,
-    hash_fraction,
-    load_dataset,
-    run_prepare,
-    split_rows,
-    task_key,
-    write_dataset,
-)
+from learner.data import hash_fraction, load_dataset, split_rows, task_key, write_dataset
+from learner.prepare import add_prepare_arguments, run_prepare
 
 
 def _row(env: str = "calculator", key: str | None = "k", **fields) -> dict:

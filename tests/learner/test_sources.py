@@ -10,7 +10,8 @@ import textwrap
 import pytest
 
 from common.plugins import PluginError
-from learner.data import add_prepare_arguments, load_dataset, run_prepare
+from learner.data import load_dataset
+from learner.prepare import add_prepare_arguments, run_prepare
 
 
 def _prepare(out, *argv: str) -> list[dict]:

@@ -12,8 +12,8 @@ from nats.js.api import ConsumerInfo, StreamInfo
 from prometheus_client import REGISTRY
 
 from broker import client
+from broker.queue_depth import QueueDepth, queue_depth
 from learner import bus_metrics, metrics
-from learner.bus_metrics import QueueDepth
 from tests.broker.builders import prompt_task
 
 LIMITS = client.StreamLimits(max_trajectory_bytes=8 * 1024**2, max_prompt_msgs=100)
@@ -42,7 +42,7 @@ def _gauge(name: str, queue: str) -> float | None:
 
 
 def test_queue_depth_reads_the_consumer_counts_and_the_stream_state():
-    depth = bus_metrics.queue_depth(
+    depth = queue_depth(
         _stream(messages=6, num_bytes=6144, max_msgs=-1, max_bytes=8192),
         _consumer(pending=2, ack_pending=4, redelivered=1),
     )
@@ -54,7 +54,7 @@ def test_queue_depth_reads_the_consumer_counts_and_the_stream_state():
 
 def test_an_empty_queue_and_a_stream_without_limits():
     # -1 is JetStream's "unlimited"; a fresh consumer may leave the counts out (nats-py: None).
-    depth = bus_metrics.queue_depth(
+    depth = queue_depth(
         _stream(messages=0, num_bytes=0, max_msgs=-1, max_bytes=-1),
         ConsumerInfo.from_response(
             {"name": "c", "stream_name": "s", "config": {}, "created": "2025-01-01T00:00:00Z"}

@@ -18,7 +18,7 @@ import time
 
 from weights.receiver import RoundMissed, WeightChannel
 from weights.subscription import WeightSubscription
-from weights.vllm_worker import checksum
+from weights.tensors import checksum
 
 
 def main() -> None:

@@ -14,7 +14,7 @@ from weights.buckets import Encoded, bucketize, pack_bucket, unpack_bucket
 from weights.delta import DeltaMismatch, bits
 from weights.delta_book import ReceiverBook, SenderBook
 from weights.sender import WeightSender
-from weights.vllm_worker import checksum
+from weights.tensors import checksum
 
 SHAPES = {"embed": (512, 64), "layer.0.weight": (64, 64), "norm": (64,)}
 

@@ -24,7 +24,7 @@ from weights.membership import Roster, next_roster, without
 from weights.receiver import WeightChannel, receive_round
 from weights.sender import WeightSender
 from weights.subscription import RoundTicket, WeightDtypeMismatch, WeightSubscription
-from weights.vllm_worker import checksum, tied_aliases, with_aliases
+from weights.tensors import checksum, tied_aliases, with_aliases
 
 REPO = Path(__file__).resolve().parents[2]
 RECEIVER = Path(__file__).with_name("receiver_process.py")
