@@ -128,12 +128,19 @@ class ChaosRun:
     """Called with the run directory about every 0.2 s while the run goes on."""
     rng: random.Random | None = None
     """Picks which replica a `replica`/`engine` fault strikes (default: the oldest)."""
+    config: Path | None = None
+    """deploy.local's --config (default: configs/demo.toml)."""
 
     def run(self) -> Outcome:
         self.runs_dir.mkdir(parents=True, exist_ok=True)
         before = {p.name for p in self.runs_dir.iterdir()}
         launcher = subprocess.Popen(
-            [sys.executable, "-m", "deploy.local", f"local.runs_dir={self.runs_dir}", *self.args],
+            [
+                *(sys.executable, "-m", "deploy.local"),
+                *(["--config", str(self.config)] if self.config else []),
+                f"local.runs_dir={self.runs_dir}",
+                *self.args,
+            ],
             cwd=REPO,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,

@@ -32,12 +32,13 @@ from pathlib import Path
 
 from broker.security import NatsAuth, new_secret
 from broker.server import NatsServer
-from common.config import load_section
+from common.config import load_section, read_sections
 from common.placement import visible_gpus
 from common.procs import free_port, stop_on_signals
 from common.progress import ProgressView
 from deploy import progress, run_inputs
 from deploy.config import LocalRunConfig, load_run_config
+from deploy.frozen_config import freeze, frozen_path
 from deploy.gpus import gpu_wiring
 from deploy.supervisor import Service, Supervisor, http_probe
 from deploy.wiring import demo_format_problem
@@ -114,6 +115,20 @@ def bus_credentials(environ=os.environ) -> tuple[NatsAuth, dict[str, str]]:
     return NatsAuth.from_environment(child_env), child_env
 
 
+def _record_config(run_dir: Path, digest: str, resumed_with: list[str] | None) -> None:
+    """The frozen config's hash in launch.json; a resume adds its overrides and new hash."""
+    record = json.loads((run_dir / LAUNCH_FILE).read_text())
+    if resumed_with is None:
+        record["config_sha256"] = digest
+    else:
+        record.setdefault("resumes", []).append(
+            {"at": time.strftime("%Y-%m-%dT%H:%M:%S"), "overrides": resumed_with,
+             "config_sha256": digest}
+        )  # fmt: skip
+    (run_dir / LAUNCH_FILE).write_text(json.dumps(record, indent=2) + "\n")
+    print(f"config frozen: {frozen_path(run_dir)} (sha256 {digest[:12]})", flush=True)
+
+
 def resumed_run(runs_dir: Path, resume: str) -> tuple[Path, dict]:
     """The run directory `resume` names (`latest`: the newest under `runs_dir`) and what
     started it; ValueError when it is not a run of this launcher."""
@@ -131,15 +146,21 @@ def resumed_run(runs_dir: Path, resume: str) -> tuple[Path, dict]:
 
 def _plan(config_path: Path, overrides: list[str], resume: str | None):
     """(run directory, config file, overrides, the [local] section, what to record as the
-    run's launch): a new run's, or with `resume` the run's first launch again (overrides
-    given now come after its own) on its directory (None recorded: it has its record)."""
+    run's launch): a new run's, or with `resume` the run's frozen config (overrides given now
+    on top of it) on its directory (None recorded: it has its record). A run from before
+    configs were frozen starts again from its first launch's file and overrides."""
     local = load_section(LocalRunConfig, config_path, "local", overrides)
     runs_dir = (REPO_ROOT / local.runs_dir).resolve()
     if resume is None:
         launched = {"config": str(config_path), "overrides": list(overrides)}
         return runs_dir / _run_id(), config_path, overrides, local, launched
     run_dir, first = resumed_run(runs_dir, resume)
-    config_path, overrides = Path(first["config"]), [*first["overrides"], *overrides]
+    if frozen_path(run_dir).is_file():
+        config_path = frozen_path(run_dir)
+        if overrides:
+            print(f"resuming with overrides on its frozen config: {' '.join(overrides)}")
+    else:
+        config_path, overrides = Path(first["config"]), [*first["overrides"], *overrides]
     local = load_section(LocalRunConfig, config_path, "local", overrides)
     return run_dir, config_path, overrides, local, None
 
@@ -167,13 +188,15 @@ def launch(config_path: Path, overrides: list[str], resume: str | None = None) -
         if problem := demo_format_problem(asked, run.actor.engine.model, model_dir):
             raise ValueError(problem)
         gpus = gpu_wiring(run, local, visible_gpus())  # which GPU each process gets
-        args += gpus.overrides
+        sections = read_sections(config_path, args + gpus.overrides)  # what every role runs
         auth, bus_env = bus_credentials()
     except ValueError as e:
         print(f"python -m deploy.local: {e}", file=sys.stderr)
         return 2
 
     metrics_ports = _prepare_run_dir(run_dir, local, ports, launched, own_rows)
+    digest = freeze(run_dir, sections)
+    _record_config(run_dir, digest, overrides if launched is None else None)
     if launched is None:
         print(f"resuming {run_dir.name}: every process on its directory, checkpoints and"
               " broker store", flush=True)  # fmt: skip
@@ -199,7 +222,8 @@ def launch(config_path: Path, overrides: list[str], resume: str | None = None) -
         )
         _wait_for(lambda: http_probe(nats.health_url, 1.0), 30.0, "nats-server")
         envs = {"learner": {**gpus.learner_env, **bus_env}, "actor": bus_env}
-        for service in _role_services(config_path, args, local.actor_replicas, ports, envs):
+        frozen = frozen_path(run_dir)
+        for service in _role_services(frozen, [], local.actor_replicas, ports, envs):
             supervisor.start(service)
         print(
             f"started nats-server ({nats.url}), envserver, learner, {local.actor_replicas} actor "

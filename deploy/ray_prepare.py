@@ -13,7 +13,9 @@ import os
 import time
 from pathlib import Path
 
+from common.config import read_sections
 from deploy.config import RayRunConfig, RunConfig, load_run_config
+from deploy.frozen_config import freeze, frozen_path
 from deploy.ray_commands import base_wiring, commands
 from deploy.ray_down import run_actors
 from deploy.ray_driver import REPO_ROOT, alive_nodes, run_ports
@@ -51,18 +53,23 @@ def prepare(ray, config_path: Path, overrides: list[str]) -> Prepared:
     nodes = alive_nodes(ray)
     plan = plan_run(run, nodes)
     run_dir, resumed = _run_dir(run.ray)
+    if resumed and frozen_path(run_dir).is_file():  # a resumed run: its own config, not the file's
+        config_path = frozen_path(run_dir)
     ports = run_ports(ray, plan, run)
     args = base_wiring(plan, ports, run_dir, run_dir / "model") + list(overrides)
     run = load_run_config(config_path, args)  # the whole file, wired, before anything starts
+    sections = read_sections(config_path, args)
     argv = commands(
         plan,
         ports,
-        config_path=config_path,
+        config_path=frozen_path(run_dir),  # every process and every restart reads only this
         run_dir=run_dir,
-        args=args,
+        args=[],
         bind_host=run.ray.bind_host,
     )
     run_dir.mkdir(parents=True, exist_ok=True)
+    digest = freeze(run_dir, sections)
+    print(f"config frozen: {frozen_path(run_dir)} (sha256 {digest[:12]})", flush=True)
     _point_latest(run_dir)
     _prepare_inputs(run, run_dir, resumed)
     (run_dir / "logs").mkdir(exist_ok=True)

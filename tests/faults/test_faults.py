@@ -13,15 +13,19 @@ mid-run.
 Each run must finish (exit 0), its books must balance exactly (deploy/run_ledger.py:
 every released prompt trained or dropped once, every stored trajectory counted once,
 nothing trained twice, versions 1..N), the processes restarted must be exactly the ones
-hurt, nothing may be left running, and the run may take at most 60 s (a learner kill: 30 s)
-longer than the baseline, counted from the first training step (engine start-up varies by
-a minute or more between runs on a shared 2-core machine, with or without a fault).
+hurt (each restarted from the config frozen at launch: the file the run was started from
+is spoiled as soon as it starts), nothing may be left running, and the run may take at most
+60 s (a learner kill: 30 s) longer than the baseline, counted from the first training step
+(engine start-up varies by a minute or more between runs on a shared 2-core machine, with or
+without a fault).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
+import shutil
 import signal
 import time
 from pathlib import Path
@@ -40,6 +44,8 @@ from deploy.run_ledger import RunLedger
 from deploy.supervisor import read_events
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+
+REPO = Path(__file__).resolve().parents[2]
 
 TOTAL_STEPS = 10  # evals at 0, 5, 10
 SLACK_S = 60.0
@@ -66,8 +72,19 @@ ARGS = [
 
 
 def _run(runs_dir: Path, faults: list[Fault], *, total_steps: int = TOTAL_STEPS) -> Outcome:
+    """One run from a copy of configs/demo.toml that is spoiled (not TOML any more) as soon
+    as the run directory appears: every process, and every one restarted after a fault,
+    must run the config frozen at launch (deploy/frozen_config.py), never the live file."""
     steps = [f"learner.total_steps={total_steps}", f"learner.eval_interval={total_steps // 2}"]
-    outcome = ChaosRun(runs_dir, ARGS + steps, faults=faults, timeout_s=1500).run()
+    config = runs_dir / "user-config.toml"
+    shutil.copy(REPO / "configs" / "demo.toml", config)
+
+    def spoil(run_dir: Path) -> None:
+        config.write_text("[learner\nthis file was edited during the run\n")
+
+    outcome = ChaosRun(
+        runs_dir, ARGS + steps, faults=faults, timeout_s=1500, on_tick=spoil, config=config
+    ).run()
     assert outcome.code == 0, outcome.output[-4000:]
     assert not outcome.missed, f"faults that never struck: {outcome.missed}"
     for fault, pids, _ in outcome.struck:
@@ -105,6 +122,9 @@ def _assert_whole(
 ) -> RunLedger:
     ledger = RunLedger.read(outcome.run_dir)
     assert ledger.problems() == []
+    frozen = (outcome.run_dir / "config.yaml").read_bytes()
+    launched = json.loads((outcome.run_dir / "launch.json").read_text())
+    assert launched["config_sha256"] == hashlib.sha256(frozen).hexdigest()
     assert sorted(r["version"] for r in ledger.evals) == [0, total_steps // 2, total_steps]
     assert restarted_services(outcome.run_dir) == restarted
     deadline = time.monotonic() + 15
