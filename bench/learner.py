@@ -111,7 +111,7 @@ def micro_batches_per_step(groups, *, prompts_per_step: int, token_budget: int):
             LearnerGroup(group_id=g[0].group_id, step=0, env_class="calculator", trajectories=g)
             for g in groups[start : start + prompts_per_step]
         ]
-        samples = samples_from_groups(chunk, estimator="grpo")
+        samples = samples_from_groups(chunk)
         (plan,) = plan_pieces(samples, num_ranks=1, token_budget=token_budget)
         num_loss_tokens = sum(int(s.loss_mask.sum()) for s in samples)
         steps.append(([collate_segments(samples, mb) for mb in plan], num_loss_tokens))

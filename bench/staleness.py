@@ -129,7 +129,7 @@ async def one_run(evaluator, work: Path, args, *, k: int, correction: str, seed:
         groups = await generate_groups(
             evaluator, step_tasks(rows, step, seed), sampling_seed=10**6 * seed + 1000 * step
         )
-        samples = samples_from_groups(groups, estimator="grpo", normalize_std=True)
+        samples = samples_from_groups(groups)
         await asyncio.to_thread(trainer.train_step, samples)
         run_dir = work / f"k{k}-{correction}-s{seed}"
         snapshots[step + 1] = write_snapshot(run_dir, step + 1, trainer.full_weights())

@@ -14,13 +14,24 @@ every token it generated.
 
 All estimators give zero advantage to a group whose rewards are all equal: such a group has
 no learning signal (SkyRL's `variance_per_prompt` = 0).
+
+`learner.algorithm.advantage_estimator` names one of them or the user's own by import path
+(`my_pkg.rl:estimator`), with one protocol for both: `estimator(rewards [G, K],
+algorithm) -> advantages [G, K]`, the whole `[learner.algorithm]` section being its
+settings. The built-ins are import paths (`ADVANTAGE_ESTIMATORS`), loaded the same way.
 """
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+
 import torch
 
-ESTIMATORS = ("grpo", "dr_grpo", "rloo")
+from common import plugins
+from learner.trainer.config import ADVANTAGE_ESTIMATORS, AlgorithmConfig
+
+Estimator = Callable[[torch.Tensor, AlgorithmConfig], torch.Tensor]
 
 
 def _check(rewards: torch.Tensor) -> None:
@@ -60,14 +71,33 @@ def rloo_advantages(rewards: torch.Tensor) -> torch.Tensor:
     return rewards - others_mean
 
 
-def compute_advantages(
-    rewards: torch.Tensor, estimator: str, *, normalize_std: bool = True, eps: float = 1e-6
-) -> torch.Tensor:
-    """Dispatch on the configured estimator name (`grpo`, `dr_grpo`, `rloo`)."""
-    if estimator == "grpo":
-        return grpo_advantages(rewards, normalize_std=normalize_std, eps=eps)
-    if estimator == "dr_grpo":
-        return dr_grpo_advantages(rewards)
-    if estimator == "rloo":
-        return rloo_advantages(rewards)
-    raise ValueError(f"unknown advantage estimator {estimator!r}; choose one of {ESTIMATORS}")
+def grpo(rewards: torch.Tensor, algorithm: AlgorithmConfig) -> torch.Tensor:
+    return grpo_advantages(rewards, normalize_std=algorithm.normalize_std, eps=algorithm.std_eps)
+
+
+def dr_grpo(rewards: torch.Tensor, algorithm: AlgorithmConfig) -> torch.Tensor:
+    return dr_grpo_advantages(rewards)
+
+
+def rloo(rewards: torch.Tensor, algorithm: AlgorithmConfig) -> torch.Tensor:
+    return rloo_advantages(rewards)
+
+
+@functools.cache
+def estimator_named(name: str) -> Estimator:
+    """A built-in estimator by name, or the user's by import path."""
+    return plugins.import_object(ADVANTAGE_ESTIMATORS.get(name, name))
+
+
+def compute_advantages(rewards: torch.Tensor, algorithm: AlgorithmConfig) -> torch.Tensor:
+    """The configured estimator's advantages of `rewards` [G, K]. ValueError when a user's
+    estimator returns something else than a finite tensor of the same shape."""
+    _check(rewards)
+    name = algorithm.advantage_estimator
+    advantages = estimator_named(name)(rewards, algorithm)
+    if not isinstance(advantages, torch.Tensor) or advantages.shape != rewards.shape:
+        got = getattr(advantages, "shape", type(advantages).__name__)
+        raise ValueError(f"advantage estimator {name}: returned {got}, not [{rewards.shape}]")
+    if not torch.isfinite(advantages).all():
+        raise ValueError(f"advantage estimator {name}: returned a value that is not finite")
+    return advantages.to(torch.float32)

@@ -24,7 +24,10 @@ import torch
 from broker.codec import TokenArrays, token_arrays
 from broker.wire import Trajectory
 from learner.advantages import compute_advantages
+from learner.trainer.config import AlgorithmConfig
 from learner.trainer.sample import Sample, step_starts
+
+DEFAULT_ALGORITHM = AlgorithmConfig()
 
 
 @dataclass
@@ -106,9 +109,7 @@ class GroupAssembler:
 def samples_from_groups(
     groups: Iterable[Group],
     *,
-    estimator: str,
-    normalize_std: bool = True,
-    eps: float = 1e-6,
+    algorithm: AlgorithmConfig = DEFAULT_ALGORITHM,
     step_wise: bool = False,
 ) -> list[Sample]:
     """Advantages per group and decoded token arrays; group order, then sample order.
@@ -117,7 +118,7 @@ def samples_from_groups(
     samples = []
     for group in groups:
         rewards = torch.tensor([group.rewards], dtype=torch.float32)  # [1, K]
-        advantages = compute_advantages(rewards, estimator, normalize_std=normalize_std, eps=eps)
+        advantages = compute_advantages(rewards, algorithm)
         for trajectory, arrays, advantage in zip(
             group.trajectories, group.tokens, advantages[0].tolist(), strict=True
         ):

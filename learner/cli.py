@@ -110,10 +110,33 @@ def preflight(config) -> str | None:
             load_dataset(path)  # validates every row; the loop loads it again (cheap next to a run)
         except ValueError as e:
             return str(e)
+    if problem := algorithm_plugin_problem(config.algorithm):
+        return problem
     try:
         require_free_port(config.metrics_port, config.metrics_host, setting="learner.metrics_port")
     except PortInUse as e:
         return str(e)
+    return None
+
+
+def algorithm_plugin_problem(algorithm) -> str | None:
+    """A user's advantage estimator or policy loss (an import path) that cannot be loaded,
+    as one line; None when both are built-ins or load."""
+    from common.plugins import PluginError, import_object
+    from learner.trainer.config import ADVANTAGE_ESTIMATORS, POLICY_LOSSES
+
+    for key, name, builtins in (
+        ("advantage_estimator", algorithm.advantage_estimator, ADVANTAGE_ESTIMATORS),
+        ("policy_loss", algorithm.policy_loss, POLICY_LOSSES),
+    ):
+        if name in builtins:
+            continue
+        try:
+            target = import_object(name)
+        except PluginError as e:
+            return f"learner.algorithm.{key}: {e}"
+        if not callable(target):
+            return f"learner.algorithm.{key}: {name} is a {type(target).__name__}, not a function"
     return None
 
 

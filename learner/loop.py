@@ -235,13 +235,7 @@ class Learner:
 
     async def _train(self, step: int, groups: list[Group], waited_s: float, filtered: int):
         cfg = self.config
-        samples = samples_from_groups(
-            groups,
-            estimator=cfg.algorithm.advantage_estimator,
-            normalize_std=cfg.algorithm.normalize_std,
-            eps=cfg.algorithm.std_eps,
-            step_wise=cfg.step_wise,
-        )
+        samples = samples_from_groups(groups, algorithm=cfg.algorithm, step_wise=cfg.step_wise)
         staleness = [staleness_of(g, step) for g in groups]
         checkpoint_wait_s = await self.checkpoints.saved()  # it reads what training changes
         started = time.monotonic()

@@ -16,6 +16,7 @@ from typing import Annotated, Literal
 import pydantic
 
 from common.config import StrictModel
+from common.plugins import is_import_path
 from weights.dtypes import canonical_dtype
 
 
@@ -47,18 +48,44 @@ class OptimConfig(StrictModel):
         return self
 
 
+ADVANTAGE_ESTIMATORS = {
+    "grpo": "learner.advantages:grpo",
+    "dr_grpo": "learner.advantages:dr_grpo",
+    "rloo": "learner.advantages:rloo",
+}
+"""Built-in advantage estimators by name: import paths, loaded as a user's are."""
+POLICY_LOSSES = {
+    "ppo": "learner.trainer.losses:ppo_term",
+    "gspo": "learner.trainer.losses:gspo_term",
+}
+"""Built-in policy-gradient terms by name: import paths, loaded as a user's are."""
+
+
+def _builtin_or_import_path(value: str, builtins: dict[str, str]) -> str:
+    if value not in builtins and not is_import_path(value):
+        raise ValueError(
+            f"{value!r}: one of {sorted(builtins)}, or your own as an import path "
+            "(my_pkg.module:function)"
+        )
+    return value
+
+
 class AlgorithmConfig(StrictModel):
     """Advantages, policy loss, off-policy corrections, regularisers."""
 
-    advantage_estimator: Literal["grpo", "dr_grpo", "rloo"] = "grpo"
-    """Group-relative baseline: GRPO, Dr.GRPO (no std) or RLOO (leave-one-out)."""
+    advantage_estimator: str = "grpo"
+    """Group-relative baseline: `grpo`, `dr_grpo` (no std), `rloo` (leave-one-out), or your
+    own by import path: `estimator(rewards [G, K], algorithm) -> advantages [G, K]`
+    (learner/advantages.py; docs/learner.md)."""
     normalize_std: bool = True
     """GRPO only: divide by the group's reward std."""
     std_eps: float = pydantic.Field(default=1e-6, gt=0)
     """GRPO only: added to the std before dividing."""
-    policy_loss: Literal["ppo", "gspo"] = "ppo"
+    policy_loss: str = "ppo"
     """ppo: token-level clipped ratio; gspo: one clipped ratio per sequence (the geometric
-    mean of its token ratios), always against the behaviour logprobs."""
+    mean of its token ratios), always against the behaviour logprobs; or your own by import
+    path: `term(inputs, algorithm) -> PolicyTerm` (learner/trainer/losses.py; KL, entropy
+    and the loss mask are applied around it as for the built-ins)."""
     loss_reduction: Literal["token_mean", "seq_mean_token_sum", "seq_mean_token_mean"] = (
         "token_mean"
     )
@@ -92,6 +119,16 @@ class AlgorithmConfig(StrictModel):
     """Per-token KL estimator."""
     entropy_coef: float = pydantic.Field(default=0.0, ge=0)
     """Weight of the entropy bonus per token."""
+
+    @pydantic.field_validator("advantage_estimator")
+    @classmethod
+    def _estimator(cls, value: str) -> str:
+        return _builtin_or_import_path(value, ADVANTAGE_ESTIMATORS)
+
+    @pydantic.field_validator("policy_loss")
+    @classmethod
+    def _loss(cls, value: str) -> str:
+        return _builtin_or_import_path(value, POLICY_LOSSES)
 
     @property
     def needs_proximal(self) -> bool:

@@ -31,11 +31,14 @@ Schulman's note) and `- entropy_coef * H` per token.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
-from learner.trainer.config import AlgorithmConfig
+from common import plugins
+from learner.trainer.config import POLICY_LOSSES, AlgorithmConfig
 
 KL_ESTIMATORS = ("k1", "k2", "k3")
 MAX_LOG_RATIO = 20.0  # exp(20) ~ 5e8: keeps a wild ratio finite without changing any sane one
@@ -167,42 +170,71 @@ def kl_estimate(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: s
     raise ValueError(f"unknown KL estimator {estimator!r}; one of {KL_ESTIMATORS}")
 
 
+@dataclass
+class PolicyTerm:
+    """What a policy-gradient term gives per token (all `[N]`): the protocol of the built-in
+    terms and of a user's (`learner.algorithm.policy_loss = "my_pkg.rl:term"`)."""
+
+    pg_loss: torch.Tensor  # with grad; what the token contributes before KL and entropy
+    ratio: torch.Tensor  # the ratio reported as a metric (detached ones if it has none)
+    clipped: torch.Tensor  # bool: where a clip bound is the active branch (all False if none)
+    weight: torch.Tensor  # detached importance weight already in pg_loss (ones if none)
+
+
+def ppo_term(inputs: LossInputs, algorithm: AlgorithmConfig) -> PolicyTerm:
+    """Token-level clipped ratio against the chosen anchor, times the importance weight."""
+    if algorithm.needs_proximal and inputs.proximal_logprobs is None:
+        raise ValueError("ratio_anchor/importance_weight need proximal_logprobs")
+    proximal = None if inputs.proximal_logprobs is None else inputs.proximal_logprobs.detach()
+    anchor = proximal if algorithm.ratio_anchor == "proximal" else inputs.behaviour_logprobs
+    weight = torch.ones_like(inputs.logprobs).detach()
+    if algorithm.importance_weight == "tis":
+        weight = truncated_is_weight(proximal, inputs.behaviour_logprobs, algorithm.tis_cap)
+    elif algorithm.importance_weight == "decoupled":
+        weight = decoupled_behaviour_weight(
+            proximal, inputs.behaviour_logprobs, algorithm.behaviour_weight_cap
+        )
+    pg_loss, ratio, clipped = ppo_clip(
+        inputs.logprobs - anchor,
+        inputs.advantages,
+        eps_low=algorithm.eps_low,
+        eps_high=algorithm.eps_high,
+        clip_ratio_c=algorithm.clip_ratio_c,
+    )
+    return PolicyTerm(pg_loss * weight, ratio, clipped, weight)
+
+
+def gspo_term(inputs: LossInputs, algorithm: AlgorithmConfig) -> PolicyTerm:
+    """One clipped ratio per sequence, against the behaviour logprobs."""
+    pg_loss, ratio, clipped = gspo_clip(
+        inputs.logprobs,
+        inputs.behaviour_logprobs,
+        inputs.advantages,
+        inputs.loss_mask,
+        inputs.seq_ids,
+        inputs.num_seqs,
+        eps_low=algorithm.eps_low,
+        eps_high=algorithm.eps_high,
+    )
+    return PolicyTerm(pg_loss, ratio, clipped, torch.ones_like(inputs.logprobs).detach())
+
+
+@functools.cache
+def term_named(name: str) -> Callable[[LossInputs, AlgorithmConfig], PolicyTerm]:
+    """A built-in policy-gradient term by name, or the user's by import path."""
+    return plugins.import_object(POLICY_LOSSES.get(name, name))
+
+
 def policy_loss(inputs: LossInputs, algorithm: AlgorithmConfig) -> LossTerms:
-    """Per-token loss of one micro-batch (zero off the loss mask)."""
+    """Per-token loss of one micro-batch (zero off the loss mask): the configured policy
+    term, then the KL and entropy terms, then the mask."""
     mask = inputs.loss_mask.to(torch.bool)
-    ones = torch.ones_like(inputs.logprobs).detach()
-    if algorithm.policy_loss == "gspo":
-        pg_loss, ratio, clipped = gspo_clip(
-            inputs.logprobs,
-            inputs.behaviour_logprobs,
-            inputs.advantages,
-            inputs.loss_mask,
-            inputs.seq_ids,
-            inputs.num_seqs,
-            eps_low=algorithm.eps_low,
-            eps_high=algorithm.eps_high,
+    term = term_named(algorithm.policy_loss)(inputs, algorithm)
+    if not isinstance(term, PolicyTerm) or term.pg_loss.shape != inputs.logprobs.shape:
+        raise ValueError(
+            f"policy_loss {algorithm.policy_loss}: must return a PolicyTerm of [N] tensors"
         )
-        weight = ones
-    else:
-        if algorithm.needs_proximal and inputs.proximal_logprobs is None:
-            raise ValueError("ratio_anchor/importance_weight need proximal_logprobs")
-        proximal = None if inputs.proximal_logprobs is None else inputs.proximal_logprobs.detach()
-        anchor = proximal if algorithm.ratio_anchor == "proximal" else inputs.behaviour_logprobs
-        weight = ones
-        if algorithm.importance_weight == "tis":
-            weight = truncated_is_weight(proximal, inputs.behaviour_logprobs, algorithm.tis_cap)
-        elif algorithm.importance_weight == "decoupled":
-            weight = decoupled_behaviour_weight(
-                proximal, inputs.behaviour_logprobs, algorithm.behaviour_weight_cap
-            )
-        pg_loss, ratio, clipped = ppo_clip(
-            inputs.logprobs - anchor,
-            inputs.advantages,
-            eps_low=algorithm.eps_low,
-            eps_high=algorithm.eps_high,
-            clip_ratio_c=algorithm.clip_ratio_c,
-        )
-        pg_loss = pg_loss * weight
+    pg_loss, ratio, clipped, weight = term.pg_loss, term.ratio, term.clipped, term.weight
     loss = pg_loss
     kl = None
     if algorithm.kl_coef > 0:

@@ -4,6 +4,7 @@ from learner.batching import (
     GroupAssembler,
     samples_from_groups,
 )
+from learner.trainer.config import AlgorithmConfig
 from tests.learner.builders import trajectory
 
 
@@ -57,7 +58,7 @@ def test_samples_carry_group_advantages_and_decoded_tokens():
                 prompt_len=0,
             )
         )
-    samples = samples_from_groups([group], estimator="grpo", eps=0.0)
+    samples = samples_from_groups([group], algorithm=AlgorithmConfig(std_eps=1e-12))
     assert [s.advantage for s in samples] == pytest.approx([1.5, -0.5, -0.5, -0.5])
     assert samples[0].token_ids.tolist() == [7, 8, 9]
     # the first token can never be predicted, so it never carries loss

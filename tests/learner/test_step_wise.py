@@ -147,8 +147,8 @@ def test_samples_from_groups_marks_turns_and_shares_the_advantage():
             for i in range(2)  # rewards 0 and 1
         ],
     )
-    whole = samples_from_groups([group], estimator="grpo")
-    steps = samples_from_groups([group], estimator="grpo", step_wise=True)
+    whole = samples_from_groups([group])
+    steps = samples_from_groups([group], step_wise=True)
     assert [s.step_starts for s in whole] == [None, None]
     assert [s.step_starts.tolist() for s in steps] == [[2, 5], [2, 5]]
     assert [s.advantage for s in steps] == [s.advantage for s in whole]
