@@ -64,6 +64,8 @@ def test_a_resume_starts_from_the_frozen_config_with_its_overrides_on_top(tmp_pa
 def test_a_run_from_before_frozen_configs_resumes_from_its_first_launch(tmp_path):
     config = tmp_path / "c.toml"
     config.write_text(f'[local]\nruns_dir = "{tmp_path}"\n')
-    run_dir = _run(tmp_path, "20261126-100000", {"config": str(config), "overrides": ["learner.total_steps=3"]})
+    run_dir = _run(
+        tmp_path, "20261126-100000", {"config": str(config), "overrides": ["learner.total_steps=3"]}
+    )
     plan = local._plan(config, ["local.actor_replicas=3"], str(run_dir))
     assert plan[1:3] == (config, ["learner.total_steps=3", "local.actor_replicas=3"])
