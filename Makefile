@@ -77,9 +77,10 @@ lint: install
 # rewrites docs/benchmarks.md's figures from bench/results/.
 # scale is its own target (bench-scale: ~11 min of real runs up to a 0.5B model), and so is
 # agentic (bench-agentic: ~20 min of runs with slow tools); dynamic_sampling runs by hand
-# (python bench/dynamic_sampling.py: six demo runs, ~10 min; docs/running.md).
+# (python bench/dynamic_sampling.py: six demo runs, ~10 min; docs/running.md), and so does
+# tasks (python -m bench.tasks: RL vs SFT on 3 reasoning-gym families x 3 seeds, ~40 min).
 BENCH_HELPERS := __init__ common dense_packing make_bench pass_at_1 peer_breakdown \
-	render_docs tether_run scale agentic dynamic_sampling
+	render_docs tether_run scale agentic dynamic_sampling tasks
 bench: install
 	@mkdir -p bench/results
 	@set -e; log=$$(mktemp); trap 'rm -f $$log' EXIT; \

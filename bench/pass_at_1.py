@@ -45,9 +45,12 @@ class Evaluator:
         self.num_loaded = 0
 
     @classmethod
-    async def start(cls, model_dir: str | Path, *, cpu_core: str = "nobind") -> Evaluator:
+    async def start(
+        cls, model_dir: str | Path, *, cpu_core: str = "nobind", providers: dict | None = None
+    ) -> Evaluator:
         """An engine on `model_dir` (its tokenizer and config; weights are swapped per
-        checkpoint), its OpenMP threads bound to `cpu_core`."""
+        checkpoint), its OpenMP threads bound to `cpu_core`, playing against the env
+        `providers` by env_class (default: the calculator)."""
         from transformers import AutoTokenizer
 
         from actors.vllm_engine import VllmEngine
@@ -60,7 +63,8 @@ class Evaluator:
             )
         )
         chat = ChatTemplate(AutoTokenizer.from_pretrained(model_dir))
-        return cls(engine, chat, InProcessEnv(providers={"calculator": CalculatorProvider()}))
+        providers = providers or {"calculator": CalculatorProvider()}
+        return cls(engine, chat, InProcessEnv(providers=providers))
 
     def rollout(self, *, seed: int) -> Rollout:
         """Episodes on this engine and env with the demo's limits, at temperature 1, with
