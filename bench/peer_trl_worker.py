@@ -25,9 +25,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from common.tool_parsing import extract_tag  # noqa: E402
 from envservers import rewards  # noqa: E402
 from envservers.envs import calculator  # noqa: E402
-from envservers.tool_parsing import extract_tag  # noqa: E402
 
 
 def add(a: float, b: float):

@@ -8,7 +8,7 @@ from typing import Any, Literal
 import pydantic
 
 from common.config import CertKeyFiles, StrictModel
-from envservers.tool_formats import parser_for
+from common.tool_formats import parser_for
 
 MiB = 1024 * 1024
 
@@ -166,7 +166,7 @@ class EnvServerConfig(StrictModel):
     """Tool calls run per assistant message; more are error observations."""
     tool_format: str = "hermes"
     """How the model writes tool calls: `hermes` (Qwen2.5/Qwen3, our tiny model), `qwen3_coder`,
-    `llama3_json`, `mistral` (envservers/tool_formats.py, docs/envservers.md)."""
+    `llama3_json`, `mistral` (common/tool_formats.py, docs/envservers.md)."""
     max_observation_chars: int = pydantic.Field(16_384, ge=256)
     """Longest observation message (a tool's result) Step returns; a longer one keeps its
     head and tail around a marker saying how many characters were cut."""

@@ -17,7 +17,7 @@ import math
 import random
 from statistics import NormalDist
 
-from envservers.tool_parsing import ToolCall
+from common.tool_parsing import ToolCall
 from envservers.tools import ToolGroup
 
 

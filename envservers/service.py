@@ -25,11 +25,11 @@ from typing import Any, NoReturn
 
 import grpc
 
+from common.tool_formats import parser_for
 from envservers import metrics
 from envservers.config import EnvServerConfig
 from envservers.responses import cap_observations, reset_response, step_response
 from envservers.tool_env import ToolEnv
-from envservers.tool_formats import parser_for
 from envservers.types import Environment, EnvProvider
 from protos import env_pb2, env_pb2_grpc
 from protos.types import Observation, tool_format_problem

@@ -2,7 +2,7 @@
 noop): the message-space counterpart of skyrl-gym's `BaseTextEnv` with tool groups.
 
 One step reads one assistant message (its tool calls in the model family's format,
-`envserver.tool_format`: envservers/tool_formats.py):
+`envserver.tool_format`: common/tool_formats.py):
 
     tool calls present          -> run each, one {"role": "tool"} message per call, reward 0
     else <answer>X</answer>     -> done; reward = score(X) under the row's reward_spec
@@ -20,9 +20,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from common.tool_formats import parser_for
+from common.tool_parsing import ToolCallError, extract_tag
 from envservers import rewards
-from envservers.tool_formats import parser_for
-from envservers.tool_parsing import ToolCallError, extract_tag
 from envservers.tools import ToolGroup
 from envservers.types import Environment, validate_task
 from protos.types import Observation, StepResult

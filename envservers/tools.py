@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from envservers.tool_parsing import ToolCall
+from common.tool_parsing import ToolCall
 
 ToolFn = Callable[..., str | Awaitable[str]]
 

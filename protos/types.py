@@ -10,7 +10,7 @@ from typing import Any
 
 TOOL_FORMATS = ("hermes", "qwen3_coder", "llama3_json", "mistral")
 """How a model writes its tool calls: what an actor may ask of an env server for its
-sessions (ResetRequest.tool_format) and what envservers/tool_formats.py reads."""
+sessions (ResetRequest.tool_format) and what common/tool_formats.py reads."""
 
 
 def tool_format_problem(name: str) -> str | None:

@@ -11,9 +11,9 @@ from __future__ import annotations
 import pytest
 
 from actors.chat import ChatTemplate
+from common.tool_formats import parser_for
 from demo.family_templates import FAMILIES, family_tokenizer
 from demo.qwen_vocab import RanksDownloadError, build_qwen_vocab_tokenizer
-from envservers.tool_formats import parser_for
 from tests.actors.family_model import episode_example
 
 TOOLS = [

@@ -8,8 +8,8 @@ import random
 
 import pytest
 
+from common.tool_parsing import ToolCall, ToolCallError, parse_tool_calls
 from envservers import metrics
-from envservers.tool_parsing import ToolCall, ToolCallError, parse_tool_calls
 from envservers.tools import truncate_output
 from tests.envservers.conftest import calculator_task
 

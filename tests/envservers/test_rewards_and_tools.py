@@ -2,8 +2,8 @@
 
 import pytest
 
+from common.tool_parsing import ToolCall
 from envservers import rewards
-from envservers.tool_parsing import ToolCall
 from envservers.tools import Tool, ToolError, ToolGroup, check_arguments
 
 

@@ -1,4 +1,4 @@
-"""Tool-call formats of the main open model families (envservers/tool_formats.py), from
+"""Tool-call formats of the main open model families (common/tool_formats.py), from
 their documented forms: one call, several in a message, malformed calls as errors for the
 model, prose as no call."""
 
@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from envservers.tool_formats import TOOL_FORMATS, parser_for
-from envservers.tool_parsing import ToolCall, ToolCallError
+from common.tool_formats import TOOL_FORMATS, parser_for
+from common.tool_parsing import ToolCall, ToolCallError
 
 ADD = ToolCall("add", {"a": 12, "b": 30})
 LOOKUP = ToolCall("lookup", {"city": "Paris", "units": ["c", "f"]})

@@ -2,7 +2,7 @@
 
 import pytest
 
-from envservers.tool_parsing import ToolCall, ToolCallError, extract_tag, parse_tool_calls
+from common.tool_parsing import ToolCall, ToolCallError, extract_tag, parse_tool_calls
 
 ADD = ToolCall("add", {"a": 12, "b": 30})
 

@@ -1,6 +1,6 @@
 """Tool calls in the formats of the main open model families (docs/envservers.md, "Tool-call
 formats"), read out of assistant text: pure functions over strings, written from each
-family's documented format (no vLLM needed). `hermes` is envservers/tool_parsing.py's; the
+family's documented format (no vLLM needed). `hermes` is common/tool_parsing.py's; the
 others:
 
     qwen3_coder   Qwen3-Coder's XML-style calls, any number per message:
@@ -28,7 +28,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
-from envservers.tool_parsing import (
+from common.tool_parsing import (
     ToolCall,
     ToolCallError,
     _loads,
