@@ -9,6 +9,8 @@ what to change.
 
 from __future__ import annotations
 
+from typing import Literal
+
 import pydantic
 
 from common.config import StrictModel
@@ -59,6 +61,14 @@ class LearnerConfig(TrainerConfig):
     waiting for a member that the OS has descheduled."""
     max_staleness: int = pydantic.Field(default=1, ge=0)
     """Bound on policy lag in optimizer steps; 0 is the synchronous baseline."""
+    staleness_rule: Literal["group", "token"] = "group"
+    """How a completed group older than the bound is treated (learner/staleness.py):
+    `group` drops it whole; `token` clears the loss of each policy token older than the bound
+    (counted) and trains the rest, dropping the group only when less than
+    `min_fresh_fraction` of its loss tokens are within the bound."""
+    min_fresh_fraction: float = pydantic.Field(default=0.5, gt=0, le=1)
+    """`token` rule: the smallest fraction of a group's loss tokens that must be within the
+    bound for the group to be trained."""
     prompts_per_step: int = pydantic.Field(default=8, ge=1)
     """Groups (prompts) per optimizer step."""
     group_size: int = pydantic.Field(default=8, ge=2)

@@ -138,8 +138,12 @@ class Learner:
         )
         self.version = self.commands.version
         self.group_rules = dict(
-            max_staleness=cfg.max_staleness, vocab_size=self.commands.vocab_size
+            max_staleness=cfg.max_staleness,
+            vocab_size=self.commands.vocab_size,
+            staleness_rule=cfg.staleness_rule,
+            min_fresh_fraction=cfg.min_fresh_fraction,
         )
+        self.stale_tokens_masked = 0  # this step's, under the `token` staleness rule
         await asyncio.to_thread(self.commands.start_weights_log)
         await self.announcer.announce(self.version)
         self.intake = Intake(
@@ -208,6 +212,7 @@ class Learner:
         also the seconds waited and the groups filtered for no signal."""
         started = idle_since = time.monotonic()
         taken: list[Group] = []
+        self.stale_tokens_masked = 0
         filtered, cap = 0, self.config.max_filtered_per_step if self.config.dynamic_sampling else 0
         while len(taken) < num_groups:
             group = await self._next_group(timeout_s=ENGINES_CHECK_S)
@@ -230,6 +235,7 @@ class Learner:
                 continue
             for reason, ids in decision.removed.items():
                 self._count_drop(group.group_id, reason, list(ids), whole_group=False)
+            self.stale_tokens_masked += decision.masked_stale_tokens
             taken.append(decision.group)
         return taken, time.monotonic() - started, filtered
 
@@ -288,6 +294,9 @@ class Learner:
             held_unacked=self.intake.num_held,
         )
         record["filtered_groups"] = filtered  # learner.dynamic_sampling: no reward signal
+        masked, trained = self.stale_tokens_masked, int(metrics["num_loss_tokens"])
+        record["stale_tokens_masked"] = masked  # learner.staleness_rule = "token"
+        record["stale_token_fraction"] = masked / (masked + trained) if masked + trained else 0.0
         record.update(broadcast_raw_bytes=weights.get("raw_bytes", 0),  # weight_sync.delta
                       broadcast_keyframe=weights.get("keyframe", True),
                       weights_log_bytes=weights.get("log_bytes", 0))  # snapshot_deltas  # fmt: skip

@@ -21,6 +21,8 @@
     tether_learner_dropped_trajectories_total{reason}  trajectories dropped (stale, errors, ...)
     tether_learner_filtered_groups                     last step's groups without reward signal,
                                                        filtered (learner.dynamic_sampling; gauge)
+    tether_learner_stale_token_fraction                last step's loss tokens cleared as older
+                                                       than the bound (staleness_rule token)
     tether_learner_eval_pass_at_1{env}                 last eval's pass@1 (env="all": overall)
 
 The bus's work queues, as the learner reads them from JetStream (learner/bus_metrics.py;
@@ -93,6 +95,10 @@ _GAUGES = {  # record key -> the gauge that shows its last value
     "filtered_groups": prometheus_client.Gauge(
         "tether_learner_filtered_groups",
         "Groups the last step filtered for no reward signal (learner.dynamic_sampling)",
+    ),
+    "stale_token_fraction": prometheus_client.Gauge(
+        "tether_learner_stale_token_fraction",
+        "Loss tokens of the last step cleared as older than the bound (staleness_rule token)",
     ),
     "broadcast_bytes": prometheus_client.Gauge(
         "tether_learner_broadcast_bytes",

@@ -13,6 +13,14 @@ is the update that takes the policy from `s` to `s + 1`).
 - `max_staleness = 0` is the synchronous baseline: prompts for step `s` wait for version `s`,
   and only tokens of the current version are trained on.
 
+Consumption has two granularities (`learner.staleness_rule`):
+- `group` (the default): the rule above; one stale token drops the whole group.
+- `token`: a policy token older than the bound gets no loss (its loss mask is cleared, and it
+  is counted); the rest of its episode is trained with its own behaviour logprobs. A long
+  episode that spans weight updates keeps its fresh turns instead of being thrown away. The
+  group is dropped as `stale` only when fewer than `min_fresh_fraction` of its loss tokens
+  are within the bound (too little of it left to learn from). Advantages stay per episode.
+
 Versions of -1 mark tokens no policy produced (prompt, observations); they never count.
 """
 
@@ -65,6 +73,31 @@ def is_too_stale(oldest: int | None, version: int, max_staleness: int) -> bool:
     A group without policy tokens (`oldest is None`) is never stale."""
     check_max_staleness(max_staleness)
     return oldest is not None and oldest < version - max_staleness
+
+
+STALENESS_RULES = ("group", "token")
+
+
+def stale_tokens(versions: np.ndarray, version: int, max_staleness: int) -> np.ndarray:
+    """Which tokens are policy tokens older than the bound at `version` (bool, per token)."""
+    check_max_staleness(max_staleness)
+    return (versions >= 0) & (versions < version - max_staleness)
+
+
+def fresh_fraction(
+    versions: Iterable[np.ndarray],
+    loss_masks: Iterable[np.ndarray],
+    version: int,
+    max_staleness: int,
+) -> float | None:
+    """The fraction of loss tokens (over a group's trajectories) within the bound at
+    `version`; None when there is no loss token at all."""
+    num_loss = num_fresh = 0
+    for array, mask in zip(versions, loss_masks, strict=True):
+        loss = mask != 0
+        num_loss += int(loss.sum())
+        num_fresh += int((loss & ~stale_tokens(array, version, max_staleness)).sum())
+    return None if num_loss == 0 else num_fresh / num_loss
 
 
 def staleness_histogram(

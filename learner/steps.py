@@ -17,6 +17,9 @@ A group is dropped whole, and counted, when it cannot teach anything honestly:
   checkpoint older than the last announced version, actors still hold weights of the lost
   branch; what they generated comes from a policy this learner never had;
 - `stale`: its oldest policy token is older than `version - max_staleness` (the bound);
+  under the `token` rule (learner/staleness.py), only when fewer than `min_fresh_fraction`
+  of its loss tokens are within the bound: otherwise the stale tokens' loss mask is cleared
+  (`GroupDecision.masked_stale_tokens`) and the rest is trained;
 - `filtered` (with `filter_no_signal`, learner.dynamic_sampling): its trainable samples all
   got the same reward, so every advantage is zero and it would teach nothing.
 """
@@ -33,7 +36,7 @@ from broker.codec import TokenArrays
 from broker.wire import Trajectory
 from learner.batching import Group
 from learner.ledger import FILTERED
-from learner.staleness import is_too_stale, oldest_version
+from learner.staleness import fresh_fraction, is_too_stale, oldest_version, stale_tokens
 
 
 @dataclass(frozen=True)
@@ -44,6 +47,8 @@ class GroupDecision:
     """Why the whole group was dropped (None when it is trained)."""
     removed: dict[str, tuple[str, ...]] = field(default_factory=dict)
     """Ids of samples removed from a trained group, by the reason they are dropped."""
+    masked_stale_tokens: int = 0
+    """Loss tokens of the trained group whose loss the `token` rule cleared."""
 
 
 def is_error_episode(stop_reason: str) -> bool:
@@ -85,6 +90,8 @@ def decide_group(
     max_staleness: int,
     vocab_size: int | None = None,
     filter_no_signal: bool = False,
+    staleness_rule: str = "group",
+    min_fresh_fraction: float = 0.5,
 ) -> GroupDecision:
     problems = [
         sample_problem(t, arrays, vocab_size=vocab_size)
@@ -98,7 +105,12 @@ def decide_group(
     newest = newest_version(versions)
     if newest is not None and newest > version:
         return GroupDecision(None, "future")
-    if is_too_stale(oldest_version(versions), version, max_staleness):
+    if staleness_rule == "token":
+        masks = [group.tokens[i].loss_mask for i in valid]
+        fresh = fresh_fraction(versions, masks, version, max_staleness)
+        if fresh is not None and fresh < min_fresh_fraction:
+            return GroupDecision(None, "stale")
+    elif is_too_stale(oldest_version(versions), version, max_staleness):
         return GroupDecision(None, "stale")
     if filter_no_signal and len({group.trajectories[i].reward for i in valid}) == 1:
         return GroupDecision(None, FILTERED)
@@ -107,12 +119,37 @@ def decide_group(
         if problem is not None:
             removed[problem] = (*removed.get(problem, ()), t.trajectory_id)
     trainable = replace(group, trajectories=[group.trajectories[i] for i in valid])
-    return GroupDecision(trainable, None, removed)
+    masked = 0
+    if staleness_rule == "token":
+        trainable.tokens, masked = without_stale_loss(trainable.tokens, version, max_staleness)
+    return GroupDecision(trainable, None, removed, masked)
+
+
+def without_stale_loss(
+    tokens: list[TokenArrays], version: int, max_staleness: int
+) -> tuple[list[TokenArrays], int]:
+    """The token arrays with the loss mask cleared on policy tokens older than the bound,
+    and how many loss tokens that cleared."""
+    out, masked = [], 0
+    for arrays in tokens:
+        stale = stale_tokens(arrays.versions, version, max_staleness) & (arrays.loss_mask != 0)
+        if stale.any():
+            masked += int(stale.sum())
+            arrays = arrays._replace(
+                loss_mask=np.where(stale, 0, arrays.loss_mask).astype(np.uint8)
+            )
+        out.append(arrays)
+    return out, masked
 
 
 def staleness_of(group: Group, version: int) -> int:
-    """Versions between the group's oldest policy token and `version` (0 if it has none)."""
-    oldest = oldest_version(arrays.versions for arrays in group.tokens)
+    """Versions between the group's oldest trained policy token and `version` (0 if it has
+    none): its loss tokens, or all its policy tokens when none carries loss (a group whose
+    loss was masked whole, e.g. by overlong filtering)."""
+    trained = [arrays.versions[arrays.loss_mask != 0] for arrays in group.tokens]
+    oldest = oldest_version(trained)
+    if oldest is None:
+        oldest = oldest_version(arrays.versions for arrays in group.tokens)
     return 0 if oldest is None else version - oldest
 
 

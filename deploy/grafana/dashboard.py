@@ -128,11 +128,15 @@ def learner_panels() -> list[dict]:
             "Staleness: mean, bound, share at the bound",
             "Mean staleness of the groups trained in the last 5 min; the run's max_staleness "
             "and the share of groups (last 15 min) at exactly the bound — both recorded by "
-            "run_rules.yml from deploy/observability.py.",
+            "run_rules.yml from deploy/observability.py; with learner.staleness_rule = token, "
+            "the share of the last step's loss tokens cleared as older than the bound.",
             [
                 target(mean_of(staleness, "5m"), "mean staleness"),
                 target("tether:learner_max_staleness", "bound (max_staleness)"),
                 target("tether:learner_staleness_at_bound:ratio_rate15m", "share at bound"),
+                target(
+                    "max(tether_learner_stale_token_fraction)", "loss tokens cleared (token rule)"
+                ),
             ],
             width=8,
             min_value=0,
