@@ -9,7 +9,7 @@ Per family and seed:
             warm start, `envserver.envs = ["reasoning_gym:TASK"]`) for STEPS steps; its weight
             snapshots are kept as they appear (bench/tether_run.py)
   4. SFT    the control: the warm start continued with plain SFT (demo.warmstart with
-            `--init` the warm start, every train row, no early stop) for the same STEPS
+            `--init` the warm start, on its own solved rows, no early stop) for the same STEPS
             optimizer steps, its weights saved every SNAPSHOT_EVERY steps
 
 Every pass@1 is measured the same way (bench/pass_at_1.py's Evaluator: one vLLM engine, the
@@ -47,8 +47,11 @@ PLOT = REPO / "docs" / "images" / "tasks_pass_at_1.png"
 NUM_ROWS, NUM_EVAL_ROWS, EVAL_SAMPLES = 3000, 128, 2
 STOP_AT = 0.3
 """The warm start stops once expected pass@1 on its check rows reaches this."""
-RL_LR = 5e-4
+RL_LR = 2e-4
 SFT_LR = 1e-3
+CONTROL_FRACTION = 0.25
+"""The control continues on the warm start's solved rows (demo/warmstart.py's default
+fraction): SFT with the answers it had, against RL with a scorer on every prompt."""
 """The control continues at the warm start's own peak learning rate (demo/warmstart.py),
 warming a fresh optimizer up over the first third of its steps (at full rate at once, its
 first steps undo part of the warm start: 0.37 -> 0.16 after 10 steps on chain_sum)."""
@@ -171,7 +174,8 @@ def train_family_seed(name: str, seed: int, work: Path, *, steps: int, snap: int
     print(f"{name} seed {seed}: RL {steps} steps, {run.wall_s:.0f} s", flush=True)
 
     sft_started = time.monotonic()
-    control = WarmStartRecipe(init=str(root / "warm"), fraction=1.0, max_steps=steps,
+    # The warm start's own solved rows (same fraction, same seed: the same subset), continued.
+    control = WarmStartRecipe(init=str(root / "warm"), fraction=CONTROL_FRACTION, max_steps=steps,
                               stop_at=None, lr=SFT_LR, warmup_steps=steps // 3, seed=seed,
                               check_every=steps)  # fmt: skip
     warm_start(train_rows, root / "sft", control, snapshot_every=snap)
