@@ -88,6 +88,9 @@ class ScriptedActor:
     seed: int = 0
     flat_every: int = 0
     """Every k-th training group gets one reward for all its samples (0: none does)."""
+    first_turn_lag: int = 0
+    """Each episode's first turn is labelled this many versions older than its second (an
+    episode that spanned weight updates), never below version 0."""
     seen: list[SeenTask] = field(default_factory=list)
     published: list[PublishedGroup] = field(default_factory=list)
     handed_back: list[str] = field(default_factory=list)
@@ -220,7 +223,8 @@ class ScriptedActor:
             prompt_len=len(prompt), reward=reward, stop_reason="stop", num_turns=2, num_tool_calls=1
         )
         result.append(prompt)
-        result.append(turn1, logprobs=[-1.0] * len(turn1), versions=[version] * len(turn1))
+        first = max(0, version - self.first_turn_lag)
+        result.append(turn1, logprobs=[-1.0] * len(turn1), versions=[first] * len(turn1))
         result.append(observation)
         result.append(turn2, logprobs=[-1.0] * len(turn2), versions=[version] * len(turn2))
         return to_trajectory(result, task=task, sample_index=sample_index, actor_id=self.actor_id)

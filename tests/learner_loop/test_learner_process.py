@@ -149,6 +149,29 @@ async def test_staleness_bound_holds_with_a_lagging_actor(learner_run, nats_serv
     assert done["max_staleness_seen"] <= 1
 
 
+async def test_the_token_rule_trains_the_fresh_turns_of_episodes_that_spanned_updates(
+    learner_run, nats_server, bus_names
+):
+    # Every episode's first turn is 3 versions older than its second: from step 2 on, the
+    # group rule (max_staleness 1) would drop every group and the run would never end.
+    run = learner_run(total_steps=5, max_staleness=1, eval_interval=None,
+                      staleness_rule="token", min_fresh_fraction=0.2)  # fmt: skip
+    actors = [ScriptedActor(nats_server.url, bus_names, actor_id="spanning", delay_s=0.02,
+                            seed=9, first_turn_lag=3)]  # fmt: skip
+    async with bus(nats_server.url, bus_names) as (js, versions), running(actors):
+        await run.start()
+        code = await run.wait(TIMEOUT_S)
+    assert code == 0, run.log_tail()
+    _, dropped_lines = _assert_every_trajectory_accounted_for(run, actors)
+    assert [line for line in dropped_lines if line["reason"] == "stale"] == []
+    train = run.records("train")
+    masked = [r["stale_tokens_masked"] for r in train]
+    assert sum(masked) > 0, masked
+    assert all(0.0 <= r["stale_token_fraction"] < 1.0 for r in train)
+    (done,) = run.records("done")
+    assert done["max_staleness_seen"] <= 1  # of the tokens trained: the stale ones had no loss
+
+
 async def test_max_staleness_zero_is_synchronous(learner_run, nats_server, bus_names):
     # Also: the weight broadcast switched on with nobody to receive it must not block.
     run = learner_run(
