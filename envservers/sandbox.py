@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import itertools
 import json
+import logging
 import os
 import shutil
 import signal
@@ -31,6 +32,7 @@ from pathlib import Path
 from envservers.config import SandboxConfig
 
 LAUNCHER = Path(__file__).with_name("sandbox_launcher.py")
+log = logging.getLogger(__name__)
 _uids = itertools.count()
 
 
@@ -123,13 +125,16 @@ class Sandbox:
         killed by pid. Never in rlimits mode, whose runs share the server's uid."""
         if self.config.isolation != "namespaces":
             return
-        deadline = time.monotonic() + timeout_s
+        deadline, killed = time.monotonic() + timeout_s, False
         while pids := processes_of(self.uid):
             if time.monotonic() > deadline:
+                if killed:  # SIGKILLed a while ago and still there: not ours to wait on
+                    log.warning("sandbox uid %d: processes %s outlived SIGKILL", self.uid, pids)
+                    return
                 for pid in pids:
                     with contextlib.suppress(ProcessLookupError):
                         os.kill(pid, signal.SIGKILL)
-                return
+                deadline, killed = time.monotonic() + 2.0, True  # the kernel takes a moment
             await asyncio.sleep(0.05)
 
     async def run(self, code: str, timeout_s: float | None = None) -> RunResult:

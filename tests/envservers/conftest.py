@@ -3,6 +3,8 @@ hosting the built-ins plus two test-only environments (`faulty`, `slow`), and a 
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import pytest_asyncio
 
@@ -26,6 +28,20 @@ def calculator_task(question: str = "What is 17 + 25?", truth: str = "42", **spe
     }
 
 
+def sandbox_uids() -> range:
+    """The sandbox uids of this pytest process's env servers: a block per xdist worker, so
+    that one worker's runs never count in another's process limit (RLIMIT_NPROC is per uid)
+    nor in its checks that nothing of a run is left."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
+    base = 200_000 + 10_000 * (int(worker) if worker.isdigit() else 0)
+    return range(base, base + 1000)
+
+
+def _python(**settings) -> dict:
+    uids = sandbox_uids()
+    return {"timeout_s": 3, "cpu_s": 2, "uid_base": uids.start, "uid_pool": len(uids), **settings}
+
+
 def server_config(**overrides) -> EnvServerConfig:
     values = dict(
         port=0,
@@ -35,7 +51,7 @@ def server_config(**overrides) -> EnvServerConfig:
         max_action_chars=100_000,
         max_message_bytes=1024 * 1024,
         drain_s=0,
-        python={"timeout_s": 3, "cpu_s": 2},
+        python=_python(),
         sql={"query_timeout_s": 0.5},
     )
     values.update(overrides)
@@ -44,9 +60,7 @@ def server_config(**overrides) -> EnvServerConfig:
 
 @pytest_asyncio.fixture(scope="session")
 async def env_server(tmp_path_factory):
-    config = server_config(
-        python={"timeout_s": 3, "cpu_s": 2, "scratch_root": str(tmp_path_factory.mktemp("sandbox"))}
-    )
+    config = server_config(python=_python(scratch_root=str(tmp_path_factory.mktemp("sandbox"))))
     providers = build_providers(config)
     providers["faulty"] = FaultyProvider()
     providers["slow"] = SlowProvider()

@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.envservers.conftest import calculator_task
+from tests.envservers.conftest import calculator_task, sandbox_uids
 from tests.envservers.test_python_sandbox import _output
 
 NEEDS_ROOT = pytest.mark.skipif(os.getuid() != 0, reason="namespaces sandbox needs root")
 
 SECRET = "sandbox-must-never-see-this-7c1e"
-SANDBOX_UIDS = range(200_000, 201_000)  # envserver.python.uid_base + uid_pool
+SANDBOX_UIDS = sandbox_uids()  # this worker's env servers' (tests/envservers/conftest.py)
 
 
 async def _open(client):
