@@ -1,6 +1,9 @@
 """Guard the public surface: the wire types' fields (names, types, defaults) are a contract
-between processes that may run different versions. Changing them must be a visible,
-deliberate edit of this file, not an accident."""
+between processes that may run different versions, and the flags of `learner prepare` one
+with users' scripts. Changing them must be a visible, deliberate edit of this file, not an
+accident."""
+
+import argparse
 
 import msgspec
 
@@ -87,3 +90,16 @@ def test_policy_version_fields():
         ("lineage", "StrType"),  # actors learn that a resumed learner rolled back
         ("deltas_path", "StrType"),  # the weights log (weights/delta_log.py), for store-only actors
     ]
+
+
+def test_learner_prepare_flags():
+    from learner.prepare import add_prepare_arguments
+
+    parser = argparse.ArgumentParser()
+    add_prepare_arguments(parser)
+    flags = sorted(o for action in parser._actions for o in action.option_strings)
+    assert flags == [
+        "--column", "--env-class", "--env-field", "--eval-fraction", "--format", "--from",
+        "--held-out", "--help", "--min-eval-per-env", "--output-dir", "--seed", "--size",
+        "--split", "--system", "--task-config", "-h",
+    ]  # fmt: skip
