@@ -23,8 +23,8 @@ RL's end is above its start and above SFT's end by more than the band (`held`).
 
     python -m bench.tasks [--families chain_sum,count_bits] [--seeds 0,1,2] [--steps 30]
 
-Writes bench/results/tasks.json, docs/images/tasks_pass_at_1.png and the table between the
-`tasks` markers of docs/benchmarks.md. About 30 minutes on 2 cores.
+Writes bench/results/tasks.json and docs/images/tasks_pass_at_1.png and prints the markdown
+table (for docs/benchmarks.md once a result holds). About 40 minutes on 2 cores.
 """
 
 from __future__ import annotations

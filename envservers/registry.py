@@ -82,6 +82,12 @@ def split_alias(entry: str) -> tuple[str | None, str]:
 def _build(spec: str, name: str, config: EnvServerConfig) -> dict[str, EnvProvider]:
     settings = config.plugins.get(name, {})
     prefix, sep, rest = spec.partition(":")
+    configured_elsewhere = spec in BUILTINS or (sep and prefix in ("skyrl_gym", "openenv"))
+    if settings and configured_elsewhere:  # never silently ignored
+        section = f"[envserver.{prefix if sep else spec}]"
+        raise PluginError(
+            f"envserver.plugins: {name!r} is not a plug-in; its settings go in {section}"
+        )
     if spec in BUILTINS:
         if claimed := _entry_point_claims(spec):
             raise PluginError(

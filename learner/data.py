@@ -32,7 +32,7 @@ except ImportError:  # Parquet support is optional; JSONL always works.
     pyarrow = None
 
 
-def _read_raw(path: Path) -> list[tuple[str, Any]]:
+def read_raw(path: Path) -> list[tuple[str, Any]]:
     """(where, row) of every row: `path:LINE` for JSONL, `path:row N` for Parquet."""
     if path.suffix == ".parquet":
         return _read_parquet(path)
@@ -70,7 +70,7 @@ def load_dataset(path: str | Path) -> list[Row]:
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"dataset {path} does not exist")
-    rows = [validate_row(row, where=where) for where, row in _read_raw(path)]
+    rows = [validate_row(row, where=where) for where, row in read_raw(path)]
     if not rows:
         raise ValueError(f"dataset {path} holds no rows")
     return rows

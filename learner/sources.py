@@ -30,7 +30,7 @@ from typing import Any
 from common import plugins
 from common.rows import Row, validate_row
 from learner.columns import FIELDS, ColumnMap, column_map, mapped_row, present_keys
-from learner.data import _read_raw, load_dataset
+from learner.data import load_dataset, read_raw
 
 REASONING_GYM = "reasoning_gym:"
 
@@ -69,7 +69,7 @@ def read_records(path: Path, *, split: str = "train") -> list[tuple[str, Any]]:
     if path.suffix == ".csv":
         return _read_csv(path)
     if path.suffix in (".jsonl", ".json", ".parquet"):
-        return _read_raw(path)
+        return read_raw(path)
     raise ValueError(
         f"{path}: dataset inputs are .jsonl, .parquet or .csv files, or directories saved by "
         "Hugging Face datasets (save_to_disk)"

@@ -208,6 +208,7 @@ def test_a_reward_that_is_not_a_number_is_the_scorers_error_not_a_zero(plugin_di
         (["c=my_envs:Countdown"], {"c": {"stop": 1}}, "unexpected keyword argument 'stop'"),
         (["r=reward:my_rewards:exact"], {"r": {"case": 1}}, "cannot take the settings ['case']"),
         (["my_envs:Countdown"], {"typo": {}}, "settings for ['typo'], which this server does"),
+        (["calculator"], {"calculator": {"x": 1}}, "not a plug-in; its settings go in"),
         (["my_envs:nothing"], {}, "module my_envs has no attribute 'nothing'"),
         (["no_such_task"], {}, "unknown environment 'no_such_task'"),
     ],
