@@ -77,15 +77,15 @@ def entry_point(name: str, group: str) -> importlib.metadata.EntryPoint | None:
 def _declared(group: str) -> list[importlib.metadata.EntryPoint]:
     """Every distribution's entry points of `group`, duplicates included:
     `importlib.metadata.entry_points()` keeps one per name and drops the rest silently. A
-    distribution found twice on sys.path counts once (the first, as imports do)."""
-    points, seen = [], set()
-    for dist in importlib.metadata.distributions():
-        dist_name = (dist.metadata["Name"] or "").lower().replace("_", "-")
-        if dist_name in seen:
-            continue
-        seen.add(dist_name)
-        points += [point for point in dist.entry_points if point.group == group]
-    return points
+    distribution found twice on sys.path declares the same values, which `entry_point`
+    counts once. No distribution's METADATA is parsed: that took 150 ms over the ~280
+    installed here, reading the entry points alone 14 ms, and this runs at every start."""
+    return [
+        point
+        for dist in importlib.metadata.distributions()
+        for point in dist.entry_points
+        if point.group == group
+    ]
 
 
 def load(spec: str, group: str) -> Any:
