@@ -188,9 +188,13 @@ async def test_health_and_reflection(env_server):
         assert "tether.env.v1.EnvService" in names and "grpc.health.v1.Health" in names
 
 
-async def test_metrics_are_served(env_server, client):
+async def test_metrics_are_served(env_server, client, stub):
     session = await client.open("noop", {})
     await session.step('<tool_call>{"name": "noop", "arguments": {}}</tool_call>')
+    # Its own failed Reset: the error counter must not depend on which tests ran before on
+    # this worker.
+    code, _ = await _status(stub.Reset(env_pb2.ResetRequest(env_class="chess")))
+    assert code == Code.NOT_FOUND
     url = f"http://127.0.0.1:{env_server.metrics_port}/metrics"
     text = await asyncio.to_thread(lambda: urllib.request.urlopen(url).read().decode())
     assert 'tether_env_steps_total{env="noop"}' in text
