@@ -265,7 +265,7 @@ def test_a_receiver_lost_mid_round_fails_that_round_and_is_dropped(sender, fault
     round fails within the transfer timeout; the learner carries on; round 3 drops the lost
     receiver after one join timeout and reaches the other, on a fresh group."""
     lost = _start_receiver(sender.config, 3, fault, "2")
-    survivor = _start_receiver(sender.config, 3)
+    survivor = _start_receiver(sender.config, 3, "--until", "3")
     try:
         _until_members(sender, 2)
         one = sender.broadcast(1, _weights(4, value=1.0))
