@@ -26,6 +26,7 @@ import time
 import nats.errors
 
 from actors import metrics
+from actors.agent_endpoint import AgentEndpoint, family_tool_calls
 from actors.chat import ChatTemplate
 from actors.config import ActorConfig
 from actors.episode import Rollout, validate_task
@@ -40,6 +41,7 @@ from broker import client as bus
 from broker.config import BrokerConfig
 from broker.wire import PromptTask
 from protos.client import TaskRejected
+from protos.types import DEFAULT_TOOL_FORMAT
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +70,14 @@ class Actor:
         self.engine, self.chat = engine, chat
         self.env = self._demand.counting(env)  # its calls in flight count as engine room
         self._generating = metrics.EngineBusyClock(engine)  # what episodes generate with
+        self.agents = AgentEndpoint(  # for agent workflows; listens from the first one on
+            self._generating,
+            chat,
+            config.rollout,
+            model_name=config.agent_endpoint.model_name,
+            parse_tool_calls=family_tool_calls(config.env.tool_format or DEFAULT_TOOL_FORMAT),
+            address=config.agent_endpoint,
+        )
         self.actor_id = actor_id
         self.weights = PolicyWeights(
             engine=engine,
@@ -113,6 +123,7 @@ class Actor:
             try:
                 await self._serve(stop)
             finally:
+                await self.agents.stop()
                 follower.cancel()
                 await self.weights.stop()
                 self.weights.weights_log.close()
@@ -208,6 +219,7 @@ class Actor:
                     limits=self.config.rollout,
                     sampling=sampling,
                     env_config=self.config.env,
+                    agents=self.agents,
                 ),
                 task,
                 on_result=publish,

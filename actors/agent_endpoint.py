@@ -3,7 +3,7 @@ agents that hold their loop as `openai` calls: each episode gets a base URL and 
 naming it, and every call is served token in / token out (actors/agent_calls.py).
 
     endpoint = AgentEndpoint(engine, chat, limits, model_name=...)
-    await endpoint.start(host, port)                  # aiohttp, in the actor's event loop
+    base_url = await endpoint.serving()               # aiohttp, in the actor's event loop
     key, calls = endpoint.open_episode(sampling, seed) # an agent uses base_url + key
     ...                                                # its calls land in `calls.segments`
     calls = endpoint.close_episode(key)                # the key is refused from now on
@@ -35,7 +35,7 @@ from aiohttp import web
 
 from actors.agent_calls import AgentCalls, CallRefused
 from actors.chat import ChatTemplate
-from actors.config import RolloutConfig, SamplingConfig
+from actors.config import AgentEndpointConfig, RolloutConfig, SamplingConfig
 from actors.types import Engine, Turn
 from common.tool_formats import parser_for
 from common.tool_parsing import ToolCall
@@ -76,13 +76,16 @@ class AgentEndpoint:
         *,
         model_name: str,
         parse_tool_calls: ToolCallParser | None = None,
+        address: AgentEndpointConfig | None = None,
     ) -> None:
         self.engine, self.chat, self.limits = engine, chat, limits
         self.model_name = model_name
+        self.address = address or AgentEndpointConfig()
         self.parse_tool_calls = parse_tool_calls
         self.episodes: dict[str, _Episode] = {}
         self.runner: web.AppRunner | None = None
         self.port = 0
+        self._starting = asyncio.Lock()
 
     # ---- episodes ---------------------------------------------------------------------------
 
@@ -109,6 +112,14 @@ class AgentEndpoint:
         await self.runner.setup()
         await web.TCPSite(self.runner, host, port).start()
         self.port = self.runner.addresses[0][1]  # the port picked, for 0
+
+    async def serving(self) -> str:
+        """Start on first use (most runs have no workflow: no port for them) on the
+        configured address; the base URL agents are given."""
+        async with self._starting:
+            if self.runner is None:
+                await self.start(self.address.host, self.address.port)
+        return self.base_url(self.address.advertise_host or self.address.host)
 
     async def stop(self) -> None:
         if self.runner is not None:

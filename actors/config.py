@@ -247,6 +247,23 @@ class VllmEngineConfig(StrictModel):
         return self
 
 
+class AgentEndpointConfig(StrictModel):
+    """The OpenAI-compatible endpoint of each replica that agent workflows call
+    (actors/agent_endpoint.py; started at a replica's first workflow episode)."""
+
+    host: str = "127.0.0.1"
+    """Address it listens on; "0.0.0.0" in a cluster, where the env servers running the
+    workflows are other pods."""
+    port: int = pydantic.Field(default=0, ge=0)
+    """0: a free port, one per replica (the env server is told the URL with each episode,
+    so nothing needs to know it beforehand); a fixed port suits one replica per pod."""
+    advertise_host: str = ""
+    """The host in the URL env servers are given; "": `host`. In a cluster: the pod's IP
+    (deploy/k8s sets it from the downward API)."""
+    model_name: str = "policy"
+    """What /v1/models lists (agents may send any `model`: there is one)."""
+
+
 class ActorConfig(StrictModel):
     """One actor replica (`actor --replicas N` starts N of them, each with its own engine)."""
 
@@ -260,6 +277,8 @@ class ActorConfig(StrictModel):
     """Sampling for eval prompts (PromptTask.is_eval); pass@1 is measured with sampling."""
     rollout: RolloutConfig = RolloutConfig()
     """Limits of each episode."""
+    agent_endpoint: AgentEndpointConfig = AgentEndpointConfig()
+    """Where agent workflows reach this replica's engine."""
     max_groups_in_flight: int | None = pydantic.Field(default=None, ge=1)
     """A cap on the prompt tasks (GRPO groups) a replica works on at once. None (the
     default): as many as its engine has room for, episodes at a tool not counted

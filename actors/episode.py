@@ -45,15 +45,21 @@ import math
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from actors import metrics, resume
 from actors.chat import ChatTemplate
 from actors.config import EnvConfig, RolloutConfig, SamplingConfig
 from actors.env_retry import EnvFailed, close_session, open_session, replay, step_session
 from actors.types import Engine, EnvConnector, EnvSession, EpisodeResult, Generation, Turn
+from actors.workflow_episode import play_workflow
 from broker.wire import EpisodeCheckpoint, PromptTask
 from common.rows import row_problem
 from protos.client import EnvUnavailable, TaskRejected
+from protos.types import WORKFLOW
+
+if TYPE_CHECKING:
+    from actors.agent_endpoint import AgentEndpoint
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +106,9 @@ class Rollout:
     sampling: SamplingConfig
     env_config: EnvConfig
     """How hard to try the env servers (attempts, backoff)."""
+    agents: AgentEndpoint | None = None
+    """The endpoint agent workflows call (actors/workflow_episode.py); None: this rollout
+    plays stepped environments only."""
 
 
 OnTurn = Callable[["Episode"], Awaitable[None]]
@@ -122,9 +131,14 @@ async def run_episode(
     episode = Episode(rollout, task, seed)
     try:
         await episode.start(saved)
-        while (stop_reason := await episode.turn()) is None:
-            if on_turn is not None:
-                await on_turn(episode)
+        if episode.is_workflow:
+            stop_reason = await play_workflow(
+                episode.session, rollout.agents, episode.sampling, episode.seed, episode.result
+            )
+        else:
+            while (stop_reason := await episode.turn()) is None:
+                if on_turn is not None:
+                    await on_turn(episode)
         episode.result.stop_reason = stop_reason
     except EnvFailed as e:
         result = episode.result
@@ -173,6 +187,8 @@ class Episode:
             self._begin()
             self.result.resume_refused = refusal
         self.session = await self._open()
+        if self.is_workflow:  # the agent's calls make the prompt (actors/workflow_episode.py)
+            return
         prompt = self._prompt()
         if len(prompt) > self.limits.max_input_length:
             raise TaskRejected(
@@ -181,6 +197,11 @@ class Episode:
             )
         self.result.append(prompt)
         self.result.prompt_len = len(prompt)
+
+    @property
+    def is_workflow(self) -> bool:
+        """Whether the open session is an agent workflow's: run once, not stepped."""
+        return self.session is not None and self.session.observation.kind == WORKFLOW
 
     async def _open(self) -> EnvSession:
         task = self.task

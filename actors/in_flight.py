@@ -23,7 +23,7 @@ from typing import Any
 from actors import metrics
 from actors.episode import MAX_GROUP_SIZE
 from actors.types import EnvConnector, EnvSession
-from protos.types import StepResult
+from protos.types import StepResult, WorkflowOutcome
 
 
 def tasks_to_take(
@@ -110,6 +110,10 @@ class _CountedSession:
 
     async def step(self, action_text: str) -> StepResult:
         return await self._demand.at_env_server(self._session.step(action_text))
+
+    async def run_workflow(self, base_url: str, api_key: str) -> WorkflowOutcome:
+        # Not counted as at an env server: the agent generates on our engine throughout.
+        return await self._session.run_workflow(base_url, api_key)
 
     async def close(self) -> None:
         await self._demand.at_env_server(self._session.close())

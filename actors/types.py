@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from actors.config import SamplingConfig
-from protos.types import Observation, StepResult
+from protos.types import Observation, StepResult, WorkflowOutcome
 from weights.follower import WeightReceiver
 
 NO_POLICY_VERSION = -1
@@ -70,6 +70,11 @@ class EnvSession(Protocol):
 
     async def step(self, action_text: str) -> StepResult:
         """One assistant message in; observations, reward, done, metadata out."""
+        ...
+
+    async def run_workflow(self, base_url: str, api_key: str) -> WorkflowOutcome:
+        """A workflow session (`observation.kind == "workflow"`): run the agent once
+        against that chat-completions endpoint; its score or its error."""
         ...
 
     async def close(self) -> None: ...

@@ -4,8 +4,9 @@ entry point their installed package declares:
     [project.entry-points."tether.environments"]
     my_task = "my_pkg.envs:make_provider"
 
-Three groups: `tether.environments` (env servers), `tether.rewards` (scoring functions served
-as single-turn environments) and `tether.datasets` (row sources for `learner prepare --from`).
+Four groups: `tether.environments` (env servers), `tether.rewards` (scoring functions served
+as single-turn environments), `tether.workflows` (agent loops run by env servers against the
+actor's endpoint) and `tether.datasets` (row sources for `learner prepare --from`).
 Every failure is a `PluginError`: one line naming the spec, the module and what to fix, so a
 process that cannot load its plug-ins stops at start-up, before anything heavy loads.
 """
@@ -17,7 +18,7 @@ import importlib.metadata
 import traceback
 from typing import Any
 
-GROUPS = ("tether.environments", "tether.rewards", "tether.datasets")
+GROUPS = ("tether.environments", "tether.rewards", "tether.workflows", "tether.datasets")
 
 
 class PluginError(ValueError):

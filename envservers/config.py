@@ -9,6 +9,7 @@ import pydantic
 
 from common.config import CertKeyFiles, StrictModel
 from common.tool_formats import parser_for
+from protos.types import DEFAULT_TOOL_FORMAT
 
 MiB = 1024 * 1024
 
@@ -164,7 +165,7 @@ class EnvServerConfig(StrictModel):
     """Server-side cap on one step when the client sets no shorter deadline."""
     max_tool_calls_per_step: int = pydantic.Field(8, ge=1)
     """Tool calls run per assistant message; more are error observations."""
-    tool_format: str = "hermes"
+    tool_format: str = DEFAULT_TOOL_FORMAT
     """How the model writes tool calls: `hermes` (Qwen2.5/Qwen3, our tiny model), `qwen3_coder`,
     `llama3_json`, `mistral` (common/tool_formats.py, docs/envservers.md)."""
     max_observation_chars: int = pydantic.Field(16_384, ge=256)

@@ -5,8 +5,10 @@
     reasoning_gym:TASK                     a reasoning-gym task, scored by its own scorer
     my_pkg.envs:make                       the user's environment, by import path
     reward:my_pkg.rewards:score            the user's reward function, by import path
-    my_task                                an installed `tether.environments` (or
-                                           `tether.rewards`) entry point
+    workflow:my_pkg.agents:solve           the user's agent loop, by import path
+                                           (envservers/workflows.py)
+    my_task                                an installed `tether.environments`,
+                                           `tether.rewards` or `tether.workflows` entry point
     NAME=any of the above                  the same, served under NAME (the rows' env_class)
 
 An entry is served under its own text unless aliased (skyrl-gym envs under their skyrl-gym
@@ -17,6 +19,8 @@ served), passed as keyword arguments and so checked by the plug-in itself:
                  subclass (a new `make(**settings)` per session)
     reward       `score(completion, row, **settings) -> float`; the setting `retries` is
                  ours (envservers/envs/scored.py)
+    workflow     `async run(client, task, **settings) -> float | dict`; the setting
+                 `time_limit_s` is ours
 
 Everything is loaded and built here, at start-up: a module that fails to import, a factory
 that raises, settings the plug-in rejects and a name claimed twice each stop the server with
@@ -33,6 +37,7 @@ from common import plugins
 from common.plugins import PluginError
 from envservers.config import EnvServerConfig
 from envservers.types import Environment, EnvProvider
+from envservers.workflows import workflow_provider
 
 BUILTINS = {
     "calculator": "envservers.envs.calculator:build_provider",
@@ -43,7 +48,8 @@ BUILTINS = {
 }
 """Built-in environments: `build_provider(server_config) -> EnvProvider`."""
 
-ENVIRONMENTS, REWARDS = "tether.environments", "tether.rewards"
+ENVIRONMENTS, REWARDS, WORKFLOWS = "tether.environments", "tether.rewards", "tether.workflows"
+_GROUPS = (ENVIRONMENTS, REWARDS, WORKFLOWS)
 
 
 def build_providers(config: EnvServerConfig) -> dict[str, EnvProvider]:
@@ -109,6 +115,8 @@ def _build(spec: str, name: str, config: EnvServerConfig) -> dict[str, EnvProvid
         return {spec: plugins.call(spec, reasoning_gym.build_provider, rest, **settings)}
     if prefix == "reward" and sep:
         return {spec: reward_provider(name, rest, plugins.import_object(rest), settings)}
+    if prefix == "workflow" and sep:
+        return {spec: workflow_provider(name, rest, plugins.import_object(rest), settings)}
     if plugins.is_import_path(spec):
         return {spec: environment_provider(spec, plugins.import_object(spec), settings)}
     return {spec: _entry_point(spec, name, settings)}
@@ -120,31 +128,29 @@ def _entry_point(spec: str, name: str, settings: dict[str, Any]) -> EnvProvider:
     claims = _entry_point_claims(spec)
     if len(claims) > 1:
         raise PluginError(
-            f"envs: {spec!r} is both an environment and a reward entry point "
-            f"({', '.join(point.value for point in claims.values())}); rename one"
+            f"envs: {spec!r} is declared in several plug-in groups ({', '.join(claims)}: "
+            f"{', '.join(point.value for point in claims.values())}); rename one"
         )
     if not claims:
-        installed = sorted(
-            {*plugins.entry_point_names(ENVIRONMENTS), *plugins.entry_point_names(REWARDS)}
-        )
+        installed = sorted({name for group in _GROUPS for name in plugins.entry_point_names(group)})
         raise PluginError(
             f"envs: unknown environment {spec!r}: not a built-in ({sorted(BUILTINS)}), not an "
             f"import path (package.module:name) and no installed package declares it as a "
-            f"tether.environments or tether.rewards entry point (installed: {installed or 'none'})"
+            f"{', '.join(_GROUPS)} entry point (installed: {installed or 'none'})"
         )
     ((group, point),) = claims.items()
     target = plugins.import_object(point.value)
     if group == REWARDS:
         return reward_provider(name, point.value, target, settings)
+    if group == WORKFLOWS:
+        return workflow_provider(name, point.value, target, settings)
     return environment_provider(point.value, target, settings)
 
 
 def _entry_point_claims(name: str) -> dict[str, Any]:
     """{group: entry point} of every plug-in group that has `name`."""
     return {
-        group: point
-        for group in (ENVIRONMENTS, REWARDS)
-        if (point := plugins.entry_point(name, group)) is not None
+        group: point for group in _GROUPS if (point := plugins.entry_point(name, group)) is not None
     }
 
 

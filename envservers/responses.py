@@ -1,6 +1,7 @@
-"""The wire form of what environments return: `Observation` and `StepResult` (message
-space, protos/types.py) as the env service's protobuf responses, and the cap on how long one
-observation may be (a tool that prints megabytes must not flood the model's context).
+"""The wire form of what environments return: `Observation`, `StepResult` and
+`WorkflowOutcome` (message space, protos/types.py) as the env service's protobuf
+responses, and the cap on how long one observation may be (a tool that prints megabytes
+must not flood the model's context).
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from typing import Any
 
 from envservers.tools import truncate_output
 from protos import env_pb2
-from protos.types import Observation, StepResult
+from protos.types import Observation, StepResult, WorkflowOutcome
 
 
 def _messages(messages: list[dict[str, Any]]) -> list[env_pb2.ChatMessage]:
@@ -44,6 +45,15 @@ def reset_response(session_id: str, obs: Observation) -> env_pb2.ResetResponse:
         messages=_messages(obs.messages),
         tools=[env_pb2.ToolSpec(json=json.dumps(t)) for t in obs.tools],
         metadata_json=json.dumps(obs.metadata, default=str),
+        kind=obs.kind,
+    )
+
+
+def workflow_response(outcome: WorkflowOutcome) -> env_pb2.RunWorkflowResponse:
+    return env_pb2.RunWorkflowResponse(
+        reward=float(outcome.reward),
+        metadata_json=json.dumps(outcome.metadata, default=str),
+        error=outcome.error,
     )
 
 

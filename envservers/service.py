@@ -4,6 +4,8 @@ mapped to a status code. It holds no environment logic — that is in the Enviro
     Reset(env_class, task_json) -> provider.make() -> env.reset(task)   -> session table
     Step(session_id, action)    -> session lock -> env.step(action)     -> cached for retries
     Close(session_id)           -> env.close(), removed
+    RunWorkflow(session_id, endpoint) -> session lock -> the agent's code, once (a retry
+                                   gets the first run's answer)
     sweeper (every ttl/4)       -> closes sessions idle longer than the TTL
 
 Status codes: unknown env or session NOT_FOUND; bad field INVALID_ARGUMENT naming it;
@@ -20,7 +22,6 @@ import logging
 import math
 import time
 import uuid
-from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
 import grpc
@@ -28,34 +29,16 @@ import grpc
 from common.tool_formats import parser_for
 from envservers import metrics
 from envservers.config import EnvServerConfig
-from envservers.responses import cap_observations, reset_response, step_response
+from envservers.responses import cap_observations, reset_response, step_response, workflow_response
+from envservers.sessions import Reset, Session, close_env
 from envservers.tool_env import ToolEnv
-from envservers.types import Environment, EnvProvider
+from envservers.types import EnvProvider
+from envservers.workflows import WorkflowEnv
 from protos import env_pb2, env_pb2_grpc
-from protos.types import Observation, tool_format_problem
+from protos.types import tool_format_problem
 
 log = logging.getLogger(__name__)
 Code = grpc.StatusCode
-
-
-@dataclass(eq=False)
-class Session:
-    id: str
-    env_class: str
-    env: Environment
-    reset_response: env_pb2.ResetResponse
-    last_used: float
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    last_seq: int = 0
-    last_response: env_pb2.StepResponse | None = None
-    done: bool = False
-    closed: bool = False
-
-
-@dataclass(frozen=True)
-class _Reset:
-    env: Environment
-    observation: Observation
 
 
 class EnvService(env_pb2_grpc.EnvServiceServicer):
@@ -165,7 +148,7 @@ class EnvService(env_pb2_grpc.EnvServiceServicer):
 
     async def _reset_env(
         self, provider: EnvProvider, request, task: dict[str, Any], context
-    ) -> _Reset:
+    ) -> Reset:
         """A fresh env reset from `task` (a tool environment reading calls in the request's
         `tool_format` when it names one); on any failure it is closed and the call fails."""
         fail, env_class = self._fail, request.env_class
@@ -174,19 +157,19 @@ class EnvService(env_pb2_grpc.EnvServiceServicer):
             env.parse_tool_calls = parser_for(request.tool_format)
         try:
             async with asyncio.timeout(self._time_left(context)):
-                return _Reset(env, await env.reset(task))
+                return Reset(env, await env.reset(task))
         except ValueError as e:  # the row itself is unusable: the caller's fault
-            await self._close_env(env)
+            await close_env(env)
             await fail(context, "Reset", Code.INVALID_ARGUMENT, f"task_json: {e}")
         except TimeoutError:
-            await self._close_env(env)
+            await close_env(env)
             await fail(context, "Reset", Code.DEADLINE_EXCEEDED, "reset took too long")
         except asyncio.CancelledError:  # the client went away: nobody will close this env
-            await self._close_env(env)
+            await close_env(env)
             raise
         except Exception as e:  # env failure: this call fails, the server keeps serving
             log.exception("reset of %s failed", env_class)
-            await self._close_env(env)
+            await close_env(env)
             await fail(
                 context,
                 "Reset",
@@ -219,6 +202,9 @@ class EnvService(env_pb2_grpc.EnvServiceServicer):
                 Code.RESOURCE_EXHAUSTED,
                 f"action: {len(request.action)} characters, limit {self.config.max_action_chars}",
             )
+        if isinstance(session.env, WorkflowEnv):
+            await fail(context, "Step", Code.FAILED_PRECONDITION,
+                       f"{session.env_class} is a workflow: run it with RunWorkflow")  # fmt: skip
         async with session.lock:
             if session.closed:  # closed while this step waited for the lock
                 await fail(context, "Step", Code.NOT_FOUND, "session_id: session was closed")
@@ -270,6 +256,38 @@ class EnvService(env_pb2_grpc.EnvServiceServicer):
                 "environment %s returned a non-finite reward %s", env_class, response.reward
             )
 
+    async def RunWorkflow(self, request, context):
+        """Run a workflow session's agent once. What the agent's code does wrong is the
+        response's `error`; only a bad request or an unknown session fails the call."""
+        fail = self._fail
+        start = time.perf_counter()
+        session = self.sessions.get(request.session_id)
+        if session is None:
+            await fail(context, "RunWorkflow", Code.NOT_FOUND,
+                       f"session_id: no open session {request.session_id!r}")  # fmt: skip
+        if not isinstance(session.env, WorkflowEnv):
+            await fail(context, "RunWorkflow", Code.FAILED_PRECONDITION,
+                       f"{session.env_class} is stepped (Step), not a workflow")  # fmt: skip
+        for field_name in ("base_url", "api_key"):
+            if not getattr(request, field_name):
+                await fail(context, "RunWorkflow", Code.INVALID_ARGUMENT, f"{field_name}: required")
+        async with session.lock:
+            if session.closed:
+                await fail(context, "RunWorkflow", Code.NOT_FOUND, "session_id: session was closed")
+            if session.workflow_response is not None:
+                return session.workflow_response  # a retried run: the answer it had
+            session.last_used = time.monotonic()
+            outcome = await session.env.run(request.base_url, request.api_key)
+            if outcome.error:
+                log.warning("workflow %s session %s: %s", session.env_class, session.id,
+                            outcome.error)  # fmt: skip
+            session.workflow_response = workflow_response(outcome)
+            session.done = True
+            session.last_used = time.monotonic()
+        metrics.STEPS.labels(session.env_class).inc()
+        metrics.STEP_SECONDS.labels(session.env_class).observe(time.perf_counter() - start)
+        return session.workflow_response
+
     async def Close(self, request, context):
         if not request.session_id:
             await self._fail(context, "Close", Code.INVALID_ARGUMENT, "session_id: required")
@@ -289,14 +307,8 @@ class EnvService(env_pb2_grpc.EnvServiceServicer):
         metrics.ACTIVE_SESSIONS.labels(session.env_class).dec()
         async with session.lock:  # let a step in flight finish before its env goes away
             session.closed = True
-            await self._close_env(session.env)
+            await close_env(session.env)
         return True
-
-    async def _close_env(self, env: Environment) -> None:
-        try:
-            await env.close()
-        except Exception:  # a failing close must not take the server down; it is logged
-            log.exception("closing an environment failed")
 
     async def sweep_idle(self) -> int:
         """Close sessions idle longer than the TTL (not ones with a step in flight)."""

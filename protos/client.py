@@ -8,6 +8,10 @@
     await session.close()
     await client.close()
 
+A workflow session (`observation.kind == "workflow"`) is run, not stepped:
+`outcome = await session.run_workflow(base_url, api_key)` (WorkflowOutcome: reward,
+metadata, error).
+
 - Every call has a deadline (`timeout_s`, per call overridable).
 - TLS with `credentials` (protos/channel.py `client_credentials`: the server verified
   against a CA, optionally a client certificate for mutual TLS); plain otherwise.
@@ -33,7 +37,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from protos import env_pb2, env_pb2_grpc
 from protos.channel import DEFAULT_MAX_MESSAGE_BYTES, channel_options
-from protos.types import Observation, StepResult
+from protos.types import Observation, StepResult, WorkflowOutcome
 
 T = TypeVar("T")
 
@@ -60,6 +64,7 @@ class EnvSession:
             messages=_messages(reset.messages),
             tools=[json.loads(t.json) for t in reset.tools],
             metadata=json.loads(reset.metadata_json or "{}"),
+            kind=reset.kind,
         )
         self.num_steps = 0
         self.done = False
@@ -80,6 +85,28 @@ class EnvSession:
             reward=response.reward,
             done=response.done,
             metadata=json.loads(response.metadata_json or "{}"),
+        )
+
+    async def run_workflow(
+        self, base_url: str, api_key: str, *, timeout_s: float | None = None
+    ) -> WorkflowOutcome:
+        """Run a workflow session's agent against `base_url` (once: a retry gets the same
+        answer). The deadline is the workflow's time limit, from its reset, plus
+        `timeout_s` (the client's) for the call itself."""
+        stub = self.client._stub(self.address)
+        request = env_pb2.RunWorkflowRequest(
+            session_id=self.session_id, base_url=base_url, api_key=api_key
+        )
+        deadline = float(self.observation.metadata.get("time_limit_s", 0.0))
+        deadline += timeout_s or self.client.timeout_s
+        response = await self.client._with_retries(
+            lambda _attempt: stub.RunWorkflow(request, timeout=deadline)
+        )
+        self.done = True
+        return WorkflowOutcome(
+            reward=response.reward,
+            metadata=json.loads(response.metadata_json or "{}"),
+            error=response.error,
         )
 
     async def close(self, *, timeout_s: float | None = None) -> None:
@@ -248,6 +275,12 @@ class _GrpcSession:
             # Whatever went wrong (server gone, session expired, deadline, env crash), the
             # episode can only continue on a re-opened session elsewhere.
             raise EnvUnavailable(f"step: {e.code().name}: {e.details()}") from e
+
+    async def run_workflow(self, base_url: str, api_key: str) -> WorkflowOutcome:
+        try:
+            return await self.session.run_workflow(base_url, api_key)
+        except grpc.aio.AioRpcError as e:
+            raise EnvUnavailable(f"run workflow: {e.code().name}: {e.details()}") from e
 
     async def close(self) -> None:
         try:

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\tenv.proto\x12\rtether.env.v1\":\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\"\x18\n\x08ToolSpec\x12\x0c\n\x04json\x18\x01 \x01(\t\",\n\x07\x45nvInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\"\x11\n\x0fListEnvsRequest\"8\n\x10ListEnvsResponse\x12$\n\x04\x65nvs\x18\x01 \x03(\x0b\x32\x16.tether.env.v1.EnvInfo\"]\n\x0cResetRequest\x12\x11\n\tenv_class\x18\x01 \x01(\t\x12\x11\n\ttask_json\x18\x02 \x01(\t\x12\x12\n\nsession_id\x18\x03 \x01(\t\x12\x13\n\x0btool_format\x18\x04 \x01(\t\"\x90\x01\n\rResetResponse\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12,\n\x08messages\x18\x02 \x03(\x0b\x32\x1a.tether.env.v1.ChatMessage\x12&\n\x05tools\x18\x03 \x03(\x0b\x32\x17.tether.env.v1.ToolSpec\x12\x15\n\rmetadata_json\x18\x04 \x01(\t\">\n\x0bStepRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0e\n\x06\x61\x63tion\x18\x02 \x01(\t\x12\x0b\n\x03seq\x18\x03 \x01(\r\"u\n\x0cStepResponse\x12\x30\n\x0cobservations\x18\x01 \x03(\x0b\x32\x1a.tether.env.v1.ChatMessage\x12\x0e\n\x06reward\x18\x02 \x01(\x01\x12\x0c\n\x04\x64one\x18\x03 \x01(\x08\x12\x15\n\rmetadata_json\x18\x04 \x01(\t\"\"\n\x0c\x43loseRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"\x0f\n\rCloseResponse2\xa2\x02\n\nEnvService\x12K\n\x08ListEnvs\x12\x1e.tether.env.v1.ListEnvsRequest\x1a\x1f.tether.env.v1.ListEnvsResponse\x12\x42\n\x05Reset\x12\x1b.tether.env.v1.ResetRequest\x1a\x1c.tether.env.v1.ResetResponse\x12?\n\x04Step\x12\x1a.tether.env.v1.StepRequest\x1a\x1b.tether.env.v1.StepResponse\x12\x42\n\x05\x43lose\x12\x1b.tether.env.v1.CloseRequest\x1a\x1c.tether.env.v1.CloseResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\tenv.proto\x12\rtether.env.v1\":\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\"\x18\n\x08ToolSpec\x12\x0c\n\x04json\x18\x01 \x01(\t\",\n\x07\x45nvInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\"\x11\n\x0fListEnvsRequest\"8\n\x10ListEnvsResponse\x12$\n\x04\x65nvs\x18\x01 \x03(\x0b\x32\x16.tether.env.v1.EnvInfo\"]\n\x0cResetRequest\x12\x11\n\tenv_class\x18\x01 \x01(\t\x12\x11\n\ttask_json\x18\x02 \x01(\t\x12\x12\n\nsession_id\x18\x03 \x01(\t\x12\x13\n\x0btool_format\x18\x04 \x01(\t\"\x9e\x01\n\rResetResponse\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12,\n\x08messages\x18\x02 \x03(\x0b\x32\x1a.tether.env.v1.ChatMessage\x12&\n\x05tools\x18\x03 \x03(\x0b\x32\x17.tether.env.v1.ToolSpec\x12\x15\n\rmetadata_json\x18\x04 \x01(\t\x12\x0c\n\x04kind\x18\x05 \x01(\t\">\n\x0bStepRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0e\n\x06\x61\x63tion\x18\x02 \x01(\t\x12\x0b\n\x03seq\x18\x03 \x01(\r\"u\n\x0cStepResponse\x12\x30\n\x0cobservations\x18\x01 \x03(\x0b\x32\x1a.tether.env.v1.ChatMessage\x12\x0e\n\x06reward\x18\x02 \x01(\x01\x12\x0c\n\x04\x64one\x18\x03 \x01(\x08\x12\x15\n\rmetadata_json\x18\x04 \x01(\t\"\"\n\x0c\x43loseRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"\x0f\n\rCloseResponse\"K\n\x12RunWorkflowRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x10\n\x08\x62\x61se_url\x18\x02 \x01(\t\x12\x0f\n\x07\x61pi_key\x18\x03 \x01(\t\"K\n\x13RunWorkflowResponse\x12\x0e\n\x06reward\x18\x01 \x01(\x01\x12\x15\n\rmetadata_json\x18\x02 \x01(\t\x12\r\n\x05\x65rror\x18\x03 \x01(\t2\xf8\x02\n\nEnvService\x12K\n\x08ListEnvs\x12\x1e.tether.env.v1.ListEnvsRequest\x1a\x1f.tether.env.v1.ListEnvsResponse\x12\x42\n\x05Reset\x12\x1b.tether.env.v1.ResetRequest\x1a\x1c.tether.env.v1.ResetResponse\x12?\n\x04Step\x12\x1a.tether.env.v1.StepRequest\x1a\x1b.tether.env.v1.StepResponse\x12\x42\n\x05\x43lose\x12\x1b.tether.env.v1.CloseRequest\x1a\x1c.tether.env.v1.CloseResponse\x12T\n\x0bRunWorkflow\x12!.tether.env.v1.RunWorkflowRequest\x1a\".tether.env.v1.RunWorkflowResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -44,15 +44,19 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_RESETREQUEST']._serialized_start=237
   _globals['_RESETREQUEST']._serialized_end=330
   _globals['_RESETRESPONSE']._serialized_start=333
-  _globals['_RESETRESPONSE']._serialized_end=477
-  _globals['_STEPREQUEST']._serialized_start=479
-  _globals['_STEPREQUEST']._serialized_end=541
-  _globals['_STEPRESPONSE']._serialized_start=543
-  _globals['_STEPRESPONSE']._serialized_end=660
-  _globals['_CLOSEREQUEST']._serialized_start=662
-  _globals['_CLOSEREQUEST']._serialized_end=696
-  _globals['_CLOSERESPONSE']._serialized_start=698
-  _globals['_CLOSERESPONSE']._serialized_end=713
-  _globals['_ENVSERVICE']._serialized_start=716
-  _globals['_ENVSERVICE']._serialized_end=1006
+  _globals['_RESETRESPONSE']._serialized_end=491
+  _globals['_STEPREQUEST']._serialized_start=493
+  _globals['_STEPREQUEST']._serialized_end=555
+  _globals['_STEPRESPONSE']._serialized_start=557
+  _globals['_STEPRESPONSE']._serialized_end=674
+  _globals['_CLOSEREQUEST']._serialized_start=676
+  _globals['_CLOSEREQUEST']._serialized_end=710
+  _globals['_CLOSERESPONSE']._serialized_start=712
+  _globals['_CLOSERESPONSE']._serialized_end=727
+  _globals['_RUNWORKFLOWREQUEST']._serialized_start=729
+  _globals['_RUNWORKFLOWREQUEST']._serialized_end=804
+  _globals['_RUNWORKFLOWRESPONSE']._serialized_start=806
+  _globals['_RUNWORKFLOWRESPONSE']._serialized_end=881
+  _globals['_ENVSERVICE']._serialized_start=884
+  _globals['_ENVSERVICE']._serialized_end=1260
 # @@protoc_insertion_point(module_scope)

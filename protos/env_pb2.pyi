@@ -53,16 +53,18 @@ class ResetRequest(_message.Message):
     def __init__(self, env_class: _Optional[str] = ..., task_json: _Optional[str] = ..., session_id: _Optional[str] = ..., tool_format: _Optional[str] = ...) -> None: ...
 
 class ResetResponse(_message.Message):
-    __slots__ = ("session_id", "messages", "tools", "metadata_json")
+    __slots__ = ("session_id", "messages", "tools", "metadata_json", "kind")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
     TOOLS_FIELD_NUMBER: _ClassVar[int]
     METADATA_JSON_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     messages: _containers.RepeatedCompositeFieldContainer[ChatMessage]
     tools: _containers.RepeatedCompositeFieldContainer[ToolSpec]
     metadata_json: str
-    def __init__(self, session_id: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ..., tools: _Optional[_Iterable[_Union[ToolSpec, _Mapping]]] = ..., metadata_json: _Optional[str] = ...) -> None: ...
+    kind: str
+    def __init__(self, session_id: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ..., tools: _Optional[_Iterable[_Union[ToolSpec, _Mapping]]] = ..., metadata_json: _Optional[str] = ..., kind: _Optional[str] = ...) -> None: ...
 
 class StepRequest(_message.Message):
     __slots__ = ("session_id", "action", "seq")
@@ -95,3 +97,23 @@ class CloseRequest(_message.Message):
 class CloseResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
+
+class RunWorkflowRequest(_message.Message):
+    __slots__ = ("session_id", "base_url", "api_key")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    BASE_URL_FIELD_NUMBER: _ClassVar[int]
+    API_KEY_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    base_url: str
+    api_key: str
+    def __init__(self, session_id: _Optional[str] = ..., base_url: _Optional[str] = ..., api_key: _Optional[str] = ...) -> None: ...
+
+class RunWorkflowResponse(_message.Message):
+    __slots__ = ("reward", "metadata_json", "error")
+    REWARD_FIELD_NUMBER: _ClassVar[int]
+    METADATA_JSON_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    reward: float
+    metadata_json: str
+    error: str
+    def __init__(self, reward: _Optional[float] = ..., metadata_json: _Optional[str] = ..., error: _Optional[str] = ...) -> None: ...

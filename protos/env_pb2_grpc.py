@@ -54,6 +54,11 @@ class EnvServiceStub:
                 request_serializer=env__pb2.CloseRequest.SerializeToString,
                 response_deserializer=env__pb2.CloseResponse.FromString,
                 _registered_method=True)
+        self.RunWorkflow = channel.unary_unary(
+                '/tether.env.v1.EnvService/RunWorkflow',
+                request_serializer=env__pb2.RunWorkflowRequest.SerializeToString,
+                response_deserializer=env__pb2.RunWorkflowResponse.FromString,
+                _registered_method=True)
 
 
 class EnvServiceServicer:
@@ -87,6 +92,13 @@ class EnvServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RunWorkflow(self, request, context):
+        """Run a workflow session's agent against the given endpoint, once; its score back.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_EnvServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -109,6 +121,11 @@ def add_EnvServiceServicer_to_server(servicer, server):
                     servicer.Close,
                     request_deserializer=env__pb2.CloseRequest.FromString,
                     response_serializer=env__pb2.CloseResponse.SerializeToString,
+            ),
+            'RunWorkflow': grpc.unary_unary_rpc_method_handler(
+                    servicer.RunWorkflow,
+                    request_deserializer=env__pb2.RunWorkflowRequest.FromString,
+                    response_serializer=env__pb2.RunWorkflowResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -219,6 +236,33 @@ class EnvService:
             '/tether.env.v1.EnvService/Close',
             env__pb2.CloseRequest.SerializeToString,
             env__pb2.CloseResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RunWorkflow(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tether.env.v1.EnvService/RunWorkflow',
+            env__pb2.RunWorkflowRequest.SerializeToString,
+            env__pb2.RunWorkflowResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -12,6 +12,10 @@ TOOL_FORMATS = ("hermes", "qwen3_coder", "llama3_json", "mistral")
 """How a model writes its tool calls: what an actor may ask of an env server for its
 sessions (ResetRequest.tool_format) and what common/tool_formats.py reads."""
 
+DEFAULT_TOOL_FORMAT = "hermes"
+"""An env server's format when its config names none (`envserver.tool_format`), and the
+agent endpoint's when `actor.env.tool_format` names none."""
+
 
 def tool_format_problem(name: str) -> str | None:
     """None for a known tool-call format; else the error, with the supported list."""
@@ -20,13 +24,19 @@ def tool_format_problem(name: str) -> str | None:
     return f"unknown tool-call format {name!r}: supported are {sorted(TOOL_FORMATS)}"
 
 
+WORKFLOW = "workflow"
+"""Observation.kind of a session the user's agent code runs (RunWorkflow), not stepped."""
+
+
 @dataclass
 class Observation:
-    """What reset returns: the prompt messages, the tools offered, metadata."""
+    """What reset returns: the prompt messages, the tools offered, metadata, and the kind of
+    session ("" stepped by Step, `WORKFLOW` run by RunWorkflow)."""
 
     messages: list[dict[str, Any]]
     tools: list[dict[str, Any]] = field(default_factory=list)
     metadata: dict[str, Any] = field(default_factory=dict)
+    kind: str = ""
 
 
 @dataclass
@@ -38,3 +48,13 @@ class StepResult:
     reward: float = 0.0
     done: bool = False
     metadata: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class WorkflowOutcome:
+    """What running a workflow session gives: its score, named reward components and run
+    time in the metadata, and the error when the agent's code failed (reward 0 then)."""
+
+    reward: float = 0.0
+    metadata: dict[str, Any] = field(default_factory=dict)
+    error: str = ""

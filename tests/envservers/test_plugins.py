@@ -85,6 +85,14 @@ def exact(completion, row, *, strip_tags=True):
 
 def says_yes(completion, row):
     return "yes"
+
+
+async def agent(client, task, *, persona="solver"):
+    return 1.0
+
+
+def not_async(client, task):
+    return 1.0
 """
 
 
@@ -177,10 +185,12 @@ async def test_installed_entry_points_are_found_by_name(plugin_dir):
         {
             "tether.environments": {"countdown": "my_envs:make_provider"},
             "tether.rewards": {"exact_answer": "my_rewards:exact"},
+            "tether.workflows": {"my_agent": "my_rewards:agent"},
         },
     )
-    providers = build_providers(server_config(envs=["countdown", "exact_answer"]))
-    assert sorted(providers) == ["countdown", "exact_answer"]
+    providers = build_providers(server_config(envs=["countdown", "exact_answer", "my_agent"]))
+    assert sorted(providers) == ["countdown", "exact_answer", "my_agent"]
+    assert providers["my_agent"].description == "agent workflow my_agent"
     (result,) = await _play({"envs": ["exact_answer"]}, "exact_answer", ["<answer>0</answer>"])
     assert result.reward == 1.0
 
@@ -211,6 +221,9 @@ def test_a_reward_that_is_not_a_number_is_the_scorers_error_not_a_zero(plugin_di
         (["calculator"], {"calculator": {"x": 1}}, "not a plug-in; its settings go in"),
         (["my_envs:nothing"], {}, "module my_envs has no attribute 'nothing'"),
         (["no_such_task"], {}, "unknown environment 'no_such_task'"),
+        (["w=workflow:my_rewards:not_async"], {}, "a workflow is `async def run(client, task)"),
+        (["w=workflow:my_rewards:agent"], {"w": {"mood": 1}}, "with the settings ['mood']"),
+        (["w=workflow:my_rewards:agent"], {"w": {"time_limit_s": 0}}, "time_limit_s must be"),
     ],
 )
 def test_a_bad_plugin_is_one_line_naming_it(plugin_dir, envs, plugins, says):

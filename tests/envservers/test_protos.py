@@ -55,7 +55,7 @@ def _fields(message) -> list[tuple[str, int]]:
 
 def test_wire_surface():
     f = env_pb2.DESCRIPTOR.services_by_name["EnvService"]
-    assert [m.name for m in f.methods] == ["ListEnvs", "Reset", "Step", "Close"]
+    assert [m.name for m in f.methods] == ["ListEnvs", "Reset", "Step", "Close", "RunWorkflow"]
     string, double, boolean, uint32, message = 9, 1, 8, 13, 11
     assert _fields(env_pb2.ChatMessage) == [("role", string), ("content", string), ("name", string)]
     assert _fields(env_pb2.ResetRequest) == [
@@ -69,6 +69,17 @@ def test_wire_surface():
         ("messages", message),
         ("tools", message),
         ("metadata_json", string),
+        ("kind", string),  # "": stepped; "workflow": run by RunWorkflow
+    ]
+    assert _fields(env_pb2.RunWorkflowRequest) == [
+        ("session_id", string),
+        ("base_url", string),
+        ("api_key", string),
+    ]
+    assert _fields(env_pb2.RunWorkflowResponse) == [
+        ("reward", double),
+        ("metadata_json", string),
+        ("error", string),
     ]
     assert _fields(env_pb2.StepRequest) == [
         ("session_id", string),

@@ -1,0 +1,154 @@
+"""Agent workflows: the user's own agent loop, run as it is, scored by what it returns.
+
+    async def solve(client: openai.AsyncOpenAI, task: dict) -> float | dict: ...
+
+`client` is pointed at the chat-completions endpoint of the actor replica playing the
+episode (actors/agent_endpoint.py), under a key naming that episode; `task` is the dataset
+row. The actor records the tokens of every call underneath, so the agent's code never
+changes to be trained. The return value is the episode's reward: a number, or a dict with a
+`reward` and named components (numbers too, logged per component).
+
+A workflow session is opened by Reset like any other (the row is checked and kept) and run
+once by RunWorkflow, with a time limit. Whatever the agent's code does wrong (raises, runs
+past the limit, returns no score) is the outcome's `error`, never a failed server call: the
+actor ends that episode as an error and the group is replaced, as for an env failure.
+
+Workflows run here, on the env servers, not in the actor: they already isolate user code
+(tools, sandboxes) and scale apart from the engines (docs/architecture.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import math
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from common.plugins import PluginError
+from envservers.types import Environment, EnvProvider, validate_task
+from protos.types import WORKFLOW, Observation, StepResult, WorkflowOutcome
+
+Workflow = Callable[..., Awaitable[Any]]
+
+DEFAULT_TIME_LIMIT_S = 300.0
+
+
+def workflow_score(value: Any) -> tuple[float, dict[str, float]]:
+    """(reward, components) of what a workflow returned; ValueError saying what is wrong
+    when it is not a finite number or a dict with one under `reward`."""
+    if isinstance(value, dict):
+        if "reward" not in value:
+            raise ValueError(
+                f"returned a dict without 'reward' (keys: {sorted(map(str, value))}); "
+                "return a number, or {'reward': number, 'component': number, ...}"
+            )
+        components = {str(k): _number(v, f"[{k!r}]") for k, v in value.items() if k != "reward"}
+        return _number(value["reward"], "['reward']"), components
+    return _number(value, ""), {}
+
+
+def _number(value: Any, where: str) -> float:
+    if isinstance(value, bool):
+        return float(value)
+    if not isinstance(value, int | float) or not math.isfinite(value):
+        raise ValueError(
+            f"returned{' ' + where if where else ''} {value!r}: a score must be a finite number"
+        )
+    return float(value)
+
+
+class WorkflowEnv(Environment):
+    """One episode of a workflow: the row at reset, one run against an endpoint."""
+
+    def __init__(
+        self, name: str, workflow: Workflow, settings: dict[str, Any], time_limit_s: float
+    ):
+        self.name, self.workflow = name, workflow
+        self.settings, self.time_limit_s = settings, time_limit_s
+        self.task: dict[str, Any] = {}
+
+    async def reset(self, task: dict[str, Any]) -> Observation:
+        self.task = validate_task(task)
+        metadata = {"time_limit_s": self.time_limit_s, "workflow": self.name}
+        return Observation(messages=list(task.get("prompt", [])), metadata=metadata, kind=WORKFLOW)
+
+    async def step(self, action_text: str) -> StepResult:
+        raise TypeError(f"{self.name} is a workflow: it is run (RunWorkflow), not stepped")
+
+    async def run(self, base_url: str, api_key: str) -> WorkflowOutcome:
+        """Run the agent once against `base_url` with `api_key`; its score, or its error."""
+        import openai  # only a server hosting workflows needs the client
+
+        client = openai.AsyncOpenAI(
+            base_url=base_url, api_key=api_key, max_retries=0, timeout=self.time_limit_s
+        )
+        start = time.perf_counter()
+        limit = asyncio.timeout(self.time_limit_s)
+        try:
+            async with limit:
+                value = await self.workflow(client, self.task, **self.settings)
+            reward, components = workflow_score(value)
+            outcome = WorkflowOutcome(reward=reward, metadata=dict(components))
+        except TimeoutError as e:
+            if not limit.expired():
+                outcome = WorkflowOutcome(error=f"{self.name}: {_one_line(e)}")
+            else:
+                outcome = WorkflowOutcome(
+                    error=f"{self.name}: ran past its time limit ({self.time_limit_s:g} s)"
+                )
+        except ValueError as e:
+            outcome = WorkflowOutcome(error=f"{self.name}: {e}")
+        except Exception as e:  # the user's code: its failure is the episode's, not ours
+            outcome = WorkflowOutcome(error=f"{self.name}: {_one_line(e)}")
+        finally:
+            await client.close()
+        outcome.metadata["workflow_s"] = time.perf_counter() - start
+        return outcome
+
+
+def _one_line(error: BaseException) -> str:
+    text = " ".join(str(error).split()) or "(no message)"
+    return f"{type(error).__name__}: {text}"
+
+
+class WorkflowProvider(EnvProvider):
+    def __init__(
+        self, name: str, workflow: Workflow, settings: dict[str, Any], time_limit_s: float
+    ) -> None:
+        self.name, self.workflow = name, workflow
+        self.settings, self.time_limit_s = settings, time_limit_s
+        self.description = f"agent workflow {name}"
+
+    def make(self) -> WorkflowEnv:
+        return WorkflowEnv(self.name, self.workflow, self.settings, self.time_limit_s)
+
+
+def workflow_provider(name: str, spec: str, workflow: Any, settings: dict[str, Any]) -> EnvProvider:
+    """The provider of the workflow `spec` names, served as `name`. `time_limit_s` is ours;
+    the other settings go to the workflow as keyword arguments. PluginError unless it is an
+    async function that takes (client, task, **settings)."""
+    settings = dict(settings)
+    time_limit_s = settings.pop("time_limit_s", DEFAULT_TIME_LIMIT_S)
+    if (
+        isinstance(time_limit_s, bool)
+        or not isinstance(time_limit_s, int | float)
+        or not time_limit_s > 0
+    ):
+        raise PluginError(
+            f"{spec}: time_limit_s must be a number of seconds > 0, got {time_limit_s!r}"
+        )
+    if not inspect.iscoroutinefunction(workflow):
+        raise PluginError(
+            f"{spec}: names a {type(workflow).__name__}; a workflow is "
+            "`async def run(client, task) -> float | dict`"
+        )
+    try:
+        inspect.signature(workflow).bind("client", {}, **settings)
+    except TypeError as e:
+        raise PluginError(
+            f"{spec}: cannot be called as run(client, task, **settings) with the settings "
+            f"{sorted(settings)}: {e}"
+        ) from None
+    return WorkflowProvider(name, workflow, settings, float(time_limit_s))
