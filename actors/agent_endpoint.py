@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import secrets
 import time
 from collections.abc import Callable
@@ -39,6 +40,8 @@ from actors.config import AgentEndpointConfig, RolloutConfig, SamplingConfig
 from actors.types import Engine, Turn
 from common.tool_formats import parser_for
 from common.tool_parsing import ToolCall
+
+log = logging.getLogger(__name__)
 
 ToolCallParser = Callable[[str], list[dict[str, Any]]]
 
@@ -117,9 +120,13 @@ class AgentEndpoint:
         """Start on first use (most runs have no workflow: no port for them) on the
         configured address; the base URL agents are given."""
         async with self._starting:
-            if self.runner is None:
+            first = self.runner is None
+            if first:
                 await self.start(self.address.host, self.address.port)
-        return self.base_url(self.address.advertise_host or self.address.host)
+        url = self.base_url(self.address.advertise_host or self.address.host)
+        if first:
+            log.info("agent endpoint serving on %s (for agent workflows)", url)
+        return url
 
     async def stop(self) -> None:
         if self.runner is not None:

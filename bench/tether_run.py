@@ -159,19 +159,21 @@ def watch_run(
     config: Path | None = None,
     repo: Path = REPO,
     on_poll: Callable[[RunRecord, subprocess.Popen, float], None] | None = None,
+    pythonpath: tuple[Path, ...] = (),
 ) -> RunRecord:
     """Run `python -m deploy.local [--config CONFIG] local.runs_dir=<work_dir>/runs
     OVERRIDES...` (configs/demo.toml by default) to its end, watching it. The run directory
     is the newest under `<work_dir>/runs`. `repo`: the checkout whose code runs (another
     revision's worktree, with this interpreter). `on_poll(run, launcher, t)` is called
-    after every poll, `t` in seconds from launch."""
+    after every poll, `t` in seconds from launch. `pythonpath`: directories of the user's
+    own code (plug-ins), importable by every process of the run."""
     runs_dir = work_dir / "runs"
     runs_dir.mkdir(parents=True, exist_ok=True)
     before = set(runs_dir.iterdir())
     command = [sys.executable, "-m", "deploy.local"]
     command += ["--config", str(config)] if config else []
     command += [f"local.runs_dir={runs_dir}", *overrides]
-    env = {**os.environ, "PYTHONPATH": str(repo)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(map(str, (repo, *pythonpath)))}
     log = (work_dir / log_name).open("w")
     started = time.time()
     process = subprocess.Popen(command, cwd=repo, env=env, stdout=log, stderr=subprocess.STDOUT)

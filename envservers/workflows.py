@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import logging
 import math
 import time
 from collections.abc import Awaitable, Callable
@@ -34,13 +35,22 @@ Workflow = Callable[..., Awaitable[Any]]
 
 DEFAULT_TIME_LIMIT_S = 300.0
 
+# The client logs every request at INFO: a line per model call of every episode would bury
+# the server's own log. Its warnings and errors still show.
+for _name in ("httpx", "httpx2"):  # openai's HTTP client, by release
+    logging.getLogger(_name).setLevel(logging.WARNING)
+
+
+class NoScore(ValueError):
+    """What a workflow returned is not a score."""
+
 
 def workflow_score(value: Any) -> tuple[float, dict[str, float]]:
-    """(reward, components) of what a workflow returned; ValueError saying what is wrong
-    when it is not a finite number or a dict with one under `reward`."""
+    """(reward, components) of what a workflow returned; NoScore saying what is wrong when
+    it is not a finite number or a dict with one under `reward`."""
     if isinstance(value, dict):
         if "reward" not in value:
-            raise ValueError(
+            raise NoScore(
                 f"returned a dict without 'reward' (keys: {sorted(map(str, value))}); "
                 "return a number, or {'reward': number, 'component': number, ...}"
             )
@@ -53,7 +63,7 @@ def _number(value: Any, where: str) -> float:
     if isinstance(value, bool):
         return float(value)
     if not isinstance(value, int | float) or not math.isfinite(value):
-        raise ValueError(
+        raise NoScore(
             f"returned{' ' + where if where else ''} {value!r}: a score must be a finite number"
         )
     return float(value)
@@ -63,10 +73,16 @@ class WorkflowEnv(Environment):
     """One episode of a workflow: the row at reset, one run against an endpoint."""
 
     def __init__(
-        self, name: str, workflow: Workflow, settings: dict[str, Any], time_limit_s: float
+        self,
+        name: str,
+        workflow: Workflow,
+        settings: dict[str, Any],
+        time_limit_s: float,
+        clients: Clients,
     ):
         self.name, self.workflow = name, workflow
         self.settings, self.time_limit_s = settings, time_limit_s
+        self.clients = clients
         self.task: dict[str, Any] = {}
 
     async def reset(self, task: dict[str, Any]) -> Observation:
@@ -79,11 +95,7 @@ class WorkflowEnv(Environment):
 
     async def run(self, base_url: str, api_key: str) -> WorkflowOutcome:
         """Run the agent once against `base_url` with `api_key`; its score, or its error."""
-        import openai  # only a server hosting workflows needs the client
-
-        client = openai.AsyncOpenAI(
-            base_url=base_url, api_key=api_key, max_retries=0, timeout=self.time_limit_s
-        )
+        client = self.clients.client(base_url, api_key, self.time_limit_s)
         start = time.perf_counter()
         limit = asyncio.timeout(self.time_limit_s)
         try:
@@ -98,12 +110,10 @@ class WorkflowEnv(Environment):
                 outcome = WorkflowOutcome(
                     error=f"{self.name}: ran past its time limit ({self.time_limit_s:g} s)"
                 )
-        except ValueError as e:
+        except NoScore as e:
             outcome = WorkflowOutcome(error=f"{self.name}: {e}")
         except Exception as e:  # the user's code: its failure is the episode's, not ours
             outcome = WorkflowOutcome(error=f"{self.name}: {_one_line(e)}")
-        finally:
-            await client.close()
         outcome.metadata["workflow_s"] = time.perf_counter() - start
         return outcome
 
@@ -113,6 +123,35 @@ def _one_line(error: BaseException) -> str:
     return f"{type(error).__name__}: {text}"
 
 
+class Clients:
+    """`openai` clients for the episodes, on one shared connection pool: a client of its own
+    builds an SSL context and a pool (~40 ms of CPU), which for short agent calls cost more
+    than the calls. An episode's `client.close()` (an `async with client:`) leaves the pool
+    open for the others; the server closes it when it stops."""
+
+    def __init__(self) -> None:
+        self.pool: Any = None
+        self.client_class: Any = None
+
+    def client(self, base_url: str, api_key: str, timeout_s: float) -> Any:
+        if self.pool is None:
+            import openai  # only a server hosting workflows needs the client
+
+            class EpisodeClient(openai.AsyncOpenAI):
+                async def close(self) -> None:
+                    pass  # the pool is the server's (Clients.close)
+
+            self.pool = openai.DefaultAsyncHttpx2Client()
+            self.client_class = EpisodeClient
+        return self.client_class(base_url=base_url, api_key=api_key, max_retries=0,
+                                 timeout=timeout_s, http_client=self.pool)  # fmt: skip
+
+    async def close(self) -> None:
+        if self.pool is not None:
+            await self.pool.aclose()
+            self.pool = None
+
+
 class WorkflowProvider(EnvProvider):
     def __init__(
         self, name: str, workflow: Workflow, settings: dict[str, Any], time_limit_s: float
@@ -120,9 +159,13 @@ class WorkflowProvider(EnvProvider):
         self.name, self.workflow = name, workflow
         self.settings, self.time_limit_s = settings, time_limit_s
         self.description = f"agent workflow {name}"
+        self.clients = Clients()
 
     def make(self) -> WorkflowEnv:
-        return WorkflowEnv(self.name, self.workflow, self.settings, self.time_limit_s)
+        return WorkflowEnv(self.name, self.workflow, self.settings, self.time_limit_s, self.clients)
+
+    async def stop(self) -> None:
+        await self.clients.close()
 
 
 def workflow_provider(name: str, spec: str, workflow: Any, settings: dict[str, Any]) -> EnvProvider:

@@ -4,8 +4,11 @@ conversation stays one segment, and the endpoint is no open model server."""
 
 from __future__ import annotations
 
+import asyncio
+
 import openai
 import pytest
+import torch
 from transformers import AutoTokenizer
 
 from actors.agent_endpoint import AgentEndpoint
@@ -77,3 +80,78 @@ async def test_keys_that_name_no_episode_and_calls_it_cannot_serve_are_refused(e
         await client.chat.completions.create(model="tiny", messages=PROMPT, n=2)
     assert calls.segments == []  # nothing refused was recorded
     endpoint.close_episode(key)
+
+
+class _Recording:
+    """The endpoint's engine, keeping what each call generated, by its prompt."""
+
+    def __init__(self, engine) -> None:
+        self.engine, self.version = engine, engine.version
+        self.generated: dict[tuple[int, ...], list[int]] = {}
+
+    async def generate(self, prompt_token_ids, turn):
+        generation = await self.engine.generate(prompt_token_ids, turn)
+        self.generated[tuple(prompt_token_ids)] = list(generation.token_ids)
+        return generation
+
+
+def _policy_runs(result) -> list[tuple[int, int]]:
+    """(start, end) of each run of generated tokens (loss mask 1)."""
+    runs, start = [], None
+    for i, m in enumerate([*result.loss_mask, 0]):
+        if m and start is None:
+            start = i
+        elif not m and start is not None:
+            runs.append((start, i))
+            start = None
+    return runs
+
+
+async def test_two_hundred_agent_episodes_hold_the_engines_tokens_and_logprobs(
+    endpoint, hf_tiny_model
+):
+    """200 three-call episodes at once: each call's prompt is the segment so far, what it
+    generated is the engine's ids, every delta between calls is the chat template's
+    rendering of the new user message; logprobs recomputed by transformers agree."""
+    recording = _Recording(endpoint.engine)
+    endpoint.engine = recording
+    follow_up = {"role": "user", "content": "Are you sure?"}
+    chat = endpoint.chat
+
+    async def episode(i: int):
+        key, calls = endpoint.open_episode(SamplingConfig(temperature=1.0), seed=i)
+        client = _client(endpoint, key)
+        messages = [PROMPT[0], {"role": "user", "content": f"What is {i} + {2 * i}?"}]
+        for _ in range(3):
+            reply = await client.chat.completions.create(model="tiny", messages=messages,
+                                                         max_tokens=8)  # fmt: skip
+            messages += [reply.choices[0].message.model_dump(exclude_none=True), follow_up]
+        endpoint.close_episode(key)
+        return calls
+
+    try:
+        episodes = await asyncio.gather(*(episode(i) for i in range(200)))
+    finally:
+        endpoint.engine = recording.engine
+    delta = chat.observation_ids([follow_up])
+    worst = 0.0
+    for calls in episodes:
+        (segment,) = calls.segments
+        result = segment.result
+        runs = _policy_runs(result)
+        assert len(runs) == result.num_turns == 3
+        for k, (start, end) in enumerate(runs):
+            prompt = tuple(result.token_ids[:start])
+            assert recording.generated[prompt] == result.token_ids[start:end]
+            if k < 2:  # then (a closing EOS for a cut turn) the templated follow-up
+                closed = end + (result.turn_finish_reasons[k] == "length")
+                assert result.token_ids[closed : runs[k + 1][0]] == delta
+        ids = torch.tensor([result.token_ids])
+        with torch.no_grad():
+            logits = hf_tiny_model(ids).logits[0, :-1]
+        reference = torch.log_softmax(logits, -1).gather(-1, ids[0, 1:, None])[:, 0]
+        mask = torch.tensor(result.loss_mask[1:], dtype=torch.bool)
+        got = torch.tensor(result.logprobs[1:])
+        worst = max(worst, float((got - reference)[mask].abs().max()))
+    print(f"\n200 agent episodes: logprob |endpoint - transformers| max {worst:.2e}")
+    assert worst < 1e-4

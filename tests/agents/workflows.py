@@ -98,3 +98,23 @@ async def calls_after_its_end(client, task: dict[str, Any]) -> float:
 
     LEFTOVER.append(asyncio.get_running_loop().create_task(late()))
     return 1.0
+
+
+async def calculator_raw(client, task: dict[str, Any], max_turns: int = 4) -> float:
+    """`calculator` over plain HTTP (for measuring what the openai client costs)."""
+    http = client._client
+    headers = {"Authorization": f"Bearer {client.api_key}"}
+    messages = list(task["prompt"])
+    for _ in range(max_turns):
+        body = {"model": "policy", "messages": messages, "tools": DEMO_TOOLS}
+        response = await http.post(f"{client.base_url}chat/completions", json=body, headers=headers)
+        reply = response.json()["choices"][0]["message"]
+        messages.append(reply)
+        if not reply.get("tool_calls"):
+            break
+        for call in reply["tool_calls"]:
+            args = json.loads(call["function"]["arguments"])
+            total = args.get("a", 0) + args.get("b", 0)
+            result = str(int(total)) if float(total).is_integer() else str(total)
+            messages.append({"role": "tool", "tool_call_id": call["id"], "content": result})
+    return _score(reply.get("content"), task)

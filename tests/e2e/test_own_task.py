@@ -12,15 +12,13 @@ changed. The package is uninstalled afterwards. The run is shortened on the comm
 from __future__ import annotations
 
 import json
-import os
-import re
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 from deploy.run_ledger import RunLedger
+from tests.e2e.walkthroughs import git_status, run_as_user, walkthrough, walkthrough_files
 
 REPO = Path(__file__).resolve().parents[2]
 SECTION = "## Train on your own task"
@@ -38,68 +36,35 @@ SHORTER = [
 ]
 
 
-def walkthrough() -> str:
-    text = (REPO / "docs" / "running.md").read_text()
-    assert SECTION in text, f"docs/running.md lost its section {SECTION!r}"
-    return text.split(SECTION, 1)[1].split("\n## ", 1)[0]
-
-
-def walkthrough_files(section: str) -> dict[str, str]:
-    """{path: text} of the section's code blocks marked ```LANG file=PATH."""
-    return {
-        match.group(1): match.group(2)
-        for match in re.finditer(r"```\w+ file=(\S+)\n(.*?)```", section, re.S)
-    }
-
-
-def _run(command: list[str], cwd: Path, timeout: float) -> subprocess.CompletedProcess:
-    bin_dir = str(Path(sys.executable).parent)  # what `source .venv/bin/activate` puts first
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # nothing of ours on it
-    env.update(PATH=f"{bin_dir}:{env.get('PATH', '/usr/bin:/bin')}", WANDB_MODE="disabled")
-    return subprocess.run(
-        command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
-    )
-
-
-def _git_status() -> str:
-    return subprocess.run(
-        ["git", "status", "--porcelain", "--untracked-files=all"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-
-
 @pytest.fixture(scope="module")
 def user_run(tmp_path_factory):
     """The walkthrough, step by step: (the user's directory, the run directory, outputs)."""
-    section = walkthrough()
+    section = walkthrough(SECTION)
     for command in COMMANDS:
         assert command in section, f"the walkthrough no longer says {command!r}"
     home = tmp_path_factory.mktemp("my-project")
     for path, text in walkthrough_files(section).items():
         (home / path).parent.mkdir(parents=True, exist_ok=True)
         (home / path).write_text(text)
-    tether_before = _git_status()
+    tether_before = git_status()
     # --no-build-isolation: the venv's setuptools builds it, with no index to reach.
-    install = _run(
+    install = run_as_user(
         [sys.executable, "-m", "pip", "install", "-q", "--no-build-isolation", "-e", "./my-tasks"],
         home,
         300,
     )
     assert install.returncode == 0, install.stderr
     try:
-        prepare = _run(COMMANDS[1].split(), home, 120)
+        prepare = run_as_user(COMMANDS[1].split(), home, 120)
         assert prepare.returncode == 0, prepare.stderr
-        launch = _run(
+        launch = run_as_user(
             [*COMMANDS[2].split(), f"local.runs_dir={home / 'runs'}", *SHORTER], home, 900
         )
         assert launch.returncode == 0, (launch.stdout + launch.stderr)[-5000:]
     finally:
-        _run([sys.executable, "-m", "pip", "uninstall", "-q", "-y", "my-tasks"], home, 120)
+        run_as_user([sys.executable, "-m", "pip", "uninstall", "-q", "-y", "my-tasks"], home, 120)
     yield home, (home / "runs" / "latest").resolve(), prepare.stdout, launch.stdout
-    assert _git_status() == tether_before, "the walkthrough changed a file of Tether"
+    assert git_status() == tether_before, "the walkthrough changed a file of Tether"
 
 
 def test_prepare_found_the_dataset_by_entry_point(user_run):
