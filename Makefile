@@ -78,9 +78,11 @@ lint: install
 # scale is its own target (bench-scale: ~11 min of real runs up to a 0.5B model), and so is
 # agentic (bench-agentic: ~20 min of runs with slow tools); dynamic_sampling runs by hand
 # (python bench/dynamic_sampling.py: six demo runs, ~10 min; docs/running.md), and so does
-# tasks (python -m bench.tasks: RL vs SFT on 3 reasoning-gym families x 3 seeds, ~40 min).
+# tasks (python -m bench.tasks: RL vs SFT on 3 reasoning-gym families x 3 seeds, ~40 min),
+# and agent_workflow (python -m bench.agent_workflow: the agent walkthrough's run against the
+# demo's, 3 pairs, ~15 min).
 BENCH_HELPERS := __init__ common dense_packing make_bench pass_at_1 peer_breakdown \
-	render_docs tether_run scale agentic dynamic_sampling tasks
+	render_docs tether_run scale agentic dynamic_sampling tasks agent_workflow
 bench: install
 	@mkdir -p bench/results
 	@set -e; log=$$(mktemp); trap 'rm -f $$log' EXIT; \

@@ -71,7 +71,7 @@ class Actor:
         self.env = self._demand.counting(env)  # its calls in flight count as engine room
         self._generating = metrics.EngineBusyClock(engine)  # what episodes generate with
         self.agents = AgentEndpoint(  # for agent workflows; listens from the first one on
-            self._generating,
+            self._demand.for_agents(self._generating),
             chat,
             config.rollout,
             model_name=config.agent_endpoint.model_name,

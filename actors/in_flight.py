@@ -3,8 +3,9 @@ room, not a fixed count (docs/running.md, "Slow tools").
 
     take more tasks while  episodes wanting the engine + one more group  <=  max_num_seqs
 
-An episode wants the engine unless it is waiting on an env server (a tool call, a reset):
-one waiting on a tool holds no engine slot, and its next turn is generated when the tool
+An episode wants the engine unless it is waiting on an env server (a tool call, a reset; for
+an agent workflow, its whole run except while one of its calls generates): one waiting on a
+tool holds no engine slot, and its next turn is generated when the tool
 answers, on the newest weights the bound allows. So a tool-heavy workload keeps many more
 groups in flight than the engine has slots, and its cores stay busy while tools run. How
 many in all is bounded by what the dispatcher released, i.e. by the staleness bound
@@ -22,7 +23,7 @@ from typing import Any
 
 from actors import metrics
 from actors.episode import MAX_GROUP_SIZE
-from actors.types import EnvConnector, EnvSession
+from actors.types import Engine, EnvConnector, EnvSession, Generation, Turn
 from protos.types import StepResult, WorkflowOutcome
 
 
@@ -80,6 +81,13 @@ class EngineDemand:
         """`env`, with the time each call is in flight counted in `at_env`."""
         return _CountedEnv(env, self)
 
+    def for_agents(self, engine: Engine) -> Engine:
+        """`engine` as agent workflows call it (actors/agent_endpoint.py): a workflow's run
+        is counted at its env server (`counting`), so each of its calls takes the episode
+        back to the engine while it generates. An agent that waits on a slow tool of its
+        own then holds no engine slot, as a stepped episode at a tool does not."""
+        return _AgentCalls(engine, self)
+
     async def at_env_server(self, call) -> Any:
         self.at_env += 1
         metrics.EPISODES_AT_ENV.inc()
@@ -112,8 +120,28 @@ class _CountedSession:
         return await self._demand.at_env_server(self._session.step(action_text))
 
     async def run_workflow(self, base_url: str, api_key: str) -> WorkflowOutcome:
-        # Not counted as at an env server: the agent generates on our engine throughout.
-        return await self._session.run_workflow(base_url, api_key)
+        # At the env server but while its calls generate (EngineDemand.for_agents).
+        return await self._demand.at_env_server(self._session.run_workflow(base_url, api_key))
 
     async def close(self) -> None:
         await self._demand.at_env_server(self._session.close())
+
+
+class _AgentCalls:
+    def __init__(self, engine: Engine, demand: EngineDemand) -> None:
+        self._engine, self._demand = engine, demand
+
+    @property
+    def version(self) -> int:
+        return self._engine.version
+
+    async def generate(self, prompt_token_ids: list[int], turn: Turn) -> Generation:
+        demand = self._demand
+        demand.at_env -= 1
+        metrics.EPISODES_AT_ENV.dec()
+        try:
+            return await self._engine.generate(prompt_token_ids, turn)
+        finally:
+            demand.at_env += 1
+            metrics.EPISODES_AT_ENV.inc()
+            demand.changed.set()

@@ -48,6 +48,7 @@ from learner.intake import Intake
 from learner.ledger import FILTERED, Ledger
 from learner.releases import open_releases
 from learner.reporting import Reporter, done_record, train_record
+from learner.staleness import version_span
 from learner.steps import decide_group, empty_step_warning, staleness_of
 from learner.trainer.ranks import RankCommands
 
@@ -294,6 +295,7 @@ class Learner:
             held_unacked=self.intake.num_held,
         )
         record["filtered_groups"] = filtered  # learner.dynamic_sampling: no reward signal
+        record["version_span"] = [version_span(a.versions) for g in groups for a in g.tokens]
         masked, trained = self.stale_tokens_masked, int(metrics["num_loss_tokens"])
         record["stale_tokens_masked"] = masked  # learner.staleness_rule = "token"
         record["stale_token_fraction"] = masked / (masked + trained) if masked + trained else 0.0

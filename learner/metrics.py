@@ -7,6 +7,8 @@
     tether_learner_tokens_per_second                   last step's training throughput (gauge)
     tether_learner_staleness                           per trained group: version - oldest
                                                        token version (histogram, buckets 0..8)
+    tether_learner_version_span                        per trained episode: newest - oldest
+                                                       token version (histogram, buckets 0..8)
     tether_learner_data_wait_seconds                   waiting for complete groups per step
     tether_learner_step_seconds                        one training step (all ranks)
     tether_learner_broadcast_seconds                   one weight broadcast to the actors
@@ -47,6 +49,7 @@ Keys read (each optional; a missing key leaves its metric alone):
     reward_mean         -> reward_mean
     tokens_per_s        -> tokens_per_second
     staleness           -> staleness: a list of per-group staleness values (or one int)
+    version_span        -> version_span: a list of per-episode version spans
     wait_data_s         -> data_wait_seconds
     train_s             -> step_seconds
     broadcast_s         -> broadcast_seconds
@@ -134,6 +137,11 @@ STALENESS = prometheus_client.Histogram(
     "Per trained group: policy version minus the group's oldest token version",
     buckets=tuple(range(9)),
 )
+VERSION_SPAN = prometheus_client.Histogram(
+    "tether_learner_version_span",
+    "Per trained episode: its newest token's policy version minus its oldest's",
+    buckets=tuple(range(9)),
+)
 TRAINED = prometheus_client.Counter(
     "tether_learner_trained_trajectories", "Trajectories trained on"
 )
@@ -170,6 +178,8 @@ def record_step(metrics: dict) -> None:
     if staleness is not None:
         for value in staleness if isinstance(staleness, list | tuple) else [staleness]:
             STALENESS.observe(float(value))
+    for value in metrics.get("version_span", ()):
+        VERSION_SPAN.observe(float(value))
     if "trained" in metrics:
         TRAINED.inc(_advance("trained", float(metrics["trained"])))
     for reason, total in metrics.get("dropped_by_reason", {}).items():

@@ -100,6 +100,14 @@ def fresh_fraction(
     return None if num_loss == 0 else num_fresh / num_loss
 
 
+def version_span(versions: np.ndarray) -> int:
+    """Policy versions one episode's tokens span: its newest token's version minus its
+    oldest's (0 for an episode generated under one version, or with no policy token). An
+    agentic episode whose tool calls outlast weight updates spans several."""
+    produced = versions[versions >= 0]
+    return int(produced.max() - produced.min()) if produced.size else 0
+
+
 def staleness_histogram(
     versions: Iterable[np.ndarray], current_version: int, num_buckets: int
 ) -> list[int]:

@@ -73,6 +73,32 @@ def timeseries(
     }
 
 
+def distribution(title: str, description: str, histogram: str) -> dict:
+    """Bars of a histogram's buckets over the dashboard's whole time range."""
+    return {
+        "type": "bargauge",
+        "title": title,
+        "description": description,
+        "datasource": DATASOURCE,
+        "targets": [
+            target(
+                f"sum by (le) (increase({histogram}_bucket[$__range]))",
+                "{{le}}",
+                format="heatmap",
+                instant=True,
+                range=False,
+            ),
+        ],
+        "options": {
+            "orientation": "vertical",
+            "displayMode": "basic",
+            "reduceOptions": {"calcs": ["lastNotNull"], "values": False},
+        },
+        "fieldConfig": {"defaults": {"unit": "short", "decimals": 0}, "overrides": []},
+        "_width": 8,
+    }
+
+
 def learner_panels() -> list[dict]:
     staleness = "tether_learner_staleness"
     return [
@@ -141,28 +167,19 @@ def learner_panels() -> list[dict]:
             width=8,
             min_value=0,
         ),
-        {
-            "type": "bargauge",
-            "title": "Staleness distribution (dashboard range)",
-            "description": "Trained groups by staleness over the whole time range shown.",
-            "datasource": DATASOURCE,
-            "targets": [
-                target(
-                    f"sum by (le) (increase({staleness}_bucket[$__range]))",
-                    "{{le}}",
-                    format="heatmap",
-                    instant=True,
-                    range=False,
-                ),
-            ],
-            "options": {
-                "orientation": "vertical",
-                "displayMode": "basic",
-                "reduceOptions": {"calcs": ["lastNotNull"], "values": False},
-            },
-            "fieldConfig": {"defaults": {"unit": "short", "decimals": 0}, "overrides": []},
-            "_width": 8,
-        },
+        distribution(
+            "Staleness distribution (dashboard range)",
+            "Trained groups by staleness over the whole time range shown.",
+            staleness,
+        ),
+        distribution(
+            "Version span of trained episodes (dashboard range)",
+            "Trained episodes by the policy versions their tokens span (newest token's "
+            "version minus the oldest's): 0 for an episode generated under one version; long "
+            "agentic episodes whose tool calls outlast weight updates span more "
+            "(learner.staleness_rule = token trains their fresh turns).",
+            "tether_learner_version_span",
+        ),
         timeseries(
             "Tokens per second",
             "Learner: tokens trained per second in its last step. Actors: policy tokens "

@@ -74,6 +74,28 @@ async def test_demand_counts_episodes_at_an_env_server_as_not_wanting_the_engine
     assert demand.episodes == 0
 
 
+async def test_an_agent_workflow_wants_the_engine_only_while_its_calls_generate():
+    demand = EngineDemand()
+    demand.take_group(2)
+    engine = demand.for_agents(_SlowEngine())
+    demand.at_env += 1  # the workflow's run, at its env server (as `counting` counts it)
+    assert demand.wanting_engine == 1
+    call = asyncio.create_task(engine.generate([1, 2], None))
+    await asyncio.sleep(0.05)
+    assert demand.wanting_engine == 2  # generating: back at the engine
+    demand.changed.clear()
+    await call
+    assert demand.wanting_engine == 1 and demand.changed.is_set()  # room again
+
+
+class _SlowEngine:
+    version = 0
+
+    async def generate(self, prompt_token_ids, turn):
+        await asyncio.sleep(0.2)
+        return None
+
+
 def _row() -> dict:
     task = _task()
     return {

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from learner.batching import Group, samples_from_groups
-from learner.staleness import fresh_fraction, stale_tokens
+from learner.staleness import fresh_fraction, stale_tokens, version_span
 from learner.steps import decide_group, staleness_of
 from learner.trainer.config import AlgorithmConfig
 from learner.trainer.losses import LossInputs, policy_loss
@@ -35,6 +35,12 @@ def test_stale_tokens_and_the_fresh_fraction_by_hand():
     # loss tokens: versions 2, 3, 4 -> one of three within the bound
     assert fresh_fraction([versions], [mask], VERSION, BOUND) == pytest.approx(1 / 3)
     assert fresh_fraction([versions], [np.zeros(6, dtype=np.uint8)], VERSION, BOUND) is None
+
+
+def test_the_version_span_of_an_episode_by_hand():
+    assert version_span(np.array([-1, -1, 4, 4, -1, 6, 7])) == 3  # prompt and deltas are -1
+    assert version_span(np.array([-1, 5, 5])) == 0
+    assert version_span(np.array([-1, -1])) == 0  # no policy token
 
 
 def test_a_long_episode_keeps_its_fresh_turns_where_the_group_rule_drops_it():

@@ -168,6 +168,9 @@ async def test_the_token_rule_trains_the_fresh_turns_of_episodes_that_spanned_up
     masked = [r["stale_tokens_masked"] for r in train]
     assert sum(masked) > 0, masked
     assert all(0.0 <= r["stale_token_fraction"] < 1.0 for r in train)
+    # Episodes whose first turn lagged 3 versions span up to 3 (and are trained).
+    spans = [span for r in train for span in r["version_span"]]
+    assert spans and max(spans) >= 1
     (done,) = run.records("done")
     assert done["max_staleness_seen"] <= 1  # of the tokens trained: the stale ones had no loss
 

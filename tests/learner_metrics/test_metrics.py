@@ -27,6 +27,7 @@ STEP = {
     "reward_mean": 0.625,
     "tokens_per_s": 1234.0,
     "staleness": [0, 1, 1, 9],
+    "version_span": [0, 0, 2, 3],
     "wait_data_s": 0.2,
     "train_s": 3.0,
     "broadcast_s": 0.04,
@@ -39,6 +40,8 @@ def test_record_step_updates_gauges_and_histograms():
         "staleness_le1": _value("tether_learner_staleness_bucket", le="1.0"),
         "staleness_le8": _value("tether_learner_staleness_bucket", le="8.0"),
         "staleness_sum": _value("tether_learner_staleness_sum"),
+        "span_count": _value("tether_learner_version_span_count"),
+        "span_le1": _value("tether_learner_version_span_bucket", le="1.0"),
         "wait_count": _value("tether_learner_data_wait_seconds_count"),
         "step_sum": _value("tether_learner_step_seconds_sum"),
         "broadcast_le005": _value("tether_learner_broadcast_seconds_bucket", le="0.05"),
@@ -55,6 +58,8 @@ def test_record_step_updates_gauges_and_histograms():
     # 9 versions behind is past the last bucket (8): only +Inf holds it.
     assert _value("tether_learner_staleness_bucket", le="8.0") - before["staleness_le8"] == 3
     assert _value("tether_learner_staleness_sum") - before["staleness_sum"] == 11
+    assert _value("tether_learner_version_span_count") - before["span_count"] == 4
+    assert _value("tether_learner_version_span_bucket", le="1.0") - before["span_le1"] == 2
     assert _value("tether_learner_data_wait_seconds_count") - before["wait_count"] == 1
     assert _value("tether_learner_step_seconds_sum") - before["step_sum"] == pytest.approx(3.0)
     assert (
