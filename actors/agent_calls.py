@@ -64,6 +64,8 @@ class AgentCalls:
         self.max_input_length = max_input_length
         self.segments: list[Segment] = []
         self.num_calls = 0
+        self.last_finish_reason = ""
+        """How the newest call's turn ended (`stop` or `length`)."""
 
     def plan(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> CallPlan:
         """How to serve a call with these messages (and tools); CallRefused when it cannot."""
@@ -113,6 +115,7 @@ class AgentCalls:
             message["tool_calls"] = tool_calls
         segment.messages = [*plan.messages, normalise(message, len(plan.messages))]
         self.num_calls += 1
+        self.last_finish_reason = generation.finish_reason
         return message
 
     def _delta_ids(self, segment: Segment, delta: list[dict[str, Any]]) -> list[int]:

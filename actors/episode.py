@@ -30,8 +30,8 @@ other addresses), `error:env_replay` (a re-opened session did not replay identic
 `error:env_observation` (the env returned messages that cannot be templated),
 `error:env_reward` (the env returned a NaN or infinite reward); for an agent workflow's
 session (Reset answered kind "workflow": the user's agent runs on the env server against
-this replica's endpoint, actors/workflow_episode.py) `error:workflow`, `error:workflow_env`
-and `error:agent_segments`.
+this replica's endpoint, actors/workflow_episode.py) `error:workflow` and
+`error:workflow_env`.
 Error episodes carry reward 0.0 and an all-zero loss mask: the learner must leave them out
 of group statistics (the stop reason says the reward is not a reward).
 

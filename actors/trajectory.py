@@ -23,6 +23,7 @@ _FROM_RESULT = (
     "num_tool_calls",
     "resumed_turns",
     "resumed_tokens",
+    "segment_starts",
 )
 """The episode result's fields that its trajectory carries as they are."""
 

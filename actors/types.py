@@ -109,6 +109,9 @@ class EpisodeResult:
     """Turns taken over from the episode's checkpoint (actors/resume.py), not generated here."""
     resumed_tokens: int = 0
     """Policy tokens of those turns."""
+    segment_starts: list[int] = field(default_factory=list)
+    """An agent episode of several conversations: where each after the first begins
+    (actors/workflow_episode.py; Trajectory.segment_starts)."""
     resume_refused: str = ""
     """Why a checkpoint the episode had could not be continued (it was played from its
     start): actors/resume.py `REFUSALS`."""

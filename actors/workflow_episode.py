@@ -7,14 +7,19 @@ its reward is what the agent returned.
     key = endpoint.open_episode(sampling, seed)
     RunWorkflow(session, base_url, key)           ─ the agent's calls land in `calls`
     endpoint.close_episode(key)                   ─ the key is refused from now on
-    one segment → the episode's tokens, logprobs, versions, loss mask; reward
+    its conversations → the episode's tokens, logprobs, versions, loss mask; reward
+
+An agent's calls usually form one conversation. Calls that do not extend it (a second agent
+in the same episode, such as a critic; a history the agent rewrote) start another
+(actors/agent_calls.py). The trajectory then holds them one after another with
+`segment_starts` marking where each begins: the learner trains each as a sequence of its own
+(no token attends to another conversation's), all with the episode's reward and advantage,
+since the agent's one score is for all of them. Counted (`agent_conversations` in the env
+metrics) and said once per replica, never merged into one sequence.
 
 Stop reasons besides the stepped episode's: `error:workflow` (the agent's code raised, ran
-past its time limit, returned no score, or never called the model), `error:workflow_env`
-(the env server could not run it) and `error:agent_segments` (its calls formed several
-conversations: a history the agent rewrote, or a second agent; each would be trained as its
-own trajectory, which the learner's groups do not take yet, so the episode is refused,
-said and counted, never merged into one sequence).
+past its time limit, returned no score, or never called the model) and `error:workflow_env`
+(the env server could not run it).
 
 A workflow episode has no turn checkpoints: the agent's state lives in its own code, so a
 redelivered task plays it again from the start.
@@ -22,6 +27,7 @@ redelivered task plays it again from the start.
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import TYPE_CHECKING
 
@@ -32,6 +38,8 @@ from protos.client import EnvUnavailable
 
 if TYPE_CHECKING:
     from actors.agent_endpoint import AgentEndpoint
+
+log = logging.getLogger(__name__)
 
 
 async def play_workflow(
@@ -59,22 +67,38 @@ async def play_workflow(
         raise EnvFailed("error:workflow", outcome.error)
     if not calls.segments:
         raise EnvFailed("error:workflow", "the workflow never called the model: nothing to train")
+    take_conversations(result, [segment.result for segment in calls.segments])
     if len(calls.segments) > 1:
-        raise EnvFailed(
-            "error:agent_segments",
-            f"the workflow's {calls.num_calls} calls formed {len(calls.segments)} separate "
-            "conversations (a rewritten history or a second agent); one per episode is trained",
-        )
-    take_segment(result, calls.segments[0].result)
+        _say_once(len(calls.segments))
+    result.env_metrics["agent_conversations"] = float(len(calls.segments))
     result.reward = outcome.reward
     for name, value in outcome.metadata.items():
         if name != "workflow_s":
             result.env_metrics[f"reward/{name}"] = float(value)
-    return "length" if result.turn_finish_reasons[-1] == "length" else "stop"
+    return "length" if calls.last_finish_reason == "length" else "stop"
 
 
-def take_segment(result: EpisodeResult, segment: EpisodeResult) -> None:
-    """The segment's tokens and turns as the episode's (its timing stays)."""
-    for name in ("token_ids", "logprobs", "loss_mask", "versions", "turn_finish_reasons"):
-        setattr(result, name, list(getattr(segment, name)))
-    result.prompt_len, result.num_turns = segment.prompt_len, segment.num_turns
+def take_conversations(result: EpisodeResult, conversations: list[EpisodeResult]) -> None:
+    """The conversations' tokens and turns as the episode's, one after another, each
+    after the first marked in `segment_starts` (the episode's timing stays)."""
+    for conversation in conversations:
+        if result.token_ids:
+            result.segment_starts.append(len(result.token_ids))
+        for name in ("token_ids", "logprobs", "loss_mask", "versions", "turn_finish_reasons"):
+            getattr(result, name).extend(getattr(conversation, name))
+        result.num_turns += conversation.num_turns
+    result.prompt_len = conversations[0].prompt_len
+
+
+_said: list[bool] = []
+
+
+def _say_once(count: int) -> None:
+    if not _said:
+        _said.append(True)
+        log.info(
+            "an agent episode's calls formed %d conversations (a second agent, or a rewritten "
+            "history): each is trained as a sequence of its own with the episode's reward; "
+            "the env metric agent_conversations counts them (said once)",
+            count,
+        )

@@ -85,6 +85,11 @@ class Trajectory(msgspec.Struct, frozen=True, kw_only=True):
     episode played whole."""
     resumed_tokens: int = 0
     """Policy tokens of those turns: generation the checkpoint saved."""
+    segment_starts: list[int] = []
+    """An agent episode of several conversations (a second agent, a rewritten history:
+    actors/workflow_episode.py): where each one after the first begins in the token arrays.
+    Each conversation is trained as a sequence of its own (its tokens never attend to
+    another's), all with the episode's reward and advantage. Empty: one conversation."""
 
 
 class PolicyVersion(msgspec.Struct, frozen=True, kw_only=True):

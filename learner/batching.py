@@ -5,7 +5,8 @@
    `trajectory_id` (JetStream may redeliver; a duplicate is ignored and counted), and a
    second trajectory for an already filled `(group_id, sample_index)` is ignored too.
 2. `samples_from_groups` computes each trajectory's advantage within its group and decodes
-   its packed token arrays (zero copy) into a `Sample`.
+   its packed token arrays (zero copy) into a `Sample`, one per conversation of an agent
+   episode of several (each its own sequence, all with the episode's advantage).
 
 Micro-batches are planned and laid out by learner/trainer/prefix_plan.py and
 learner/trainer/segments.py: a group's common prefix is trained once, and sequences meet in
@@ -106,6 +107,19 @@ class GroupAssembler:
         )
 
 
+def conversations(num_tokens: int, segment_starts: list[int]) -> list[tuple[int, int]]:
+    """(start, end) of each conversation of a trajectory (`Trajectory.segment_starts`: an
+    agent episode of several; one span for any other). ValueError for starts that are not
+    ascending positions inside the arrays (a malformed trajectory, never trained)."""
+    bounds = [0, *segment_starts, num_tokens]
+    if any(a >= b for a, b in zip(bounds, bounds[1:])):  # noqa: B905 (offset pairs)
+        raise ValueError(
+            f"segment_starts {segment_starts} are not ascending positions inside "
+            f"{num_tokens} tokens"
+        )
+    return list(zip(bounds, bounds[1:]))  # noqa: B905
+
+
 def samples_from_groups(
     groups: Iterable[Group],
     *,
@@ -122,22 +136,24 @@ def samples_from_groups(
         for trajectory, arrays, advantage in zip(
             group.trajectories, group.tokens, advantages[0].tolist(), strict=True
         ):
-            loss_mask = arrays.loss_mask
-            if len(loss_mask) and loss_mask[0]:
-                # The first token has no preceding logits to predict it from.
-                loss_mask = loss_mask.copy()
-                loss_mask[0] = 0
-            samples.append(
-                Sample(
-                    token_ids=arrays.token_ids,
-                    loss_mask=loss_mask,
-                    behaviour_logprobs=arrays.logprobs,
-                    versions=arrays.versions,
-                    advantage=advantage,
-                    trajectory_id=trajectory.trajectory_id,
-                    group_id=group.group_id,
-                    env_class=group.env_class,
-                    step_starts=step_starts(loss_mask) if step_wise else None,
+            spans = conversations(len(arrays.token_ids), trajectory.segment_starts)
+            for k, (start, end) in enumerate(spans):
+                loss_mask = arrays.loss_mask[start:end]
+                if len(loss_mask) and loss_mask[0]:
+                    # The first token has no preceding logits to predict it from.
+                    loss_mask = loss_mask.copy()
+                    loss_mask[0] = 0
+                samples.append(
+                    Sample(
+                        token_ids=arrays.token_ids[start:end],
+                        loss_mask=loss_mask,
+                        behaviour_logprobs=arrays.logprobs[start:end],
+                        versions=arrays.versions[start:end],
+                        advantage=advantage,
+                        trajectory_id=trajectory.trajectory_id + (f"#{k}" if k else ""),
+                        group_id=group.group_id,
+                        env_class=group.env_class,
+                        step_starts=step_starts(loss_mask) if step_wise else None,
+                    )
                 )
-            )
     return samples

@@ -264,7 +264,8 @@ class Learner:
                 {"kind": "skipped", "step": step, "version": self.version, **metrics}
             )
             return
-        if not self.ledger.train(len(samples), staleness, int(metrics["num_loss_tokens"])):
+        episodes = sum(len(g.trajectories) for g in groups)  # one may be 2+ samples (agents)
+        if not self.ledger.train(episodes, staleness, int(metrics["num_loss_tokens"])):
             log.warning(empty_step_warning(step, groups))
         self.version = self.commands.version
         started = time.monotonic()

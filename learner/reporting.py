@@ -95,7 +95,8 @@ def train_record(
         "step": step,
         "version": version,
         **seconds,
-        "reward_mean": sum(sum(g.rewards) for g in groups) / len(samples),
+        # Per episode (an agent episode of several conversations is several samples).
+        "reward_mean": sum(sum(g.rewards) for g in groups) / sum(len(g.rewards) for g in groups),
         "staleness": staleness,
         "staleness_max_batch": max(staleness),
         "max_staleness_seen": ledger.max_staleness_seen,

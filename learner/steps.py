@@ -5,7 +5,9 @@ A sample is never trained on when (`sample_problem`, the reason it is counted un
 - `nonfinite_reward`: its reward is NaN or infinite (an env or a wire bug);
 - `nonfinite_logprobs`: a behaviour logprob of one of its loss tokens is NaN or infinite;
 - `bad_tokens`: a token id outside the model's vocabulary (it would crash the embedding);
-- `bad_loss_mask`: a loss mask value other than 0 or 1.
+- `bad_loss_mask`: a loss mask value other than 0 or 1;
+- `bad_segments`: an agent episode's conversation starts (`segment_starts`) that are not
+  ascending positions inside its tokens.
 Such samples are removed from their group and counted as dropped under that reason; they
 take no part in the group's statistics. The wire codec already refused anything whose byte
 arrays disagree in length (broker/codec.py); these are the checks of their contents.
@@ -34,7 +36,7 @@ import numpy as np
 
 from broker.codec import TokenArrays
 from broker.wire import Trajectory
-from learner.batching import Group
+from learner.batching import Group, conversations
 from learner.ledger import FILTERED
 from learner.staleness import fresh_fraction, is_too_stale, oldest_version, stale_tokens
 
@@ -70,6 +72,10 @@ def sample_problem(
         return "bad_tokens"
     if arrays.loss_mask.size and int(arrays.loss_mask.max()) > 1:
         return "bad_loss_mask"
+    try:
+        conversations(len(ids), trajectory.segment_starts)
+    except ValueError:
+        return "bad_segments"
     return None
 
 

@@ -54,6 +54,7 @@ def test_trajectory_fields():
         ("timing", "DictType"),
         ("resumed_turns", "IntType"),  # taken over from an episode checkpoint
         ("resumed_tokens", "IntType"),
+        ("segment_starts", "ListType"),  # an agent episode's further conversations
     ]
 
 

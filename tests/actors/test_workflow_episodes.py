@@ -105,8 +105,11 @@ async def test_a_dict_score_carries_named_components(tokenizer, server):
     results, _, _ = await _group(tokenizer, server, "with_components", "<answer>41</answer>")
     for result in results:
         assert result.stop_reason == "stop" and result.reward == 0.0
-        assert result.env_metrics == {"reward/correct": 0.0,
-                                      "reward/length": len("<answer>41</answer>")}  # fmt: skip
+        assert result.env_metrics == {
+            "reward/correct": 0.0,
+            "reward/length": len("<answer>41</answer>"),
+            "agent_conversations": 1.0,
+        }
 
 
 @pytest.mark.parametrize(
@@ -116,7 +119,6 @@ async def test_a_dict_score_carries_named_components(tokenizer, server):
         ("hangs", "error:workflow", "ran past its time limit (1 s)"),
         ("says_yes", "error:workflow", "returned 'yes': a score must be a finite number"),
         ("never_calls", "error:workflow", "never called the model"),
-        ("solver_and_critic", "error:agent_segments", "formed 2 separate conversations"),
     ],
 )
 async def test_a_failing_agent_ends_its_episodes_as_errors(tokenizer, server, env_class,
@@ -126,6 +128,22 @@ async def test_a_failing_agent_ends_its_episodes_as_errors(tokenizer, server, en
     for result in results:
         assert result.stop_reason == stop_reason and says in result.error
         assert result.reward == 0.0 and not any(result.loss_mask)
+
+
+async def test_a_second_agent_in_an_episode_is_a_conversation_of_its_own(tokenizer, server):
+    """A solver, then a critic shown only the answer: one trajectory per episode holding
+    both conversations one after another, the second marked where it begins; its prompt is
+    templated afresh, never appended to the solver's tokens."""
+    results, engine, _ = await _group(tokenizer, server, "solver_and_critic", "<answer>42</answer>")
+    chat = ChatTemplate(tokenizer)
+    critique = [{"role": "user", "content": "Is this right? <answer>42</answer>"}]
+    for result in results:
+        assert (result.stop_reason, result.reward, result.num_turns) == ("stop", 1.0, 2)
+        (start,) = result.segment_starts
+        second = result.token_ids[start:]
+        assert second[: len(chat.prompt_ids(critique))] == chat.prompt_ids(critique)
+        assert result.env_metrics["agent_conversations"] == 2.0
+        assert sum(result.loss_mask[:start]) and sum(result.loss_mask[start:])
 
 
 async def test_a_call_after_the_episode_ended_is_refused(tokenizer, server):

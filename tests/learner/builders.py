@@ -46,6 +46,7 @@ def trajectory(
     versions: list[int] | None = None,
     prompt_len: int = 2,
     env_class: str = "calculator",
+    segment_starts: list[int] = (),
 ) -> Trajectory:
     n = len(token_ids)
     loss_mask = loss_mask if loss_mask is not None else [0] * prompt_len + [1] * (n - prompt_len)
@@ -62,6 +63,7 @@ def trajectory(
         reward=reward,
         stop_reason="stop",
         num_turns=1,
+        segment_starts=list(segment_starts),
         **pack_tokens(
             token_ids=token_ids, logprobs=logprobs, loss_mask=loss_mask, versions=versions
         ),

@@ -1,9 +1,12 @@
 import pytest
 
+from broker.codec import token_arrays
 from learner.batching import (
     GroupAssembler,
+    conversations,
     samples_from_groups,
 )
+from learner.steps import sample_problem
 from learner.trainer.config import AlgorithmConfig
 from tests.learner.builders import trajectory
 
@@ -63,3 +66,29 @@ def test_samples_carry_group_advantages_and_decoded_tokens():
     assert samples[0].token_ids.tolist() == [7, 8, 9]
     # the first token can never be predicted, so it never carries loss
     assert samples[0].loss_mask.tolist() == [0, 1, 1]
+
+
+def test_an_agent_episode_of_two_conversations_is_two_sequences_with_its_advantage():
+    """Conversation 2 begins at token 4: two samples, each from its own first token (which
+    never carries loss), both with the episode's advantage; the other episode is one."""
+    two = trajectory(trajectory_id="a", sample_index=0, reward=1.0, token_ids=[5, 6, 7, 8, 5, 9, 7],
+                     loss_mask=[0, 0, 1, 1, 0, 1, 1], segment_starts=[4])  # fmt: skip
+    one = trajectory(trajectory_id="b", sample_index=1, reward=0.0)
+    assembler = GroupAssembler()
+    assembler.add(two)
+    group = assembler.add(one)
+    samples = samples_from_groups([group], algorithm=AlgorithmConfig(std_eps=1e-12))
+    assert [s.trajectory_id for s in samples] == ["a", "a#1", "b"]
+    assert samples[0].token_ids.tolist() == [5, 6, 7, 8]
+    assert samples[1].token_ids.tolist() == [5, 9, 7]
+    assert samples[1].loss_mask.tolist() == [0, 1, 1]
+    assert samples[0].advantage == samples[1].advantage > 0 > samples[2].advantage
+
+
+@pytest.mark.parametrize("starts", [[0], [4, 4], [9], [5, 3]])
+def test_conversation_starts_outside_the_tokens_are_a_bad_sample(starts):
+    bad = trajectory(trajectory_id="a", token_ids=[5, 6, 7, 8, 5, 9, 7], segment_starts=starts)
+    arrays = token_arrays(bad)
+    assert sample_problem(bad, arrays) == "bad_segments"
+    with pytest.raises(ValueError, match="not ascending positions"):
+        conversations(7, starts)
