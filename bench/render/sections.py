@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from bench.render import (
     actor,
+    agent,
     agentic,
     costs,
     delta,
@@ -61,6 +62,9 @@ SECTIONS: dict[str, Section] = {
     "delta_sync": Section("delta_sync", delta.delta_sync, "python bench/delta_sync.py"),
     "episode_resume": Section(
         "episode_resume", resume.episode_resume, "python bench/episode_resume.py"
+    ),
+    "agent_workflow": Section(
+        "agent_workflow", agent.agent_workflow, "python -m bench.agent_workflow"
     ),
     "make_bench": Section("make_bench", costs.make_bench),
     "projection-weights": Section(None, projection.weights),
