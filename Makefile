@@ -79,10 +79,12 @@ lint: install
 # agentic (bench-agentic: ~20 min of runs with slow tools); dynamic_sampling runs by hand
 # (python bench/dynamic_sampling.py: six demo runs, ~10 min; docs/running.md), and so does
 # tasks (python -m bench.tasks: RL vs SFT on 3 reasoning-gym families x 3 seeds, ~40 min),
-# and agent_workflow (python -m bench.agent_workflow: the agent walkthrough's run against the
-# demo's, 3 pairs, ~15 min).
+# agent_workflow (python -m bench.agent_workflow: the agent walkthrough's run against the
+# demo's, 3 pairs, ~15 min) and token_rule (python -m bench.token_rule: the staleness rule per
+# token against per group with 30 s tool tails, 3 seeds, ~20 min).
 BENCH_HELPERS := __init__ common dense_packing make_bench pass_at_1 peer_breakdown \
-	render_docs tether_run scale agentic dynamic_sampling tasks agent_workflow
+	render_docs tether_run scale agentic dynamic_sampling tasks agent_workflow \
+	token_rule
 bench: install
 	@mkdir -p bench/results
 	@set -e; log=$$(mktemp); trap 'rm -f $$log' EXIT; \

@@ -258,8 +258,8 @@ class AgentEndpointConfig(StrictModel):
     """0: a free port, one per replica (the env server is told the URL with each episode,
     so nothing needs to know it beforehand); a fixed port suits one replica per pod."""
     advertise_host: str = ""
-    """The host in the URL env servers are given; "": `host`. In a cluster: the pod's IP
-    (deploy/k8s sets it from the downward API)."""
+    """The host in the URL env servers are given; "": `host`. In a cluster: the pod's or
+    node's IP (deploy/k8s sets it from the downward API, the Ray launcher to the node's)."""
     model_name: str = "policy"
     """What /v1/models lists (agents may send any `model`: there is one)."""
 

@@ -167,6 +167,9 @@ def commands(
             PYTHON, "-m", "actors.cli", *cfg, "--replicas", "1", *args,
             f"actor.metrics_host={bind_host or slot.ip}",
             f"actor.metrics_port={ports[slot.name]['actor_metrics']}",
+            # Agent workflows run on the env server nodes and call this node's endpoint.
+            f"actor.agent_endpoint.host={bind_host or slot.ip}",
+            f"actor.agent_endpoint.advertise_host={slot.ip}",
             *_gpu_device(slot, "actor.engine.device"),
         ]  # fmt: skip
     return out

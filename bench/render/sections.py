@@ -19,6 +19,7 @@ from bench.render import (
     profile,
     projection,
     resume,
+    rules,
     scale,
     stall,
     system,
@@ -63,6 +64,7 @@ SECTIONS: dict[str, Section] = {
     "episode_resume": Section(
         "episode_resume", resume.episode_resume, "python bench/episode_resume.py"
     ),
+    "token_rule": Section("token_rule", rules.token_rule, "python -m bench.token_rule"),
     "agent_workflow": Section(
         "agent_workflow", agent.agent_workflow, "python -m bench.agent_workflow"
     ),

@@ -222,9 +222,11 @@ def test_commands_are_the_console_scripts_with_the_wiring_and_own_ports(tmp_path
     assert argv["nats"][-2:] == ["--store-dir", str(run_dir / "nats")]
     assert argv["actor-1"][:3] == ["python", "-m", "actors.cli"]
     assert argv["actor-1"][3:7] == ["--config", str(config), "--replicas", "1"]
-    assert argv["actor-1"][-3:] == [
+    assert argv["actor-1"][-5:] == [
         "actor.metrics_host=127.0.0.1",
         "actor.metrics_port=9501",
+        "actor.agent_endpoint.host=127.0.0.1",  # agent workflows on other nodes call it
+        "actor.agent_endpoint.advertise_host=127.0.0.1",
         "actor.engine.device=cuda",  # the plan gave it a GPU: no silent CPU engine
     ]
     assert argv["learner-1"][-1] == "learner.device=cuda"
