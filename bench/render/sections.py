@@ -57,6 +57,7 @@ SECTIONS: dict[str, Section] = {
     "async": Section("async", system.async_speedup),
     "async-gpu-model": Section("async", system.async_gpu_model),
     "agentic": Section("agentic", agentic.agentic, "make bench-agentic"),
+    "token_rule": Section("token_rule", rules.token_rule, "python -m bench.token_rule"),
     "staleness": Section("staleness", system.staleness),
     "weightsync": Section("weightsync", system.weightsync),
     "update_stall": Section("update_stall", stall.update_stall, "python bench/update_stall.py"),
@@ -64,7 +65,6 @@ SECTIONS: dict[str, Section] = {
     "episode_resume": Section(
         "episode_resume", resume.episode_resume, "python bench/episode_resume.py"
     ),
-    "token_rule": Section("token_rule", rules.token_rule, "python -m bench.token_rule"),
     "agent_workflow": Section(
         "agent_workflow", agent.agent_workflow, "python -m bench.agent_workflow"
     ),
