@@ -72,9 +72,8 @@ async def play_workflow(
         _say_once(len(calls.segments))
     result.env_metrics["agent_conversations"] = float(len(calls.segments))
     result.reward = outcome.reward
-    for name, value in outcome.metadata.items():
-        if name != "workflow_s":
-            result.env_metrics[f"reward/{name}"] = float(value)
+    for name, value in outcome.metadata.items():  # the named reward components
+        result.env_metrics[f"reward/{name}"] = float(value)
     return "length" if calls.last_finish_reason == "length" else "stop"
 
 

@@ -42,7 +42,7 @@ def import_object(spec: str) -> Any:
         obj: Any = importlib.import_module(module_name)
     except Exception as e:  # the user's module: any error in it is theirs, reported in one line
         raise PluginError(
-            f"{spec}: importing {module_name} failed: {_one_line(e)}; install the package that"
+            f"{spec}: importing {module_name} failed: {one_line(e)}; install the package that"
             " provides it into this environment (pip install -e PATH), or fix the module"
         ) from e
     for part in attribute.split("."):
@@ -111,10 +111,11 @@ def call(spec: str, factory: Any, *args: Any, **kwargs: Any) -> Any:
     try:
         return factory(*args, **kwargs)
     except Exception as e:  # the user's code: any error in it is a start-up error of theirs
-        raise PluginError(f"{spec}: {_one_line(e)} (raised at {_where(e)})") from e
+        raise PluginError(f"{spec}: {one_line(e)} (raised at {_where(e)})") from e
 
 
-def _one_line(error: BaseException) -> str:
+def one_line(error: BaseException) -> str:
+    """An exception of the user's code as one line: its type and its message."""
     text = " ".join(str(error).split()) or "(no message)"
     return f"{type(error).__name__}: {text}"
 

@@ -22,12 +22,11 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-import math
-import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from common.plugins import PluginError
+from common.plugins import PluginError, one_line
+from envservers.envs.scored import as_score
 from envservers.types import Environment, EnvProvider, validate_task
 from protos.types import WORKFLOW, Observation, StepResult, WorkflowOutcome
 
@@ -60,13 +59,12 @@ def workflow_score(value: Any) -> tuple[float, dict[str, float]]:
 
 
 def _number(value: Any, where: str) -> float:
-    if isinstance(value, bool):
-        return float(value)
-    if not isinstance(value, int | float) or not math.isfinite(value):
+    score = as_score(value)
+    if score is None:
         raise NoScore(
             f"returned{' ' + where if where else ''} {value!r}: a score must be a finite number"
         )
-    return float(value)
+    return score
 
 
 class WorkflowEnv(Environment):
@@ -96,7 +94,6 @@ class WorkflowEnv(Environment):
     async def run(self, base_url: str, api_key: str) -> WorkflowOutcome:
         """Run the agent once against `base_url` with `api_key`; its score, or its error."""
         client = self.clients.client(base_url, api_key, self.time_limit_s)
-        start = time.perf_counter()
         limit = asyncio.timeout(self.time_limit_s)
         try:
             async with limit:
@@ -105,7 +102,7 @@ class WorkflowEnv(Environment):
             outcome = WorkflowOutcome(reward=reward, metadata=dict(components))
         except TimeoutError as e:
             if not limit.expired():
-                outcome = WorkflowOutcome(error=f"{self.name}: {_one_line(e)}")
+                outcome = WorkflowOutcome(error=f"{self.name}: {one_line(e)}")
             else:
                 outcome = WorkflowOutcome(
                     error=f"{self.name}: ran past its time limit ({self.time_limit_s:g} s)"
@@ -113,14 +110,8 @@ class WorkflowEnv(Environment):
         except NoScore as e:
             outcome = WorkflowOutcome(error=f"{self.name}: {e}")
         except Exception as e:  # the user's code: its failure is the episode's, not ours
-            outcome = WorkflowOutcome(error=f"{self.name}: {_one_line(e)}")
-        outcome.metadata["workflow_s"] = time.perf_counter() - start
+            outcome = WorkflowOutcome(error=f"{self.name}: {one_line(e)}")
         return outcome
-
-
-def _one_line(error: BaseException) -> str:
-    text = " ".join(str(error).split()) or "(no message)"
-    return f"{type(error).__name__}: {text}"
 
 
 class Clients:

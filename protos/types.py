@@ -52,8 +52,8 @@ class StepResult:
 
 @dataclass
 class WorkflowOutcome:
-    """What running a workflow session gives: its score, named reward components and run
-    time in the metadata, and the error when the agent's code failed (reward 0 then)."""
+    """What running a workflow session gives: its score, its named reward components as the
+    metadata, and the error when the agent's code failed (reward 0 then)."""
 
     reward: float = 0.0
     metadata: dict[str, Any] = field(default_factory=dict)

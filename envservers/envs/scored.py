@@ -62,10 +62,18 @@ class ScoredEnv(Environment):
 
 def finite_score(value: Any, name: str) -> float:
     """`value` as a float; ValueError naming the scorer when it is not a finite number."""
+    score = as_score(value)
+    if score is None:
+        raise ValueError(f"reward {name}: returned {value!r}; a score must be a finite number")
+    return score
+
+
+def as_score(value: Any) -> float | None:
+    """`value` as a score (a bool is 0 or 1), or None when it is not a finite number."""
     if isinstance(value, bool):
         return float(value)
     if not isinstance(value, int | float) or not math.isfinite(value):
-        raise ValueError(f"reward {name}: returned {value!r}; a score must be a finite number")
+        return None
     return float(value)
 
 

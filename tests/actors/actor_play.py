@@ -1,6 +1,7 @@
 """The actor on real parts, driven as the learner would: announce a weights snapshot, publish
 prompt tasks, run one `Actor` (gRPC env client, the given engine and tokenizer) until every
-trajectory is stored, and return them. Shared by the integration tests of the actor."""
+trajectory is stored, and return them; and where a trajectory's assistant turns lie. Shared
+by the integration tests of the actor."""
 
 from __future__ import annotations
 
@@ -79,3 +80,16 @@ async def play_tasks(
         await client.close()
         await nc.close()
     return sorted((r.trajectory for r in received), key=lambda t: (t.group_id, t.sample_index))
+
+
+def generated_runs(mask, start: int = 0) -> list[tuple[int, int]]:
+    """[start, end) of each run of loss-mask-1 tokens from `start` on: the assistant turns."""
+    runs, run_start = [], None
+    for position in range(start, len(mask) + 1):
+        inside = position < len(mask) and mask[position] == 1
+        if inside and run_start is None:
+            run_start = position
+        elif not inside and run_start is not None:
+            runs.append((run_start, position))
+            run_start = None
+    return runs

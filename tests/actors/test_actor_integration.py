@@ -29,7 +29,7 @@ from envservers.config import EnvServerConfig
 from envservers.envs.calculator import CALCULATOR_TOOLS
 from envservers.server import EnvServer
 from protos.client import EnvClient
-from tests.actors.actor_play import play_tasks
+from tests.actors.actor_play import generated_runs, play_tasks
 
 pytestmark = pytest.mark.vllm
 
@@ -93,19 +93,6 @@ def _task(task_id: str, question: str, *, min_version: int) -> PromptTask:
     )
 
 
-def _generated_runs(mask: np.ndarray, start: int) -> list[tuple[int, int]]:
-    """[start, end) of each run of loss-mask-1 tokens from `start` on: the assistant turns."""
-    runs, run_start = [], None
-    for position in range(start, len(mask) + 1):
-        inside = position < len(mask) and mask[position] == 1
-        if inside and run_start is None:
-            run_start = position
-        elif not inside and run_start is not None:
-            runs.append((run_start, position))
-            run_start = None
-    return runs
-
-
 async def _check_against_template_and_env(trajectory, task, tokenizer, client) -> None:
     """(a) and (b): walk the trajectory turn by turn, replaying each assistant turn on a
     fresh env session; every masked-out segment must be the template's tokens."""
@@ -128,7 +115,7 @@ async def _check_against_template_and_env(trajectory, task, tokenizer, client) -
     prompt_len = trajectory.prompt_len
     assert ids[:prompt_len] == encode(render(conversation, add_generation_prompt=True))
     assert mask[:prompt_len].sum() == 0
-    runs = _generated_runs(mask, prompt_len)
+    runs = generated_runs(mask, prompt_len)
     assert len(runs) == trajectory.num_turns >= 1
     reward, done = 0.0, False
     try:

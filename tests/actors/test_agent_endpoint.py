@@ -14,6 +14,7 @@ from transformers import AutoTokenizer
 from actors.agent_endpoint import AgentEndpoint
 from actors.chat import ChatTemplate
 from actors.config import RolloutConfig, SamplingConfig
+from tests.actors.actor_play import generated_runs
 
 pytestmark = pytest.mark.vllm
 
@@ -95,18 +96,6 @@ class _Recording:
         return generation
 
 
-def _policy_runs(result) -> list[tuple[int, int]]:
-    """(start, end) of each run of generated tokens (loss mask 1)."""
-    runs, start = [], None
-    for i, m in enumerate([*result.loss_mask, 0]):
-        if m and start is None:
-            start = i
-        elif not m and start is not None:
-            runs.append((start, i))
-            start = None
-    return runs
-
-
 async def test_two_hundred_agent_episodes_hold_the_engines_tokens_and_logprobs(
     endpoint, hf_tiny_model
 ):
@@ -139,7 +128,7 @@ async def test_two_hundred_agent_episodes_hold_the_engines_tokens_and_logprobs(
     for calls in episodes:
         (segment,) = calls.segments
         result = segment.result
-        runs = _policy_runs(result)
+        runs = generated_runs(result.loss_mask)
         assert len(runs) == result.num_turns == 2
         for k, (start, end) in enumerate(runs):
             prompt = tuple(result.token_ids[:start])

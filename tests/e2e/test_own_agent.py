@@ -14,12 +14,11 @@ over repeated full runs by bench/agent_workflow.py (docs/benchmarks.md).
 from __future__ import annotations
 
 import json
-import sys
 
 import pytest
 
 from deploy.run_ledger import RunLedger
-from tests.e2e.walkthroughs import git_status, run_as_user, walkthrough, walkthrough_files
+from tests.e2e.walkthroughs import installed, run_as_user, write_walkthrough
 
 SECTION = "## Bring your agent"
 COMMANDS = ["pip install -e ./my-agent", "python -m deploy.local --config my-agent.toml"]
@@ -35,29 +34,14 @@ SHORTER = [
 @pytest.fixture(scope="module")
 def agent_run(tmp_path_factory):
     """The walkthrough, step by step: (the run directory, the launcher's output)."""
-    section = walkthrough(SECTION)
-    for command in COMMANDS:
-        assert command in section, f"the walkthrough no longer says {command!r}"
     home = tmp_path_factory.mktemp("my-project")
-    for path, text in walkthrough_files(section).items():
-        (home / path).parent.mkdir(parents=True, exist_ok=True)
-        (home / path).write_text(text)
-    tether_before = git_status()
-    install = run_as_user(
-        [sys.executable, "-m", "pip", "install", "-q", "--no-build-isolation", "-e", "./my-agent"],
-        home,
-        300,
-    )
-    assert install.returncode == 0, install.stderr
-    try:
+    write_walkthrough(SECTION, COMMANDS, home)
+    with installed("my-agent", home):
         launch = run_as_user(
             [*COMMANDS[1].split(), f"local.runs_dir={home / 'runs'}", *SHORTER], home, 900
         )
         assert launch.returncode == 0, (launch.stdout + launch.stderr)[-5000:]
-    finally:
-        run_as_user([sys.executable, "-m", "pip", "uninstall", "-q", "-y", "my-agent"], home, 120)
-    yield (home / "runs" / "latest").resolve(), launch.stdout
-    assert git_status() == tether_before, "the walkthrough changed a file of Tether"
+    return (home / "runs" / "latest").resolve(), launch.stdout
 
 
 def test_the_agent_trained_and_the_books_balance(agent_run):

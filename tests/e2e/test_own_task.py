@@ -12,13 +12,12 @@ changed. The package is uninstalled afterwards. The run is shortened on the comm
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
 from deploy.run_ledger import RunLedger
-from tests.e2e.walkthroughs import git_status, run_as_user, walkthrough, walkthrough_files
+from tests.e2e.walkthroughs import installed, run_as_user, write_walkthrough
 
 REPO = Path(__file__).resolve().parents[2]
 SECTION = "## Train on your own task"
@@ -39,32 +38,16 @@ SHORTER = [
 @pytest.fixture(scope="module")
 def user_run(tmp_path_factory):
     """The walkthrough, step by step: (the user's directory, the run directory, outputs)."""
-    section = walkthrough(SECTION)
-    for command in COMMANDS:
-        assert command in section, f"the walkthrough no longer says {command!r}"
     home = tmp_path_factory.mktemp("my-project")
-    for path, text in walkthrough_files(section).items():
-        (home / path).parent.mkdir(parents=True, exist_ok=True)
-        (home / path).write_text(text)
-    tether_before = git_status()
-    # --no-build-isolation: the venv's setuptools builds it, with no index to reach.
-    install = run_as_user(
-        [sys.executable, "-m", "pip", "install", "-q", "--no-build-isolation", "-e", "./my-tasks"],
-        home,
-        300,
-    )
-    assert install.returncode == 0, install.stderr
-    try:
+    write_walkthrough(SECTION, COMMANDS, home)
+    with installed("my-tasks", home):
         prepare = run_as_user(COMMANDS[1].split(), home, 120)
         assert prepare.returncode == 0, prepare.stderr
         launch = run_as_user(
             [*COMMANDS[2].split(), f"local.runs_dir={home / 'runs'}", *SHORTER], home, 900
         )
         assert launch.returncode == 0, (launch.stdout + launch.stderr)[-5000:]
-    finally:
-        run_as_user([sys.executable, "-m", "pip", "uninstall", "-q", "-y", "my-tasks"], home, 120)
-    yield home, (home / "runs" / "latest").resolve(), prepare.stdout, launch.stdout
-    assert git_status() == tether_before, "the walkthrough changed a file of Tether"
+    return home, (home / "runs" / "latest").resolve(), prepare.stdout, launch.stdout
 
 
 def test_prepare_found_the_dataset_by_entry_point(user_run):

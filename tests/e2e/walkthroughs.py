@@ -4,6 +4,7 @@ PATH and nothing of ours on PYTHONPATH."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import subprocess
@@ -45,3 +46,31 @@ def git_status() -> str:
         text=True,
         check=True,
     ).stdout
+
+
+def write_walkthrough(heading: str, commands: list[str], home: Path) -> None:
+    """The files of the section under `heading` written under `home`, as a user copies
+    them; fails when the section no longer says one of `commands`."""
+    section = walkthrough(heading)
+    for command in commands:
+        assert command in section, f"the walkthrough no longer says {command!r}"
+    for path, text in walkthrough_files(section).items():
+        (home / path).parent.mkdir(parents=True, exist_ok=True)
+        (home / path).write_text(text)
+
+
+@contextlib.contextmanager
+def installed(package: str, home: Path):
+    """`pip install -e ./PACKAGE` from `home` into this virtual environment for the block,
+    uninstalled after it; the block must change no file of Tether."""
+    before = git_status()
+    # --no-build-isolation: the venv's setuptools builds it, with no index to reach.
+    pip = [sys.executable, "-m", "pip"]
+    install = run_as_user([*pip, "install", "-q", "--no-build-isolation", "-e", f"./{package}"],
+                          home, 300)  # fmt: skip
+    assert install.returncode == 0, install.stderr
+    try:
+        yield
+    finally:
+        run_as_user([*pip, "uninstall", "-q", "-y", package], home, 120)
+    assert git_status() == before, "the walkthrough changed a file of Tether"
