@@ -130,8 +130,11 @@ async def test_replica_killed_mid_group_is_replaced_without_loss_or_duplicates(
 
 
 async def _streams_exist(js, names) -> bool:
+    """Both streams the tests use are there (the replica creates them one after the other:
+    the trajectories' may still be missing when the prompts' exists)."""
     try:
         await js.stream_info(names.prompts.stream)
+        await js.stream_info(names.trajectories.stream)
         return True
     except nats.js.errors.NotFoundError:  # not created yet by the replica
         return False
