@@ -87,7 +87,13 @@ def prepare_command(family: Family, *, seed: int, out_dir: Path) -> list[str]:
 
 
 def rl_overrides(
-    family: Family, *, data_dir: Path, model_dir: Path, steps: int, snapshot_every: int
+    family: Family,
+    *,
+    data_dir: Path,
+    model_dir: Path,
+    steps: int,
+    snapshot_every: int,
+    lr: float = RL_LR,
 ) -> list[str]:
     """configs/demo.toml turned to the family's rows, env and warm start."""
     return [
@@ -98,7 +104,7 @@ def rl_overrides(
         f"learner.total_steps={steps}",
         f"learner.eval_interval={steps}",
         f"learner.snapshot_interval={snapshot_every}",
-        f"learner.optim.lr={RL_LR}",
+        f"learner.optim.lr={lr}",
     ]
 
 
@@ -148,7 +154,16 @@ def markdown_table(summaries: dict[str, dict], seconds: dict[str, float]) -> str
 # -- plumbing ------------------------------------------------------------------------------
 
 
-def train_family_seed(name: str, seed: int, work: Path, *, steps: int, snap: int) -> dict:
+def train_family_seed(
+    name: str,
+    seed: int,
+    work: Path,
+    *,
+    steps: int,
+    snap: int,
+    rl_lr: float = RL_LR,
+    rl_overrides_extra: tuple[str, ...] = (),
+) -> dict:
     """Rows, warm start, RL run and SFT control of one family and seed: the checkpoint
     directories to evaluate by step, and seconds spent."""
     from bench.tether_run import watch_run
@@ -168,8 +183,8 @@ def train_family_seed(name: str, seed: int, work: Path, *, steps: int, snap: int
 
     (root / "rl").mkdir(parents=True, exist_ok=True)
     overrides = rl_overrides(family, data_dir=root / "data", model_dir=root / "warm",
-                             steps=steps, snapshot_every=snap)  # fmt: skip
-    run = watch_run(overrides, root / "rl", keep_snapshots=True)
+                             steps=steps, snapshot_every=snap, lr=rl_lr)  # fmt: skip
+    run = watch_run([*overrides, *rl_overrides_extra], root / "rl", keep_snapshots=True)
     rl_dirs = {version: kept for version, _, kept in run.snapshots}
     print(f"{name} seed {seed}: RL {steps} steps, {run.wall_s:.0f} s", flush=True)
 
@@ -251,6 +266,14 @@ def main() -> None:
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--steps", type=int, default=30, help="RL and SFT steps")
     parser.add_argument("--snapshot-every", type=int, default=10)
+    parser.add_argument("--rl-lr", type=float, default=RL_LR, help="RL's learning rate")
+    parser.add_argument(
+        "--rl-override",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a config override of the RL runs (configs/demo.toml keys)",
+    )
     parser.add_argument("--work-dir", type=Path, help="keep everything here (default: temp)")
     args = parser.parse_args()
     names, seeds = args.families.split(","), [int(s) for s in args.seeds.split(",")]
@@ -262,13 +285,15 @@ def main() -> None:
         "steps": args.steps,
         "seeds": args.seeds,
         "stop_at": STOP_AT,
-        "rl_lr": RL_LR,
+        "rl_lr": args.rl_lr,
+        "rl_overrides": " ".join(args.rl_override),
         "sft_lr": SFT_LR,
     }
     with load_average() as loads, tempfile.TemporaryDirectory(prefix="bench-tasks-") as tmp:
         work = args.work_dir or Path(tmp)
         trained = {(name, seed): train_family_seed(name, seed, work, steps=args.steps,
-                                                   snap=args.snapshot_every)
+                                                   snap=args.snapshot_every, rl_lr=args.rl_lr,
+                                                   rl_overrides_extra=tuple(args.rl_override))
                    for name in names for seed in seeds}  # fmt: skip
         curves = asyncio.run(evaluate(trained))
     plot(curves, PLOT)

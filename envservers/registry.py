@@ -3,6 +3,9 @@
     calculator, noop, sql, python, mcp     built-ins (their own [envserver.NAME] sections)
     skyrl_gym:NAME, openenv:NAME           adapters for environments others wrote
     reasoning_gym:TASK                     a reasoning-gym task, scored by its own scorer
+    verifiers:MODULE                       a `verifiers` environment: its own rollout and
+                                           rubric, run as a workflow
+                                           (envservers/adapters/verifiers_envs.py)
     my_pkg.envs:make                       the user's environment, by import path
     reward:my_pkg.rewards:score            the user's reward function, by import path
     workflow:my_pkg.agents:solve           the user's agent loop, by import path
@@ -21,6 +24,7 @@ served), passed as keyword arguments and so checked by the plug-in itself:
                  ours (envservers/envs/scored.py)
     workflow     `async run(client, task, **settings) -> float | dict`; the setting
                  `time_limit_s` is ours
+    verifiers    `load_environment(**settings)`; `time_limit_s` is ours
 
 Everything is loaded and built here, at start-up: a module that fails to import, a factory
 that raises, settings the plug-in rejects and a name claimed twice each stop the server with
@@ -113,6 +117,10 @@ def _build(spec: str, name: str, config: EnvServerConfig) -> dict[str, EnvProvid
         from envservers.adapters import reasoning_gym
 
         return {spec: plugins.call(spec, reasoning_gym.build_provider, rest, **settings)}
+    if prefix == "verifiers" and sep:
+        from envservers.adapters import verifiers_envs
+
+        return {spec: verifiers_envs.build_provider(rest, name, settings)}
     if prefix == "reward" and sep:
         return {spec: reward_provider(name, rest, plugins.import_object(rest), settings)}
     if prefix == "workflow" and sep:

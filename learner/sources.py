@@ -3,6 +3,7 @@
     learner prepare FILES_OR_DIRS --column prompt=question --column ground_truth=answer
                     [--column env_class=COL] [--env-class NAME] [--system TEXT] [--split S]
     learner prepare --from reasoning_gym:TASK --size N [--seed S] [--task-config KEY=VALUE]
+    learner prepare --from verifiers:MODULE   --size N [--seed S] [--task-config KEY=VALUE]
     learner prepare --from pkg.mod:fn | NAME  --size N [--seed S] [--task-config KEY=VALUE]
 
 Datasets as users hold them: JSONL, Parquet or CSV files, or a directory Hugging Face
@@ -10,7 +11,9 @@ Datasets as users hold them: JSONL, Parquet or CSV files, or a directory Hugging
 turns into rows (learner/columns.py). Without a mapping, inputs are SkyRL rows, read exactly
 as before (learner/data.py); a saved dataset's prompts lose the keys Arrow filled with None.
 
-`--from` makes rows: a reasoning-gym task (common/reasoning_gym_tasks.py), or the user's
+`--from` makes rows: a reasoning-gym task (common/reasoning_gym_tasks.py), a `verifiers`
+environment's dataset (common/verifiers_envs.py: `--task-config` is its load_environment's
+keyword arguments, the same as the env server's plug-in settings), or the user's
 function `fn(size=N, seed=S, **task_config)` returning an iterable of SkyRL rows, by import
 path or `tether.datasets` entry point (common/plugins.py). Every row is validated
 (common/rows.py); an error names the file or source, the row and the field. `datasets` and
@@ -33,6 +36,7 @@ from learner.columns import FIELDS, ColumnMap, column_map, mapped_row, present_k
 from learner.data import load_dataset, read_raw
 
 REASONING_GYM = "reasoning_gym:"
+VERIFIERS = "verifiers:"
 
 
 def parse_pairs(items: list[str], *, flag: str) -> dict[str, str]:
@@ -161,6 +165,17 @@ def source_rows(
             system=reasoning_gym_tasks.SYSTEM_PROMPT if system is None else system,
             env_class=env_class,
         )
+    elif spec.startswith(VERIFIERS):
+        if system is not None:
+            raise ValueError(
+                f"--from {spec}: --system does not apply: the environment writes its prompts"
+            )
+        from common import verifiers_envs
+
+        made = verifiers_envs.make_rows(
+            spec.removeprefix(VERIFIERS), size=size, seed=seed, settings=config,
+            env_class=env_class,
+        )  # fmt: skip
     else:
         if system is not None or env_class is not None:
             raise ValueError(
@@ -191,7 +206,8 @@ def add_source_arguments(parser: argparse.ArgumentParser) -> None:
         "--from",
         dest="source",
         metavar="SOURCE",
-        help="make rows: reasoning_gym:TASK, or a function pkg.mod:fn(size, seed, **config) "
+        help="make rows: reasoning_gym:TASK, verifiers:MODULE, or a function "
+        "pkg.mod:fn(size, seed, **config) "
         "or tether.datasets entry point returning SkyRL rows",
     )
     parser.add_argument("--size", type=int, help="rows to make (--from)")
@@ -226,8 +242,13 @@ def prepare_rows(args: argparse.Namespace) -> list[Row]:
     if args.column and not args.inputs:
         raise ValueError("--column maps the columns of input files; give files or directories")
     gym = bool(args.source and args.source.startswith(REASONING_GYM))
-    if (args.env_class is not None or args.system is not None) and not (args.column or gym):
-        raise ValueError("--env-class and --system go with --column or --from reasoning_gym:TASK")
+    verifiers = bool(args.source and args.source.startswith(VERIFIERS))
+    if args.system is not None and not (args.column or gym):
+        raise ValueError("--system goes with --column or --from reasoning_gym:TASK")
+    if args.env_class is not None and not (args.column or gym or verifiers):
+        raise ValueError(
+            "--env-class goes with --column or --from reasoning_gym:TASK or verifiers:MODULE"
+        )
     cmap = None
     if args.column:
         pairs = parse_pairs(args.column, flag="--column")
@@ -240,6 +261,6 @@ def prepare_rows(args: argparse.Namespace) -> list[Row]:
             seed=0 if args.seed is None else args.seed,
             config=parse_task_config(args.task_config),
             system=args.system if gym else None,
-            env_class=args.env_class if gym else None,
+            env_class=args.env_class if gym or verifiers else None,
         )
     return rows

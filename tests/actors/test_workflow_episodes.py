@@ -22,6 +22,7 @@ from demo.tokenizer import build_tokenizer
 from envservers.config import EnvServerConfig
 from envservers.server import EnvServer
 from protos.client import EnvClient, GrpcEnvConnector
+from tests.actors.actor_play import generated_runs
 from tests.agents import workflows
 from tests.fakes import ScriptedEngine, by_turn
 
@@ -40,7 +41,8 @@ def tokenizer():
 @pytest.fixture(scope="module")
 async def server():
     envs = [f"agent_{name}=workflow:{AGENTS}:{name}" for name in NAMES]
-    plugins = {"agent_hangs": {"time_limit_s": 1.0}}
+    envs.append("agent_verifiers_tool=verifiers:tests.agents.vf_calculator")
+    plugins = {"agent_hangs": {"time_limit_s": 1.0}, "agent_verifiers_tool": {"kind": "tool"}}
     config = EnvServerConfig(port=0, envs=["calculator", *envs], plugins=plugins,
                              metrics_port=None, drain_s=0)  # fmt: skip
     async with EnvServer(config) as running:
@@ -144,6 +146,27 @@ async def test_a_second_agent_in_an_episode_is_a_conversation_of_its_own(tokeniz
         assert second[: len(chat.prompt_ids(critique))] == chat.prompt_ids(critique)
         assert result.env_metrics["agent_conversations"] == 2.0
         assert sum(result.loss_mask[:start]) and sum(result.loss_mask[start:])
+
+
+async def test_a_verifiers_tool_environment_runs_its_own_rollout_and_rubric(tokenizer, server):
+    """verifiers' ToolEnv: its rollout sends its tools, runs its `add` on the parsed call and
+    continues the conversation; its rubric's weighted sum is the reward, each function a
+    named component."""
+    results, engine, _ = await _group(tokenizer, server, "verifiers_tool",
+                                      TOOL_CALL, "<answer>42</answer>")  # fmt: skip
+    tool_result = ChatTemplate(tokenizer).observation_ids(
+        [{"role": "tool", "content": "42", "tool_call_id": "x"}]
+    )
+    for result in results:
+        assert (result.stop_reason, result.reward, result.num_turns) == ("stop", 1.0, 2)
+        assert result.env_metrics == {"reward/correct_answer": 1.0, "reward/used_a_tool": 1.0,
+                                      "agent_conversations": 1.0}  # fmt: skip
+        (first, second) = generated_runs(result.loss_mask)
+        assert _contains(result.token_ids[first[1] : second[0]], tool_result)
+
+
+def _contains(ids: list[int], part: list[int]) -> bool:
+    return any(ids[k : k + len(part)] == part for k in range(len(ids) - len(part) + 1))
 
 
 async def test_a_call_after_the_episode_ended_is_refused(tokenizer, server):
