@@ -32,7 +32,7 @@ RL's end is above its start and above SFT's end by more than the band (`held`).
     python -m bench.tasks [--families chain_sum,count_bits] [--seeds 0,1,2] [--steps 30]
 
 Writes bench/results/tasks.json and docs/images/tasks_pass_at_1.png and prints the markdown
-table (for docs/benchmarks.md once a result holds). About 40 minutes on 2 cores.
+table (bench/render/tasks.py, rendered into docs/benchmarks.md). About 40 minutes on 2 cores.
 """
 
 from __future__ import annotations
@@ -49,6 +49,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.common import load_average, report
+from bench.render.tasks import tasks as render_tasks
 
 REPO = Path(__file__).resolve().parents[1]
 PLOT = REPO / "docs" / "images" / "tasks_pass_at_1.png"
@@ -148,22 +149,6 @@ def family_summary(curves: list[dict[str, dict[int, float]]], num_episodes: int)
         "held": rl_end - start > band and rl_end - sft_end > band,
         "seeds_rl_above_sft": sum(c["rl"][last] > c["sft"][last] for c in curves),
     }
-
-
-def markdown_table(summaries: dict[str, dict], seconds: dict[str, float]) -> str:
-    lines = [
-        "| family | start pass@1 | end pass@1 RL | end pass@1 SFT | 95% band | seconds | held? |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for name, s in summaries.items():
-        held = (
-            "**yes**"
-            if s["held"]
-            else ("no: RL not above start" if not s["rl_above_start"] else "no: RL not above SFT")
-        )
-        lines.append(f"| {name} | {s['start']:.3f} | {s['rl_end']:.3f} | {s['sft_end']:.3f} | "
-                     f"±{s['band']:.3f} | {seconds[name]:.0f} | {held} |")  # fmt: skip
-    return "\n".join(lines)
 
 
 # -- plumbing ------------------------------------------------------------------------------
@@ -302,6 +287,7 @@ def main() -> None:
         "seeds": args.seeds,
         "stop_at": STOP_AT,
         "rl_lr": args.rl_lr,
+        "rl_prompts_per_step": RL_PROMPTS_PER_STEP,
         "rl_overrides": " ".join(args.rl_override),
         "sft_lr": SFT_LR,
     }
@@ -328,7 +314,7 @@ def main() -> None:
             for key in ("warm_s", "rl_s", "sft_s", "warm_steps"):
                 figures[f"{name}_seed{seed}_{key}"] = run[key]
     figures.update(loads)
-    print("\n" + markdown_table(summaries, seconds))
+    print("\n" + render_tasks(figures))
     report("tasks", "RL against plain SFT on reasoning-gym families", figures)
 
 

@@ -23,6 +23,7 @@ from bench.render import (
     scale,
     stall,
     system,
+    tasks,
 )
 from bench.render.markdown import Figures
 
@@ -68,6 +69,7 @@ SECTIONS: dict[str, Section] = {
     "agent_workflow": Section(
         "agent_workflow", agent.agent_workflow, "python -m bench.agent_workflow"
     ),
+    "tasks": Section("tasks", tasks.tasks, "python -m bench.tasks"),
     "make_bench": Section("make_bench", costs.make_bench),
     "projection-weights": Section(None, projection.weights),
     "projection-staleness": Section("async", projection.staleness, optional=True),
