@@ -91,6 +91,9 @@ class ScriptedActor:
     first_turn_lag: int = 0
     """Each episode's first turn is labelled this many versions older than its second (an
     episode that spanned weight updates), never below version 0."""
+    conversations: int = 1
+    """Conversations per episode: more than one is an agent episode of several (a solver and
+    a critic), each after the first marked in `segment_starts`."""
     seen: list[SeenTask] = field(default_factory=list)
     published: list[PublishedGroup] = field(default_factory=list)
     handed_back: list[str] = field(default_factory=list)
@@ -227,6 +230,12 @@ class ScriptedActor:
         result.append(turn1, logprobs=[-1.0] * len(turn1), versions=[first] * len(turn1))
         result.append(observation)
         result.append(turn2, logprobs=[-1.0] * len(turn2), versions=[version] * len(turn2))
+        for _ in range(self.conversations - 1):  # another agent's conversation: its own prompt
+            result.segment_starts.append(len(result.token_ids))
+            result.append([rng.randrange(VOCAB_LOW, VOCAB_HIGH) for _ in range(6)])
+            reply = [rng.randrange(VOCAB_LOW, VOCAB_HIGH) for _ in range(rng.randrange(2, 6))]
+            result.append(reply, logprobs=[-1.0] * len(reply), versions=[version] * len(reply))
+            result.num_turns += 1
         return to_trajectory(result, task=task, sample_index=sample_index, actor_id=self.actor_id)
 
 

@@ -80,9 +80,11 @@ async def test_learner_trains_evaluates_and_accounts_for_every_trajectory(
 ):
     run = learner_run(total_steps=6, max_staleness=1, eval_interval=3)
     actors = [
-        ScriptedActor(nats_server.url, bus_names, actor_id="fast", delay_s=0.02, seed=1),
+        # an agent's episodes of two conversations each (a solver and a critic)
+        ScriptedActor(nats_server.url, bus_names, actor_id="fast", delay_s=0.02, seed=1,
+                      conversations=2),
         ScriptedActor(nats_server.url, bus_names, actor_id="slower", delay_s=0.3, seed=2),
-    ]
+    ]  # fmt: skip
     async with bus(nats_server.url, bus_names) as (js, versions), running(actors):
         await run.start()
         metrics_text = await _scrape_policy_version(run)
@@ -102,6 +104,13 @@ async def test_learner_trains_evaluates_and_accounts_for_every_trajectory(
 
     trained_lines, _ = _assert_every_trajectory_accounted_for(run, actors)
     _assert_trained_within_bound(trained_lines, actors, max_staleness=1)
+    # Each conversation of an episode is a sequence of its own in the loss.
+    conversations = {i: a.conversations for a in actors for g in a.published
+                     for i in g.trajectory_ids}  # fmt: skip
+    sequences = {line["step"]: sum(conversations[i] for i in line["trajectory_ids"])
+                 for line in trained_lines}  # fmt: skip
+    assert {r["step"]: r["train/num_sequences"] for r in train} == sequences
+    assert any(conversations[i] == 2 for line in trained_lines for i in line["trajectory_ids"])
     (done,) = run.records("done")
     assert done["outstanding_groups"] == 0
     # The stream stored each published trajectory (training and eval) exactly once.
