@@ -152,7 +152,12 @@ class EnvService(env_pb2_grpc.EnvServiceServicer):
         """A fresh env reset from `task` (a tool environment reading calls in the request's
         `tool_format` when it names one); on any failure it is closed and the call fails."""
         fail, env_class = self._fail, request.env_class
-        env = provider.make()
+        try:
+            env = provider.make()
+        except Exception as e:  # the provider's code: this call fails, the server keeps serving
+            log.exception("making a %s session failed", env_class)
+            await fail(context, "Reset", Code.INTERNAL,
+                       f"making a {env_class} session failed: {type(e).__name__}: {e}")  # fmt: skip
         if request.tool_format and isinstance(env, ToolEnv):
             env.parse_tool_calls = parser_for(request.tool_format)
         try:

@@ -12,7 +12,7 @@ from envservers.config import EnvServerConfig
 from envservers.registry import build_providers
 from envservers.server import EnvServer
 from protos.client import EnvClient
-from tests.envservers.fakes import FaultyProvider, SlowProvider
+from tests.envservers.fakes import FaultyProvider, SlowProvider, UnmakeableProvider
 
 
 def calculator_task(question: str = "What is 17 + 25?", truth: str = "42", **spec) -> dict:
@@ -64,6 +64,7 @@ async def env_server(tmp_path_factory):
     providers = build_providers(config)
     providers["faulty"] = FaultyProvider()
     providers["slow"] = SlowProvider()
+    providers["unmakeable"] = UnmakeableProvider()
     async with EnvServer(config, providers) as server:
         yield server
 

@@ -32,6 +32,15 @@ class FaultyProvider(EnvProvider):
         return FaultyEnv()
 
 
+class UnmakeableProvider(EnvProvider):
+    """A provider whose sessions cannot be made (its `make` raises)."""
+
+    description = "test env whose make() raises"
+
+    def make(self):
+        raise RuntimeError("no sandbox left")
+
+
 class SlowEnv(Environment):
     """Each step sleeps for the number of seconds in the action, then echoes it."""
 

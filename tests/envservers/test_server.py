@@ -127,6 +127,13 @@ async def test_exception_in_one_session_fails_only_that_call(client):
     assert (await faulty.step("fine")).observations == [{"role": "user", "content": "fine"}]
 
 
+async def test_a_session_the_provider_cannot_make_fails_that_reset_as_internal(client):
+    code, details = await _status(client.open("unmakeable", {"prompt": []}))
+    assert code == Code.INTERNAL
+    assert details == "making a unmakeable session failed: RuntimeError: no sandbox left"
+    assert (await client.open("faulty", {"prompt": []})).session_id  # still serving
+
+
 async def test_step_after_done_is_failed_precondition(client):
     session = await client.open("calculator", calculator_task())
     await session.step("<answer>42</answer>")
