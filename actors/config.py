@@ -16,7 +16,7 @@ import pydantic
 from actors.env_config import EnvConfig
 from common.config import StrictModel
 from common.restarts import RestartPolicy
-from weights.dtypes import canonical_dtype
+from weights.shared.dtypes import canonical_dtype
 
 VLLM_ENGINE_ARGS = frozenset(
     {
@@ -96,7 +96,7 @@ class VllmEngineConfig(StrictModel):
     GPU and float32 on CPU (float32 keeps vLLM's logprobs equal to the learner's
     recomputation on the CPU tiny model). It must equal the learner's compute dtype
     (`learner.dtype`, also auto by default): a mismatch is refused when the engine
-    subscribes to the weight broadcast (weights/dtypes.py), and weights travel in this
+    subscribes to the weight broadcast (weights/shared/dtypes.py), and weights travel in this
     dtype."""
     max_model_len: int = 2048
     """Longest prompt + generation, in tokens."""
@@ -134,12 +134,13 @@ class VllmEngineConfig(StrictModel):
     during each update (~15 GB for a 7B model in bf16); refused for tensor or pipeline
     parallel engines, whose every worker would stage the whole model. A staged round is
     received while the engine keeps generating, and generation pauses only for the load
-    (weights/staging.py): the lower stall. The GPU holds one bucket outside vLLM's budget
+    (weights/engine_side/staging.py): the lower stall. The GPU holds one bucket outside vLLM's
+    budget
     either way. Snapshot loads follow the same choice."""
     weight_swap: bool = False
     """With `staged_weight_load` on a CPU engine: also load and process the staged version
     into a second copy of the model while generating, and swap the two by reference in
-    the pause, which then holds no load (weights/shadow.py): the shortest stall, for a
+    the pause, which then holds no load (weights/engine_side/shadow.py): the shortest stall, for a
     second copy of the model in host memory. Ignored on GPU (CUDA graphs keep the old
     tensors' addresses) and with vLLM's LoRA."""
     enable_lora: bool = False

@@ -7,7 +7,7 @@ It follows the policy-version KV, and from each announcement:
   version, and an engine holding newer weights (from the history the crash undid) reloads
   the announced snapshot; generating on them would tag tokens with versions the learner
   has not reached, and every group would be dropped as `future` until it had (a stall);
-- joins the learner's broadcast rounds (`weights.follower.BroadcastFollower`), and when a
+- joins the learner's broadcast rounds (`weights.actor_side.follower.BroadcastFollower`), and when a
   round fails part-way through its load (streamed loads leave the engine's weights mixed,
   generation paused) loads the announced snapshot at once instead of waiting for the next.
 A task waits here until the engine's version reaches its `min_version`, catching up from
@@ -31,7 +31,7 @@ from actors.types import ActorEngine
 from actors.weight_log import WeightLogReader
 from broker import client as bus
 from broker.wire import PolicyVersion
-from weights.follower import WeightUpdateError
+from weights.actor_side.follower import WeightUpdateError
 
 log = logging.getLogger(__name__)
 
@@ -184,7 +184,7 @@ class PolicyWeights:
         return None
 
     def _start_broadcast(self, address: str) -> None:
-        from weights.follower import BroadcastFollower
+        from weights.actor_side.follower import BroadcastFollower
 
         def on_update(update) -> None:
             metrics.WEIGHT_UPDATE_STALL_SECONDS.labels("broadcast").observe(update.stall_s)

@@ -28,7 +28,7 @@ from broker.security import BrokerRefused
 from common.restarts import EXIT_CONFIG, EXIT_UNREACHABLE
 from protos.channel import client_credentials
 from protos.client import EnvClient, GrpcEnvConnector
-from weights.subscription import AdapterMismatch, WeightDtypeMismatch
+from weights.actor_side.subscription import AdapterMismatch, WeightDtypeMismatch
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING
 
 from common.objectstore import parse_url
 from common.storage_config import StorageConfig
-from weights.delta_log import delta_name, delta_version
-from weights.follower import WeightUpdateError
+from weights.actor_side.follower import WeightUpdateError
+from weights.formats.delta_log import delta_name, delta_version
 
 if TYPE_CHECKING:
     from common.s3 import ObjectStore

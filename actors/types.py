@@ -12,7 +12,7 @@ from typing import Protocol
 
 from actors.config import SamplingConfig
 from protos.types import Observation, StepResult, WorkflowOutcome
-from weights.follower import WeightReceiver
+from weights.actor_side.follower import WeightReceiver
 
 NO_POLICY_VERSION = -1
 """Version tag of tokens no policy generated (prompt, observations, a closing EOS)."""
@@ -56,7 +56,7 @@ class Engine(Protocol):
 
 class ActorEngine(Engine, WeightReceiver, Protocol):
     """What the actor loop needs of its engine: generation, in-flight weight updates
-    (weights/follower.py), and loading a snapshot before the first broadcast."""
+    (weights/actor_side/follower.py), and loading a snapshot before the first broadcast."""
 
     async def load_snapshot(self, path: str, version: int) -> float:
         """Load the weights snapshot at `path`, label later tokens `version`; returns the

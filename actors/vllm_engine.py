@@ -48,12 +48,12 @@ from actors.vllm_requests import (
     to_generation,
 )
 from common.environ import environ_set
-from weights.follower import WeightUpdate, WeightUpdateError
-from weights.subscription import RoundTicket
+from weights.actor_side.follower import WeightUpdate, WeightUpdateError
+from weights.shared.protocol import RoundTicket
 
 log = logging.getLogger(__name__)
 
-WORKER_EXTENSION = "weights.vllm_worker.WeightSyncExtension"
+WORKER_EXTENSION = "weights.engine_side.vllm_worker.WeightSyncExtension"
 
 
 class VllmEngine:
@@ -86,8 +86,8 @@ class VllmEngine:
 
         from common.cuda_driver import require_cuda
         from weights.config import WeightSyncConfig
-        from weights.dtypes import lora_dtype_problem, resolve_dtype
-        from weights.nccl_env import prepare_role
+        from weights.shared.dtypes import lora_dtype_problem, resolve_dtype
+        from weights.shared.nccl_env import prepare_role
 
         if config.device == "cuda":  # a GPU config: no silent CPU engine
             require_cuda("actor.engine.device")
@@ -102,7 +102,7 @@ class VllmEngine:
             dtype=dtype,
             worker_extension_cls=WORKER_EXTENSION,
             disable_log_stats=True,
-            # One adapter slot, reloaded in place per version (weights/lora.py).
+            # One adapter slot, reloaded in place per version (weights/formats/adapter.py).
             **(
                 {"enable_lora": True, "max_lora_rank": config.max_lora_rank, "max_loras": 1}
                 if config.enable_lora
@@ -198,10 +198,10 @@ class VllmEngine:
             await pause(mode="keep", clear_cache=clear_cache)
 
     async def update_weights(self, ticket: RoundTicket) -> WeightUpdate:
-        """In-flight update from a weight round (`weights.subscription.RoundTicket`): pause
+        """In-flight update from a weight round (`weights.shared.protocol.RoundTicket`): pause
         with requests kept, receive and load in the workers, relabel, resume. Staged loads
-        receive first, while the engine generates (weights/staging.py), and pause for the
-        load alone. If the round fails the version stays and WeightUpdateError is raised;
+        receive first, while the engine generates (weights/engine_side/staging.py), and pause
+        for the load alone. If the round fails the version stays and WeightUpdateError is raised;
         generation resumes on the old weights, or (a streamed load cut short) stays paused
         until a whole load."""
         async with self._update_lock:
@@ -267,7 +267,7 @@ class VllmEngine:
         it took (0 without an adapter)."""
         if not path:
             return 0.0
-        from weights.lora import adapter_request
+        from weights.engine_side.adapter import adapter_request
 
         started = time.monotonic()
         try:
@@ -312,7 +312,7 @@ class VllmEngine:
     async def _load_snapshot_files(self, path: str, version: int, staged: bool) -> None:
         """Full weights, or a LoRA adapter's directory: into the slot (vLLM's LoRA on) or
         merged into the base weights by the workers."""
-        from weights.lora import is_adapter_dir
+        from weights.formats.adapter import is_adapter_dir
 
         track = self.config.track_weights_checksum
         adapter = is_adapter_dir(path)

@@ -1,6 +1,6 @@
 """An engine that does not follow the learner's broadcast reaches every announced version
 from the object store: the newest snapshot (the keyframe) plus the weights log's deltas
-(`learner.snapshot_deltas`, weights/delta_log.py), replayed bit for bit into a directory
+(`learner.snapshot_deltas`, weights/formats/delta_log.py), replayed bit for bit into a directory
 the engine loads like a snapshot (docs/weights.md, "The weights log").
 
     announced v12, snapshot v10, log d/ ─► base: our own rebuild of v11 (when it is of this
@@ -25,10 +25,10 @@ from pathlib import Path
 
 from actors.snapshots import SnapshotSource
 from broker.wire import PolicyVersion
-from weights.delta import DeltaMismatch
-from weights.delta_log import DeltaFile, replay
-from weights.follower import WeightUpdateError
-from weights.snapshot import SnapshotWriter, safetensors_weights
+from weights.actor_side.follower import WeightUpdateError
+from weights.formats.delta_log import DeltaFile, replay
+from weights.formats.snapshot import SnapshotWriter, safetensors_weights
+from weights.shared.delta import DeltaMismatch
 
 log = logging.getLogger(__name__)
 

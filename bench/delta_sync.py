@@ -7,7 +7,7 @@ over the full bf16 bytes, encode and decode seconds, and bit-exactness along a c
               token batches (`--tokens`), at lr 1e-6 (RL fine-tuning of a large model) and at
               the demo's 1e-4 (configs/demo.toml); after each, the weights cast to bf16 are
               the version a learner sends.
-    codec:    weights/delta.py, per tensor: `xor` (bit patterns XORed with the previous
+    codec:    weights/shared/delta.py, per tensor: `xor` (bit patterns XORed with the previous
               version's, zstd) and `sparse` (changed positions and values, zstd), each
               decoded by a receiver that holds only what it decoded before (the first
               version a keyframe): every version must come out bit for bit.
@@ -43,9 +43,9 @@ LEARNING_RATES = {"rl": 1e-6, "demo": 1e-4}
 def _follow_rounds(address: tuple[str, int], rounds: int, queue) -> None:
     """A receiver process: an engine worker's channel following `rounds` rounds; puts the
     checksum of each rebuilt version on `queue`."""
-    from weights.receiver import WeightChannel
-    from weights.subscription import WeightSubscription
-    from weights.tensors import checksum
+    from weights.actor_side.subscription import WeightSubscription
+    from weights.engine_side.receiver import WeightChannel
+    from weights.shared.tensors import checksum
 
     subscription, channel = WeightSubscription(*address), WeightChannel()
     queue.put("ready")
@@ -67,7 +67,7 @@ class Wire:
         import multiprocessing
 
         from weights.config import WeightSyncConfig
-        from weights.sender import WeightSender
+        from weights.learner_side.sender import WeightSender
 
         self.sender = WeightSender(
             WeightSyncConfig(
@@ -90,7 +90,7 @@ class Wire:
 
     def send(self, named: dict) -> tuple[object, bool]:
         """One round of `named`; (its report, whether the receiver rebuilt it exactly)."""
-        from weights.tensors import checksum
+        from weights.shared.tensors import checksum
 
         self.version += 1
         report = self.sender.broadcast(self.version, named.items())
@@ -106,7 +106,7 @@ def run_updates(model_dir: Path, *, lr: float, updates: int, tokens: int) -> dic
     import torch
     from transformers import AutoModelForCausalLM
 
-    from weights.delta import bits, decode, encode
+    from weights.shared.delta import bits, decode, encode
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     params = [(name, p) for name, p in model.named_parameters()]

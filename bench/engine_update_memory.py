@@ -141,7 +141,7 @@ def tensor_bytes(named: list) -> int:
 
 
 def largest_bucket_bytes(named: list, bucket_bytes: int) -> int:
-    from weights.buckets import bucketize
+    from weights.shared.buckets import bucketize
 
     return max(tensor_bytes(bucket) for bucket in bucketize(named, bucket_bytes))
 
@@ -149,7 +149,7 @@ def largest_bucket_bytes(named: list, bucket_bytes: int) -> int:
 def new_sender(bucket_mb: float):
     """A learner's sender on a free port, in this process."""
     from weights.config import WeightSyncConfig
-    from weights.sender import WeightSender
+    from weights.learner_side.sender import WeightSender
 
     config = WeightSyncConfig(store_port=0, bucket_mb=bucket_mb, transfer_timeout_s=300.0)
     return WeightSender(config)
@@ -159,8 +159,8 @@ def receiver_main(host: str, port: int, conn) -> None:
     """A plain receiver process: one subscription and one worker's channel, as in an engine
     worker, taking a round whenever the parent says so and dropping each tensor once seen
     (nothing loaded). Sends its pid first, then the bytes of each round."""
-    from weights.receiver import WeightChannel
-    from weights.subscription import WeightSubscription
+    from weights.actor_side.subscription import WeightSubscription
+    from weights.engine_side.receiver import WeightChannel
 
     subscription = WeightSubscription(host, port)
     channel = WeightChannel()
@@ -239,7 +239,7 @@ async def engine_rounds(model_dir: Path, named: list, *, bucket_mb: float, round
     process's VmRSS in bytes before the first round)."""
     from actors.config import VllmEngineConfig
     from actors.vllm_engine import VllmEngine
-    from weights.subscription import WeightSubscription
+    from weights.actor_side.subscription import WeightSubscription
 
     config = VllmEngineConfig(
         model=str(model_dir), max_model_len=256, max_num_seqs=2, enable_chunked_prefill=False

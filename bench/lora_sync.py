@@ -29,7 +29,7 @@ MODEL = REPO / "demo" / "tiny_model"
 
 
 async def _round(engine, sender, weights, version: int):
-    from weights.subscription import WeightSubscription
+    from weights.actor_side.subscription import WeightSubscription
 
     subscription = WeightSubscription(
         sender.config.store_host, sender.config.store_port, max_lora_rank=engine.max_lora_rank
@@ -58,8 +58,8 @@ async def _measure(enable_lora: bool, rank: int, rounds: int) -> dict[str, float
     from learner.trainer.config import FinetuneConfig
     from learner.trainer.lora import adapter_config, add_lora
     from weights.config import WeightSyncConfig
-    from weights.lora import adapter_parameters
-    from weights.sender import WeightSender
+    from weights.learner_side.adapter import adapter_parameters
+    from weights.learner_side.sender import WeightSender
 
     finetune = FinetuneConfig(mode="lora", rank=rank, alpha=2 * rank)
     model = add_lora(AutoModelForCausalLM.from_pretrained(MODEL, dtype=torch.float32), finetune)

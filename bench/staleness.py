@@ -115,7 +115,7 @@ async def one_run(evaluator, work: Path, args, *, k: int, correction: str, seed:
     from learner.batching import samples_from_groups
     from learner.trainer.model_init import load_model
     from learner.trainer.trainer import Trainer
-    from weights.snapshot import write_snapshot
+    from weights.formats.snapshot import write_snapshot
 
     torch.manual_seed(seed)
     config = learner_config(args.model, correction, seed)

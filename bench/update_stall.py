@@ -10,9 +10,9 @@ takes an update, on the same engine and in the same run (the worker decides per 
 
     streamed  pause, then receive and load each bucket as it arrives, relabel, resume
     staged    receive the whole version into host memory while generating
-              (weights/staging.py), then pause for the load alone, relabel, resume
+              (weights/engine_side/staging.py), then pause for the load alone, relabel, resume
     swapped   staged, and loaded into a second copy of the model while generating too
-              (`weight_swap`, weights/shadow.py): the pause swaps the two by reference
+              (`weight_swap`, weights/engine_side/shadow.py): the pause swaps the two by reference
 
 The stall is the longest gap between two tokens overlapping the update; the decode step
 the median gap before it (bench/weightsync.py `stall_of`). Also the engine's own account
@@ -99,7 +99,7 @@ def summarize(measured: dict[str, list[dict]], case: str) -> dict:
 
 def run_case(case: str, model_dir: Path, rounds: int, batch: int) -> dict:
     """One model: its own sender process and engine."""
-    from weights.snapshot import safetensors_weights
+    from weights.formats.snapshot import safetensors_weights
 
     context = mp.get_context("spawn")
     conn, child_conn = context.Pipe()

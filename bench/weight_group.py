@@ -35,7 +35,7 @@ def main() -> None:
     import torch
 
     from weights.config import WeightSyncConfig
-    from weights.sender import WeightSender
+    from weights.learner_side.sender import WeightSender
 
     sender = WeightSender(
         WeightSyncConfig(store_port=0, backend="gloo", join_timeout_s=30, transfer_timeout_s=60)

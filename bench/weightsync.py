@@ -2,8 +2,9 @@
 against single-stream TCP loopback in the same run, and the generation stall per update.
 
 Written against the public weight API only, so it keeps measuring whatever the transport
-becomes: `weights.sender.WeightSender.broadcast` (in a process of its own, as the learner's
-rank 0), `weights.follower.BroadcastFollower` around each `actors.vllm_engine.VllmEngine`
+becomes: `weights.learner_side.sender.WeightSender.broadcast` (in a process of its own, as the
+learner's
+rank 0), `weights.actor_side.follower.BroadcastFollower` around each `actors.vllm_engine.VllmEngine`
 (which receives with `update_weights`: pause with the KV cache kept, receive and load in
 the engine worker, resume).
 
@@ -95,8 +96,8 @@ def sender_main(conn, model_dir: str) -> None:
     import torch
 
     from weights.config import WeightSyncConfig
-    from weights.sender import WeightSender
-    from weights.snapshot import safetensors_weights
+    from weights.formats.snapshot import safetensors_weights
+    from weights.learner_side.sender import WeightSender
 
     torch.set_num_threads(1)
     named = list(safetensors_weights(model_dir))
@@ -237,7 +238,7 @@ async def start_engines(model_dir: Path):
 async def follow(engines, address: str, updates: dict, conn, count: int):
     """A BroadcastFollower per engine in `engines` ({index: engine}); returns them once the
     sender counts `count` alive members."""
-    from weights.follower import BroadcastFollower
+    from weights.actor_side.follower import BroadcastFollower
 
     followers = []
     for i, engine in engines.items():
@@ -312,7 +313,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="rounds per K (median)")
     args = parser.parse_args()
 
-    from weights.snapshot import safetensors_weights
+    from weights.formats.snapshot import safetensors_weights
 
     with tempfile.TemporaryDirectory(prefix="weightsync-") as tmp:
         model_dir = args.model or build_model(

@@ -10,7 +10,7 @@ which to keep, prune or resume from (pure: no I/O; `common/s3.py` does the movin
             model.safetensors
             manifest.json
         weights/deltas/v<V>.delta     the weights log: version V as its change from V-1
-                                      (weights/delta_log.py; one object, checked by its CRCs)
+                                      (weights/formats/delta_log.py; one object, its CRCs)
         evals/global_step_<V>/        eval trajectories and their aggregate (learner/eval_dump.py)
             <env_class>.jsonl
             aggregated_results.jsonl
@@ -108,7 +108,7 @@ class RunLayout:
         return f"{self.prefix}/weights/deltas/"
 
     def delta_key(self, version: int) -> str:
-        return f"{self.deltas_root}v{version:06d}.delta"  # weights/delta_log.py delta_name
+        return f"{self.deltas_root}v{version:06d}.delta"  # weights/formats/delta_log.py delta_name
 
     def eval_key(self, version: int, file_name: str) -> str:
         return f"{self.prefix}/evals/global_step_{version}/{file_name}"

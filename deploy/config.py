@@ -22,8 +22,8 @@ from common.storage_config import StorageConfig
 from deploy.prepare import PrepareConfig
 from envservers.config import EnvServerConfig
 from learner.config import LearnerConfig
-from weights.dtypes import dtype_mismatch
-from weights.lora import adapter_mismatch
+from weights.formats.adapter import adapter_mismatch
+from weights.shared.dtypes import dtype_mismatch
 
 
 class LocalRunConfig(StrictModel):
@@ -158,7 +158,8 @@ class RunConfig(StrictModel):
         learner, engine = self.learner.dtype, self.actor.engine.dtype
         if "auto" in (learner, engine):
             return self
-        problem = dtype_mismatch(learner, engine)  # both in torch's names (weights/dtypes.py)
+        # both in torch's names (weights/shared/dtypes.py)
+        problem = dtype_mismatch(learner, engine)
         if problem:
             raise ValueError(problem)
         return self

@@ -8,7 +8,7 @@ whose weights are ahead of a resumed learner roll back to its snapshot).
 The fallback, end to end (docs/weights.md, "Missing a round"): rank 0 writes snapshots
 (learner/trainer/ranks.py, every `snapshot_interval` versions and on demand); this module
 decides when one is needed on demand and announces it; an engine that missed a round loads
-the announced snapshot (actors/, weights/snapshot.py). On demand means: the learner is
+the announced snapshot (actors/, weights/formats/snapshot.py). On demand means: the learner is
 waiting for data with no snapshot of its current version, and either it has waited
 `stall_snapshot_s`, or an engine of the broadcast did not get the current version's round.
 That engine may be waiting for this very version, which only the learner's next round,

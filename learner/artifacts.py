@@ -42,7 +42,7 @@ from learner.trainer.checkpoint import (
     latest_checkpoint,
     read_training_state,
 )
-from weights.delta_log import delta_version
+from weights.formats.delta_log import delta_version
 
 log = logging.getLogger(__name__)
 

@@ -26,7 +26,7 @@ from learner.trainer.checkpoint import latest_checkpoint, read_training_state
 from learner.trainer.model_init import compute_dtype, default_device, load_model
 from learner.trainer.ranks import RankCommands, command_group, follow
 from learner.trainer.trainer import Trainer
-from weights.nccl_env import prepare_role
+from weights.shared.nccl_env import prepare_role
 
 log = logging.getLogger("learner")
 
@@ -115,7 +115,7 @@ def run(config_path: str, overrides: list[str]) -> int:
         dist.destroy_process_group()
         return 0
 
-    from weights.sender import WeightSender
+    from weights.learner_side.sender import WeightSender
 
     run_dir = Path(config.run_dir)
     # Before looking for a checkpoint: a newer one may be in the bucket.
@@ -140,7 +140,7 @@ def run(config_path: str, overrides: list[str]) -> int:
     )
     log.info("metrics, /healthz, /readyz on http://%s:%d", config.metrics_host, port)
     sender = None
-    if config.broadcast_weights:  # with LoRA, rounds carry the adapter (weights/lora.py)
+    if config.broadcast_weights:  # with LoRA, rounds carry the adapter (weights/formats/adapter.py)
         sender = WeightSender(  # engines must compute in the trainer's dtype
             config.weight_sync, dtype=trainer.dtype_name, adapter_config=trainer.adapter_config
         )

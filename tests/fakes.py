@@ -10,7 +10,8 @@ and the actor loop (acme's `fakes.py`): same interfaces, no vLLM, no gRPC.
   take down to simulate an outage, an optional step delay, and env classes it does not host
   (the task is rejected).
 - `SilentFollower`: a weight broadcast follower that never delivers a round (monkeypatched
-  over `weights.follower.BroadcastFollower`), so only snapshots move the engine's version.
+  over `weights.actor_side.follower.BroadcastFollower`), so only snapshots move the engine's
+  version.
 - `ScriptedFollower`: one whose rounds the test plays (`land`, `fail`), calling back as the
   real follower does.
 - `FakeReplicaHandle`: a replica handle (actors/replicas.py) that has exited with a given
@@ -150,7 +151,7 @@ class SilentFollower:
 class ScriptedFollower(SilentFollower):
     """A weight broadcast whose rounds the test plays: `land(version)` sets the engine's
     version and calls `on_update`; `await fail(weights_mixed=...)` leaves it and awaits
-    `on_failure`, as `weights.follower.follow_weights` does. Every instance made is in
+    `on_failure`, as `weights.actor_side.follower.follow_weights` does. Every instance made is in
     `ScriptedFollower.made` (newest last)."""
 
     made: list[ScriptedFollower] = []
@@ -160,14 +161,14 @@ class ScriptedFollower(SilentFollower):
         ScriptedFollower.made.append(self)
 
     def land(self, version: int) -> None:
-        from weights.follower import WeightUpdate
+        from weights.actor_side.follower import WeightUpdate
 
         self.engine.version = version
         if self.on_update is not None:
             self.on_update(WeightUpdate(version, 0.0, 0.0, 0.0, 0.0, 0))
 
     async def fail(self, *, weights_mixed: bool) -> None:
-        from weights.follower import WeightUpdateError
+        from weights.actor_side.follower import WeightUpdateError
 
         error = WeightUpdateError("a peer died mid-round", weights_mixed=weights_mixed)
         if self.on_failure is not None:

@@ -74,6 +74,34 @@ def test_nothing_imports_the_launchers_or_benchmarks():
         assert _violations(package, ("deploy", "bench", "tests")) == []
 
 
+WEIGHT_SIDES = ("learner_side", "actor_side", "engine_side")
+"""weights/ by the process each part runs in: learner rank 0, the actor process, the vLLM
+worker. `shared` (both ends of a round) and `formats` (what is on disk) belong to none."""
+
+
+def _weights_problems(path: Path) -> list[str]:
+    part = path.relative_to(REPO / "weights").parts[0]
+    problems = []
+    for name in sorted(_imported_modules(path)):
+        top, _, rest = name.partition(".")
+        if top == "vllm" and part != "engine_side":
+            problems.append("imports vllm: only weights/engine_side may")
+        if name.startswith("torch.distributed.fsdp") and part != "learner_side":
+            problems.append("imports FSDP: only weights/learner_side may")
+        side = rest.split(".")[0] if top == "weights" else ""
+        if side in WEIGHT_SIDES and side != part:
+            problems.append(f"imports {name}: a side imports only its own, shared and formats")
+    return [f"{path.relative_to(REPO)} {problem}" for problem in problems]
+
+
+def test_each_side_of_the_weight_path_imports_only_its_own_and_the_shared_parts():
+    modules = _modules("weights")
+    assert {p.relative_to(REPO / "weights").parts[0] for p in modules} <= {
+        *WEIGHT_SIDES, "shared", "formats", "config.py"
+    }
+    assert [problem for path in modules for problem in _weights_problems(path)] == []
+
+
 def test_the_trainer_imports_nothing_of_the_bus():
     """learner/trainer/ (model, losses, FSDP, checkpoints) sees samples, never the bus: no
     broker/, no NATS, no module of the learner's bus side (loop, intake, dispatcher, ...)."""

@@ -46,7 +46,7 @@ def test_the_check_finds_a_call_that_no_longer_fits(tmp_path):
         import pytest
         from actors.config import SamplingConfig, VllmEngineConfig
         from actors.vllm_engine import VllmEngine
-        from weights.sender import WeightSender
+        from weights.learner_side.sender import WeightSender
 
         @pytest.fixture
         async def engine():

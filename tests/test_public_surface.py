@@ -89,7 +89,7 @@ def test_policy_version_fields():
         ("snapshot_version", "IntType"),
         ("broadcast_addr", "StrType"),
         ("lineage", "StrType"),  # actors learn that a resumed learner rolled back
-        ("deltas_path", "StrType"),  # the weights log (weights/delta_log.py), for store-only actors
+        ("deltas_path", "StrType"),  # weights/formats/delta_log.py, for store-only actors
     ]
 
 

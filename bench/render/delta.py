@@ -28,7 +28,7 @@ def delta_sync(f: Figures) -> str:
         f"A random Qwen2 (`{f.get('model', '—')}`), {count(f.get('rl_full_bf16_mb'))} MB in"
         f" bf16; {f.get('updates', '—')} AdamW steps on random batches of"
         f" {f.get('tokens_per_batch', '—')} tokens at each learning rate; after each, the bf16"
-        " version against the one before, per tensor (weights/delta.py). A whole version,"
+        " version against the one before, per tensor (weights/shared/delta.py). A whole version,"
         f" zstd-compressed, is {fixed(f.get('rl_keyframe_ratio'))} of its bytes. Then the"
         " same versions through the real broadcast with `weight_sync.delta` (a keyframe,"
         " then deltas; gloo over loopback) to a receiver process rebuilding each as an"

@@ -17,7 +17,7 @@ import pydantic
 
 from common.config import StrictModel
 from common.plugins import is_import_path
-from weights.dtypes import canonical_dtype
+from weights.shared.dtypes import canonical_dtype
 
 
 class OptimConfig(StrictModel):
@@ -213,7 +213,7 @@ class TrainerConfig(StrictModel):
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"
     """Compute dtype (also `fp32`, `bf16`): bfloat16 keeps float32 master weights and
     reduces gradients in float32. `auto`: bfloat16 on GPU, float32 on CPU. Weights go to the
-    engines in this dtype, and an engine of another dtype is refused (weights/dtypes.py)."""
+    engines in this dtype, and an engine of another dtype is refused (weights/shared/dtypes.py)."""
     device: Literal["auto", "cuda"] = "auto"
     """`auto`: this rank's GPU when torch sees one, else CPU. `cuda`: a GPU or nothing: the
     learner refuses to start without one, naming the NVIDIA driver found and the one needed

@@ -7,7 +7,7 @@ alike; only the adapter has gradients and optimizer state), attention still goes
 the registered segment attention (PEFT wraps linear layers, not attention), and logits are
 still taken at the loss tokens only. Parameter names gain PEFT's `base_layer` /
 `lora_A.default` / `lora_B.default` parts; what leaves the learner (weight rounds,
-snapshots, the merge command) uses PEFT's saved names (weights/lora.py).
+snapshots, the merge command) uses PEFT's saved names (weights/formats/adapter.py).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from learner.trainer.config import FinetuneConfig
-from weights.lora import ADAPTER_CONFIG, ADAPTER_NAME
+from weights.formats.adapter import ADAPTER_CONFIG, ADAPTER_NAME
 
 
 def peft_lora_config(finetune: FinetuneConfig):

@@ -17,7 +17,7 @@ import json
 import sys
 from pathlib import Path
 
-from weights.lora import ADAPTER_CONFIG  # torch-free: the parse comes first
+from weights.formats.adapter import ADAPTER_CONFIG  # torch-free: the parse comes first
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -77,7 +77,7 @@ def _adapter_tensors(source: Path, peft_model) -> dict:
     """{PEFT's saved name: tensor} of the adapter in `source`."""
     import torch.distributed.checkpoint as dcp
 
-    from weights.lora import PEFT_PREFIX, is_adapter_dir, peft_name, read_adapter_dir
+    from weights.formats.adapter import PEFT_PREFIX, is_adapter_dir, peft_name, read_adapter_dir
 
     if is_adapter_dir(source) and any(source.glob("*.safetensors")):
         return read_adapter_dir(source)[1]

@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from weights.dtypes import resolve_dtype
+from weights.shared.dtypes import resolve_dtype
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +56,7 @@ def default_device() -> torch.device:
 
 def compute_dtype(setting: str, device: torch.device) -> torch.dtype:
     """The learner's compute dtype on `device` (`learner.dtype`, resolved as the engine's is:
-    weights/dtypes.py). The one place the learner works it out."""
+    weights/shared/dtypes.py). The one place the learner works it out."""
     dtype = getattr(torch, resolve_dtype(setting, on_gpu=device.type == "cuda"))
     if dtype == torch.bfloat16 and device.type == "cpu" and not native_cpu_bf16():
         _say_bf16_is_emulated()
@@ -133,7 +133,7 @@ def _with_lora(model: torch.nn.Module, finetune) -> torch.nn.Module:
 def _rank0_state(path: str | Path, lora) -> dict[str, torch.Tensor]:
     """What rank 0 broadcasts: the checkpoint's tensors, or with an adapter the state of
     the checkpoint's model with the adapter injected (base names gain `base_layer`)."""
-    from weights.snapshot import safetensors_weights
+    from weights.formats.snapshot import safetensors_weights
 
     if lora is None:
         return dict(safetensors_weights(path))

@@ -27,9 +27,9 @@ import torch.distributed as dist
 
 from learner.trainer.checkpoint import TrainingState, prune_checkpoints
 from learner.trainer.trainer import Trainer
-from weights.delta_log import DeltaLogWriter
-from weights.lora import AdapterSnapshotWriter
-from weights.snapshot import SnapshotWriter
+from weights.formats.adapter import AdapterSnapshotWriter
+from weights.formats.delta_log import DeltaLogWriter
+from weights.formats.snapshot import SnapshotWriter
 
 log = logging.getLogger(__name__)
 

@@ -50,8 +50,8 @@ from learner.trainer.segment_attention import use_segment_attention
 from learner.trainer.segment_forward import forward_loss_tokens, loss_inputs
 from learner.trainer.segments import SegmentBatch, collate_segments
 from learner.trainer.step_metrics import step_metrics
-from weights.fsdp import full_parameters
-from weights.lora import adapter_parameters
+from weights.learner_side.adapter import adapter_parameters
+from weights.learner_side.fsdp import full_parameters
 
 
 class TooManySkippedSteps(RuntimeError):

@@ -289,7 +289,7 @@ async def test_weights_that_do_not_come_are_caught_up_from_a_snapshot_or_the_tas
     # The replica follows a broadcast that never delivers, as the restarted replica whose eval
     # tasks once waited for ever (docs/reliability.md). Past version_wait_s it loads the
     # announced snapshot when it is new enough, and hands the task back when not.
-    monkeypatch.setattr("weights.follower.BroadcastFollower", SilentFollower)
+    monkeypatch.setattr("weights.actor_side.follower.BroadcastFollower", SilentFollower)
     names = broker.names
     policy = bus.PolicyStore(js, names)
     dead_store = "127.0.0.1:9"
@@ -351,7 +351,7 @@ async def test_a_missed_round_is_caught_up_from_its_snapshot_at_once(
 ):
     # A restarted learner's first rounds went out before this replica registered again:
     # waiting out version_wait_s (30 s by default) for round 6 stalled the fault suite.
-    monkeypatch.setattr("weights.follower.BroadcastFollower", _LateFollower)
+    monkeypatch.setattr("weights.actor_side.follower.BroadcastFollower", _LateFollower)
     names = broker.names
     policy = bus.PolicyStore(js, names)
 

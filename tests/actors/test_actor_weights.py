@@ -37,7 +37,7 @@ from envservers.config import EnvServerConfig
 from envservers.server import EnvServer
 from protos.client import EnvClient, GrpcEnvConnector
 from weights.config import WeightSyncConfig
-from weights.sender import BroadcastReport, WeightSender
+from weights.learner_side.sender import BroadcastReport, WeightSender
 
 pytestmark = pytest.mark.vllm
 

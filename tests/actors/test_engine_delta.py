@@ -1,4 +1,4 @@
-"""Delta rounds into the real vLLM engine (`weight_sync.delta`, weights/delta_book.py): a
+"""Delta rounds into the real vLLM engine (`weight_sync.delta`, weights/shared/delta_book.py): a
 keyframe, then versions sent as their change from the one before, rebuilt in the engine's
 worker and loaded: after each the engine holds the learner's version bit for bit (the
 checksum of what it loaded), and after the last it generates what transformers does on the
@@ -13,10 +13,10 @@ import torch
 
 from demo.reference import hf_greedy
 from tests.actors.test_vllm_engine import _request, push_round
+from weights.actor_side.subscription import WeightSubscription
 from weights.config import WeightSyncConfig
-from weights.sender import WeightSender
-from weights.subscription import WeightSubscription
-from weights.tensors import checksum
+from weights.learner_side.sender import WeightSender
+from weights.shared.tensors import checksum
 
 vllm = pytest.mark.vllm
 

@@ -92,7 +92,7 @@ async def test_a_rollback_loads_the_resolved_snapshot_of_the_new_lineage():
 async def test_a_catch_up_loads_the_resolved_snapshot(monkeypatch):
     # The broadcast never delivers: past version_wait_s the task's version comes from the
     # announced snapshot, downloaded from the bucket.
-    monkeypatch.setattr("weights.follower.BroadcastFollower", SilentFollower)
+    monkeypatch.setattr("weights.actor_side.follower.BroadcastFollower", SilentFollower)
     first = _announced(3, snapshot_version=3, broadcast_addr="127.0.0.1:9")
     async with _following(first, version_wait_s=0.0) as (weights, policy, engine, snapshots):
         await policy.announce(_announced(5, snapshot_version=5, broadcast_addr="127.0.0.1:9"))
@@ -109,7 +109,7 @@ async def test_weights_mixed_by_a_failed_round_load_the_newest_snapshot_at_once(
     # The newest snapshot is loaded right away, even one older than the engine's version
     # (tokens then carry the snapshot's version); a task needing more waits for a round.
     monkeypatch.setattr(ScriptedFollower, "made", [])
-    monkeypatch.setattr("weights.follower.BroadcastFollower", ScriptedFollower)
+    monkeypatch.setattr("weights.actor_side.follower.BroadcastFollower", ScriptedFollower)
     first = _announced(5, snapshot_version=5, broadcast_addr="127.0.0.1:9")
     async with _following(first) as (weights, policy, engine, _):
         [follower] = ScriptedFollower.made
@@ -129,7 +129,7 @@ async def test_weights_mixed_by_a_failed_round_load_the_newest_snapshot_at_once(
 
 async def test_weights_mixed_without_a_snapshot_wait_for_the_next_round(monkeypatch):
     monkeypatch.setattr(ScriptedFollower, "made", [])
-    monkeypatch.setattr("weights.follower.BroadcastFollower", ScriptedFollower)
+    monkeypatch.setattr("weights.actor_side.follower.BroadcastFollower", ScriptedFollower)
     first = PolicyVersion(version=0, published_at=0.0, lineage="a", broadcast_addr="127.0.0.1:9")
     async with _following(first) as (_, _, engine, _):
         await ScriptedFollower.made[0].fail(weights_mixed=True)

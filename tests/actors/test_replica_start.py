@@ -21,7 +21,7 @@ from envservers.config import EnvServerConfig
 from envservers.server import EnvServer
 from protos.client import EnvClient
 from tests.fakes import FakeReplicaHandle
-from weights.subscription import AdapterMismatch, WeightDtypeMismatch
+from weights.actor_side.subscription import AdapterMismatch, WeightDtypeMismatch
 
 
 class _Launcher:

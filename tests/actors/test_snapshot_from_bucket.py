@@ -20,8 +20,8 @@ from broker.wire import PolicyVersion
 from demo.tokenizer import build_tokenizer
 from learner.artifacts import open_artifacts
 from tests.fakes import InProcessEnv, ScriptedEngine, by_turn
-from weights.follower import WeightUpdateError
-from weights.snapshot import safetensors_weights, write_snapshot
+from weights.actor_side.follower import WeightUpdateError
+from weights.formats.snapshot import safetensors_weights, write_snapshot
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,5 @@
 """A staged weight round is received while the engine keeps generating, and generation
-pauses only for the load (weights/staging.py, `staged_weight_load`): tokens keep coming
+pauses only for the load (weights/engine_side/staging.py, `staged_weight_load`): tokens keep coming
 while the learner's buckets trickle in, the update's stall holds no receive, and the engine
 then holds the new version exactly. The real engine and a real gloo round."""
 
@@ -20,7 +20,7 @@ from tests.actors.test_vllm_engine import (
     _sender_and_subscription,
     push_round,
 )
-from weights.tensors import checksum
+from weights.shared.tensors import checksum
 
 vllm = pytest.mark.vllm
 GATHER_S = 1.5

@@ -23,11 +23,12 @@ from actors.types import Turn
 from actors.vllm_requests import expand_spans
 from demo.reference import hf_greedy as _hf_greedy
 from tests.weights.dying_learner import ENDS_WITHIN_S, exited_at, kill, seat, start_sender
+from weights.actor_side.follower import WeightUpdateError, follow_weights
+from weights.actor_side.subscription import WeightSubscription
 from weights.config import WeightSyncConfig
-from weights.follower import WeightUpdateError, follow_weights
-from weights.sender import WeightSender
-from weights.subscription import RoundTicket, WeightSubscription
-from weights.tensors import checksum
+from weights.learner_side.sender import WeightSender
+from weights.shared.protocol import RoundTicket
+from weights.shared.tensors import checksum
 
 vllm = pytest.mark.vllm
 
@@ -180,7 +181,7 @@ async def test_generate_returns_one_logprob_and_version_per_token(vllm_engine, p
 @vllm
 async def test_the_engine_bounds_nccl_init_before_its_workers_start(vllm_engine):
     """Set by `VllmEngine.start` before vLLM spawns its workers, which inherit it and read
-    it at their first NCCL collective (weights/nccl_env.py)."""
+    it at their first NCCL collective (weights/shared/nccl_env.py)."""
     assert int(os.environ["TORCH_NCCL_NONBLOCKING_TIMEOUT"]) > 0
 
 
@@ -232,7 +233,7 @@ async def test_an_embedding_travelling_alone_lands_in_the_engines_own_and_greedy
 ):
     """Buckets smaller than the embedding (434 x 128 fp32, 222 KB): it travels alone, and
     the worker receives it straight into the rows of its live embedding (vLLM pads them to
-    448; weights/vocab_in_place.py `destination`), the tied head packed again after."""
+    448; weights/engine_side/vocab_in_place.py `destination`), the tied head packed again after."""
     model = _perturbed(hf_tiny_model, seed=3)
     version = vllm_engine.version + 1
     with _loads(vllm_engine, staged=False), _sender_and_subscription(bucket_mb=0.125) as pair:

@@ -20,10 +20,11 @@ from demo.engine import tiny_engine_settings
 from learner.trainer.config import FinetuneConfig
 from learner.trainer.lora import adapter_config, add_lora
 from tests.actors.test_vllm_engine import _hf_greedy, _request, push_round
+from weights.actor_side.subscription import AdapterMismatch, WeightSubscription
 from weights.config import WeightSyncConfig
-from weights.lora import PEFT_PREFIX, AdapterSnapshotWriter, adapter_parameters
-from weights.sender import WeightSender
-from weights.subscription import AdapterMismatch, WeightSubscription
+from weights.formats.adapter import PEFT_PREFIX, AdapterSnapshotWriter
+from weights.learner_side.adapter import adapter_parameters
+from weights.learner_side.sender import WeightSender
 
 vllm = pytest.mark.vllm
 

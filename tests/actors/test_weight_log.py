@@ -2,7 +2,7 @@
 snapshot plus the weights log (actors/weight_log.py): bit for bit, from its own previous
 rebuild when that is of the announced history, from the snapshot when not, and from the
 snapshot alone when the log cannot take it further. Real files, as the learner writes them
-(weights/delta_log.py, weights/snapshot.py)."""
+(weights/formats/delta_log.py, weights/formats/snapshot.py)."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from actors.snapshots import SnapshotSource
 from actors.weight_log import WeightLogReader
 from broker.wire import PolicyVersion
 from learner.artifacts import open_artifacts
-from weights.delta_log import DeltaLogWriter
-from weights.snapshot import safetensors_weights, write_snapshot
+from weights.formats.delta_log import DeltaLogWriter
+from weights.formats.snapshot import safetensors_weights, write_snapshot
 
 
 class History:

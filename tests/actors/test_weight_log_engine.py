@@ -21,8 +21,8 @@ from learner.trainer.ranks import RankCommands
 from learner.trainer.trainer import Trainer
 from tests.fakes import InProcessEnv
 from tests.learner.builders import learner_config, random_samples
-from weights.snapshot import safetensors_weights
-from weights.tensors import checksum
+from weights.formats.snapshot import safetensors_weights
+from weights.shared.tensors import checksum
 
 vllm = pytest.mark.vllm
 

@@ -25,7 +25,8 @@ RAW = [
     f"{LEARNER};<module> (learner/cli.py:85);"
     "Qwen2Attention.forward (transformers/models/qwen2/modeling_qwen2.py:200) 30\n",
     f"{LEARNER};train (learner/main.py:1);AdamW.step (torch/optim/adamw.py:200) 10\n",
-    f"{LEARNER};publish_weights (learner/trainer/ranks.py:9);send (weights/sender.py:40) 5\n",
+    f"{LEARNER};publish_weights (learner/trainer/ranks.py:9);"
+    "send (weights/learner_side/sender.py:40) 5\n",
     f"{REPLICA};run_episode (actors/episode.py:10);call (protos/client.py:88) 20\n",
     f"{REPLICA};run_episode (actors/episode.py:10);generate (vllm/v1/engine/async_llm.py:1) 8\n",
     f"{ENGINE};run (vllm/v1/engine/core.py:9);"

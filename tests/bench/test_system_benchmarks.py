@@ -115,7 +115,7 @@ def test_time_to_target_is_the_first_checkpoint_at_or_above_it():
 def test_the_watcher_keeps_each_snapshot_the_learner_writes_once(tmp_path):
     import torch
 
-    from weights.snapshot import safetensors_weights, write_snapshot
+    from weights.formats.snapshot import safetensors_weights, write_snapshot
 
     run = RunRecord(run_dir=tmp_path / "run")
     watcher = tether_run._Watcher(run, started=0.0, keep_dir=tmp_path / "kept")

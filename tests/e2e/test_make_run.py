@@ -48,7 +48,7 @@ OVERRIDES = [
     f"learner.eval_interval={STEPS}",
     f"learner.eval_samples_per_prompt={EVAL_SAMPLES}",
     "actor.rollout.max_generate_length=16",
-    # Rounds staged and swapped in (weights/staging.py, weights/shadow.py) under a real run's
+    # Rounds staged and swapped in (weights/engine_side/staging.py and shadow.py) under a real run's
     # load; the default, streamed, runs in the fault suite's runs.
     "actor.engine.staged_weight_load=true",
     "actor.engine.weight_swap=true",

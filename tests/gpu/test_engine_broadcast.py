@@ -25,9 +25,9 @@ from tests.gpu.conftest import (
     sampled_logprob_gap,
     start_bf16_engine,
 )
+from weights.actor_side.subscription import WeightSubscription
 from weights.config import WeightSyncConfig
-from weights.sender import WeightSender
-from weights.subscription import WeightSubscription
+from weights.learner_side.sender import WeightSender
 
 pytestmark = [pytest.mark.gpu, pytest.mark.vllm, pytest.mark.slow]
 
@@ -117,7 +117,7 @@ async def test_delta_rounds_into_a_bf16_cuda_engine(cuda_engine, tiny_model_dir,
     versions as bf16 deltas rebuilt in the engine's worker (on the host) and loaded into its
     GPU; after each the engine loaded exactly the learner's bf16 version (its checksum),
     after the last it generates as transformers does on those weights."""
-    from weights.tensors import checksum
+    from weights.shared.tensors import checksum
 
     sender = WeightSender(
         WeightSyncConfig(store_port=0, backend="gloo", delta=True, transfer_timeout_s=60),

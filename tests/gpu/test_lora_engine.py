@@ -48,10 +48,10 @@ async def _push_adapter(engine, model, tiny_model_dir, version: int):
     from learner.trainer.config import FinetuneConfig
     from learner.trainer.lora import adapter_config
     from tests.actors.test_vllm_engine import push_round
+    from weights.actor_side.subscription import WeightSubscription
     from weights.config import WeightSyncConfig
-    from weights.lora import adapter_parameters
-    from weights.sender import WeightSender
-    from weights.subscription import WeightSubscription
+    from weights.learner_side.adapter import adapter_parameters
+    from weights.learner_side.sender import WeightSender
 
     finetune = FinetuneConfig(mode="lora", rank=RANK, alpha=2 * RANK)
     sender = WeightSender(

@@ -22,7 +22,7 @@ import torch
 
 from tests.gpu.conftest import REPO, need_gpus, record
 from weights.config import WeightSyncConfig
-from weights.sender import WeightSender
+from weights.learner_side.sender import WeightSender
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 RECEIVER = REPO / "tests" / "weights" / "receiver_process.py"

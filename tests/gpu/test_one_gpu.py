@@ -27,8 +27,8 @@ from learner.trainer.trainer import Trainer
 from tests.gpu.conftest import REPO, need_gpus, record
 from tests.learner.builders import learner_config, random_samples
 from weights.config import WeightSyncConfig
-from weights.sender import WeightSender
-from weights.tensors import checksum
+from weights.learner_side.sender import WeightSender
+from weights.shared.tensors import checksum
 
 pytestmark = [pytest.mark.gpu]
 RECEIVER = REPO / "tests" / "weights" / "receiver_process.py"

@@ -21,7 +21,7 @@ from learner.trainer.model_init import load_model
 from learner.trainer.trainer import Trainer
 from tests.learner.segment_builders import group
 from tests.learner.two_ranks import exit_after_teardown
-from weights.fsdp import full_parameters
+from weights.learner_side.fsdp import full_parameters
 
 BATCHES = [
     {"group_id": "a", "prefix_len": 24, "suffix_lens": [9, 1, 17, 4, 30], "seed": 1},

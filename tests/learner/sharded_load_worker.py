@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 from learner.trainer.model_init import default_device, load_model
 from tests.learner.two_ranks import exit_after_teardown
-from weights.fsdp import full_parameters
+from weights.learner_side.fsdp import full_parameters
 
 
 def main() -> None:

@@ -19,7 +19,7 @@ from learner.trainer.segment_attention import use_segment_attention
 from learner.trainer.trainer import Trainer
 from tests.learner.builders import learner_config, random_samples, tiny_qwen2
 from tests.learner.segment_builders import group, max_relative_errors, reference, shared
-from weights.lora import (
+from weights.formats.adapter import (
     ADAPTER_CONFIG,
     AdapterSnapshotWriter,
     adapted_weight,

@@ -15,7 +15,7 @@ from learner.trainer.checkpoint import TrainingState
 from learner.trainer.model_init import load_model
 from learner.trainer.trainer import Trainer
 from tests.learner.builders import learner_config, random_samples
-from weights.lora import AdapterSnapshotWriter
+from weights.formats.adapter import AdapterSnapshotWriter
 
 REPO = Path(__file__).resolve().parents[2]
 BASE = REPO / "demo" / "tiny_model"

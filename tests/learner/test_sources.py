@@ -232,7 +232,7 @@ def test_csv_and_jsonl_with_a_column_mapping(tmp_path):
         ("question,answer\n", MAPPING, r"data.csv holds no rows"),
         ("question\na\n", ["--column", "prompt=question"], r"map ground_truth too"),
         ("question\na\n", [*MAPPING, "--column", "answer=x"], r"--column answer: not a row"),
-        ("question,answer\na,b\n", ["--env-class", "e"], r"--env-class goes with --column or --from"),
+        ("question,answer\na,b\n", ["--env-class", "e"], r"--env-class goes with --column"),
     ],
 )
 def test_bad_mapped_inputs_name_the_row_and_field(tmp_path, csv_text, argv, message):

@@ -11,8 +11,8 @@ from learner.trainer.checkpoint import TrainingState
 from learner.trainer.ranks import RankCommands
 from learner.trainer.trainer import Trainer
 from tests.learner.builders import learner_config, random_samples, tiny_qwen2
-from weights.delta_log import DeltaFile, delta_version, replay
-from weights.snapshot import safetensors_weights
+from weights.formats.delta_log import DeltaFile, delta_version, replay
+from weights.formats.snapshot import safetensors_weights
 
 
 def _commands(tmp_path, *, seed: int = 0) -> RankCommands:

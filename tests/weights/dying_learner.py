@@ -9,7 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from weights.subscription import RoundTicket, WeightSubscription
+from weights.actor_side.subscription import WeightSubscription
+from weights.shared.protocol import RoundTicket
 
 REPO = Path(__file__).resolve().parents[2]
 SENDER = Path(__file__).with_name("sender_process.py")

@@ -19,9 +19,9 @@ import os
 import sys
 import time
 
-from weights.receiver import RoundMissed, WeightChannel
-from weights.subscription import WeightSubscription
-from weights.tensors import checksum
+from weights.actor_side.subscription import WeightSubscription
+from weights.engine_side.receiver import RoundMissed, WeightChannel
+from weights.shared.tensors import checksum
 
 
 def main() -> None:

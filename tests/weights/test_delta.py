@@ -1,4 +1,4 @@
-"""The delta codec (weights/delta.py): every encoding decodes to the sender's tensor bit for
+"""The delta codec (weights/shared/delta.py): every encoding decodes to the sender's tensor bit for
 bit, along a chain of versions too; a receiver that missed a delta is told, not fed wrong
 weights; a delta of few changes is a small fraction of the tensor."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from weights.delta import DeltaMismatch, bits, decode, encode
+from weights.shared.delta import DeltaMismatch, bits, decode, encode
 
 
 def _versions(n: int, *, shape=(256, 384), lr=1e-4, seed=0) -> list[torch.Tensor]:

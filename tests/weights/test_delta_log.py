@@ -1,4 +1,4 @@
-"""The weights log (weights/delta_log.py): versions written as delta files against the one
+"""The weights log (weights/formats/delta_log.py): versions written as delta files against the one
 before, replayed onto a keyframe bit for bit, and every break in the chain refused."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from weights.delta import DeltaMismatch, crc_of
-from weights.delta_log import DeltaFile, DeltaLogWriter, delta_name, delta_version, replay
+from weights.formats.delta_log import DeltaFile, DeltaLogWriter, delta_name, delta_version, replay
+from weights.shared.delta import DeltaMismatch, crc_of
 
 
 def _versions(count: int, dtype=torch.bfloat16) -> list[dict[str, torch.Tensor]]:

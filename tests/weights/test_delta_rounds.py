@@ -1,4 +1,4 @@
-"""Delta rounds (weights/delta_book.py): the books on both sides through real buckets, then
+"""Delta rounds (weights/shared/delta_book.py): the books on both sides through real buckets, then
 real gloo rounds between processes with `weight_sync.delta`: every version arrives bit for
 bit over a chain of deltas, keyframes come every K versions and with a new group, and a
 receiver that missed a delta fails that round (never loads wrong weights) and is current
@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from tests.weights.test_rounds import _config, _lines, _start_receiver, _until_members
-from weights.buckets import Encoded, bucketize, pack_bucket, unpack_bucket
-from weights.delta import DeltaMismatch, bits
-from weights.delta_book import ReceiverBook, SenderBook
-from weights.sender import WeightSender
-from weights.tensors import checksum
+from weights.learner_side.sender import WeightSender
+from weights.shared.buckets import Encoded, bucketize, pack_bucket, unpack_bucket
+from weights.shared.delta import DeltaMismatch, bits
+from weights.shared.delta_book import ReceiverBook, SenderBook
+from weights.shared.tensors import checksum
 
 SHAPES = {"embed": (512, 64), "layer.0.weight": (64, 64), "norm": (64,)}
 

@@ -1,12 +1,13 @@
-"""weights/follower.py on fakes: a failed round is not joined again (its roster still seats
+"""weights/actor_side/follower.py on fakes: a failed round is not joined again (its roster still
+seats
 the member, but the sender gave up on it: joining it again paused generation for one
 transfer timeout after another while the learner waited for data, a 3-minute stall seen in
 the fault suite when a peer replica died during a round)."""
 
 from __future__ import annotations
 
-from weights.follower import WeightUpdate, WeightUpdateError, follow_weights
-from weights.subscription import RoundTicket
+from weights.actor_side.follower import WeightUpdate, WeightUpdateError, follow_weights
+from weights.shared.protocol import RoundTicket
 
 
 def _ticket(version: int, store_id: str = "a") -> RoundTicket:

@@ -10,10 +10,10 @@ import time
 import pytest
 import torch
 
-from weights.communicator import TransferTimeout, WeightGroup
-from weights.dtypes import dtype_mismatch, lora_dtype_problem, resolve_dtype
-from weights.rendezvous import connect_store
-from weights.snapshot import SnapshotWriter, safetensors_weights
+from weights.formats.snapshot import SnapshotWriter, safetensors_weights
+from weights.shared.communicator import TransferTimeout, WeightGroup
+from weights.shared.dtypes import dtype_mismatch, lora_dtype_problem, resolve_dtype
+from weights.shared.rendezvous import connect_store
 
 
 @pytest.fixture
@@ -127,7 +127,7 @@ def test_engine_staging_rules():
 def test_the_shadow_model_serves_cpu_engines_in_eager_mode_without_vllm_lora():
     from types import SimpleNamespace as Config
 
-    from weights.shadow import supported
+    from weights.engine_side.shadow import supported
 
     def config(device: str, *, eager: bool = True, lora=None):
         return Config(

@@ -19,8 +19,8 @@ import torch
 
 from tests.log_capture import Said
 from tests.weights.dying_learner import kill, start_sender
-from weights.subscription import WeightSubscription
-from weights.vocab_in_place import ReloadNotices
+from weights.actor_side.subscription import WeightSubscription
+from weights.engine_side.vocab_in_place import ReloadNotices
 
 NUM_LOSSES = 3
 
@@ -30,7 +30,7 @@ def test_a_store_lost_again_and_again_within_the_window_is_one_warning(caplog):
     subscription = WeightSubscription("127.0.0.1", port)
     store_ids = [subscription.store_id]
     try:
-        with caplog.at_level(logging.INFO, logger="weights.subscription"):
+        with caplog.at_level(logging.INFO, logger="weights.actor_side.subscription"):
             for _ in range(NUM_LOSSES):
                 kill(proc)
                 assert subscription.wait_round(-1, 0.5) is None  # finds the store gone

@@ -1,5 +1,5 @@
 """The settings NCCL reads while a weight group is built and while a role starts
-(weights/nccl_env.py): no watchdog on a weight group, so a round we gave up never reaches
+(weights/shared/nccl_env.py): no watchdog on a weight group, so a round we gave up never reaches
 NCCL's process monitor; and the non-blocking init's bound set before any collective.
 
 A CPU build of torch has no ProcessGroupNCCL: the weight group's constructor is replaced by
@@ -16,8 +16,8 @@ import torch.distributed as dist
 
 from learner.config import LearnerConfig
 from learner.main import _init_distributed
-from weights import communicator
-from weights.nccl_env import prepare_role, role_environ, unsafe_settings
+from weights.shared import communicator
+from weights.shared.nccl_env import prepare_role, role_environ, unsafe_settings
 
 KEYS = ("TORCH_NCCL_BLOCKING_WAIT", "TORCH_NCCL_ASYNC_ERROR_HANDLING",
         "TORCH_NCCL_NONBLOCKING_TIMEOUT")  # fmt: skip

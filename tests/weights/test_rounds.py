@@ -17,14 +17,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from weights.buckets import bucketize, pack_bucket, unpack_bucket
-from weights.collective import BucketBuffers
+from weights.actor_side.subscription import WeightDtypeMismatch, WeightSubscription
 from weights.config import WeightSyncConfig
-from weights.membership import Roster, next_roster, without
-from weights.receiver import WeightChannel, receive_round
-from weights.sender import WeightSender
-from weights.subscription import RoundTicket, WeightDtypeMismatch, WeightSubscription
-from weights.tensors import checksum, tied_aliases, with_aliases
+from weights.engine_side.receiver import WeightChannel, receive_round
+from weights.learner_side.sender import WeightSender
+from weights.shared.buckets import bucketize, pack_bucket, unpack_bucket
+from weights.shared.collective import BucketBuffers
+from weights.shared.membership import Roster, next_roster, without
+from weights.shared.protocol import RoundTicket
+from weights.shared.tensors import checksum, tied_aliases, with_aliases
 
 REPO = Path(__file__).resolve().parents[2]
 RECEIVER = Path(__file__).with_name("receiver_process.py")

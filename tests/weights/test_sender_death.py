@@ -23,11 +23,12 @@ from tests.weights.dying_learner import (
     seat,
     start_sender,
 )
+from weights.actor_side.subscription import WeightSubscription
 from weights.config import WeightSyncConfig
-from weights.receiver import RoundMissed, WeightChannel
-from weights.rendezvous import connect_store, round_key
-from weights.sender import WeightSender
-from weights.subscription import RoundTicket, WeightSubscription
+from weights.engine_side.receiver import RoundMissed, WeightChannel
+from weights.learner_side.sender import WeightSender
+from weights.shared.protocol import RoundTicket
+from weights.shared.rendezvous import connect_store, round_key
 
 
 def receive_until_it_ends(

@@ -1,4 +1,5 @@
-"""Vocabulary layers loaded in place during vLLM's layerwise reload (weights/vocab_in_place.py):
+"""Vocabulary layers loaded in place during vLLM's layerwise reload
+(weights/engine_side/vocab_in_place.py):
 vLLM's own embedding and LM-head layers (CPU packing included) under vLLM's real
 `reload_weights`. The bytes saved are measured by bench/engine_update_memory.py at the 0.5B
 shape; the engine tests check a whole engine's outputs after rounds."""
@@ -12,7 +13,7 @@ import pytest
 import torch
 
 from tests.log_capture import said_on
-from weights.vocab_in_place import NOTICES, ReloadNotices, vocab_in_place
+from weights.engine_side.vocab_in_place import NOTICES, ReloadNotices, vocab_in_place
 
 pytestmark = pytest.mark.vllm
 
@@ -90,7 +91,7 @@ def test_the_embedding_is_written_into_the_live_tensor_and_the_tied_head_packed_
     proj = torch.randn(WIDTH, WIDTH)
     weights = [
         ("model.embed_tokens.weight", new),
-        ("lm_head.weight", new),  # its alias: sent too (weights/vllm_worker.py with_aliases)
+        ("lm_head.weight", new),  # its alias: sent too (vllm_worker.py with_aliases)
         ("proj.weight", proj),
         ("proj.bias", torch.zeros(WIDTH)),
     ]
@@ -123,7 +124,7 @@ def test_a_tensor_that_does_not_fit_is_refused_by_name():
 
 def test_a_tensor_received_into_the_live_parameter_is_loaded_where_it_is():
     """The broadcast may write a lone vocabulary-sized tensor straight into the rows
-    `destination` offers (weights/collective.py): only in the parameter's dtype and width,
+    `destination` offers (weights/shared/collective.py): only in the parameter's dtype and width,
     for the whole vocabulary; the load then finds it there, keeps the padding rows zero and
     packs the tied head again."""
     model = _model()

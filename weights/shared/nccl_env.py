@@ -7,7 +7,7 @@ process-wide dump flag, whatever the group's error-handling mode. The heartbeat 
 the process's first NCCL group (the learner's FSDP group; vLLM's own world group in each
 engine worker) then dumps, sleeps `TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC` (480 s) and aborts the
 process. Our rounds fail by design (a peer died, a deadline passed) and are handled by our
-own bounded waits (weights/communicator.py), so:
+own bounded waits (weights/shared/communicator.py), so:
 
 - Each weight group is built with `TORCH_NCCL_BLOCKING_WAIT=1` (read per group, in its
   constructor): such a group has no watchdog thread and queues no work for one, so it can

@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from common.repeats import Repeats
-from weights.subscription import RoundTicket, WeightSubscription
+from weights.actor_side.subscription import WeightSubscription
+from weights.shared.protocol import RoundTicket
 
 log = logging.getLogger(__name__)
 

@@ -1,5 +1,6 @@
 """An engine worker's end of the weight broadcast (called inside the vLLM worker,
-weights/vllm_worker.py): one store connection and the long-lived group the worker sits in,
+weights/engine_side/vllm_worker.py): one store connection and the long-lived group the worker sits
+in,
 kept from round to round.
 
     receive(ticket): the ticket's store is not the one we hold? close ours, connect to it
@@ -9,7 +10,7 @@ kept from round to round.
     any failure, or the consumer stopping mid-round: our group is aborted; the next round
     seats us in a fresh one
 
-Tensors are views into the bucket they arrived in (weights/collective.py): nothing here
+Tensors are views into the bucket they arrived in (weights/shared/collective.py): nothing here
 keeps a bucket once its tensors are consumed, so a consumer that loads as it goes holds
 one or two buckets of host memory (gloo) at a time. A learner that sends deltas
 (`weight_sync.delta`) makes the channel keep the version it holds (`ReceiverBook`, a host
@@ -29,12 +30,13 @@ from collections.abc import Iterator
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
-from weights.collective import Destination, receive_buckets
-from weights.communicator import WeightGroup
-from weights.delta import DeltaMismatch
-from weights.delta_book import ReceiverBook
-from weights.membership import Roster
-from weights.rendezvous import (
+from weights.shared.collective import Destination, receive_buckets
+from weights.shared.communicator import WeightGroup
+from weights.shared.delta import DeltaMismatch
+from weights.shared.delta_book import ReceiverBook
+from weights.shared.membership import Roster
+from weights.shared.protocol import RoundTicket
+from weights.shared.rendezvous import (
     INFO_KEY,
     POLL_S,
     SKIP,
@@ -45,7 +47,6 @@ from weights.rendezvous import (
     round_key,
     store_id_of,
 )
-from weights.subscription import RoundTicket
 
 if TYPE_CHECKING:
     import torch
@@ -71,7 +72,7 @@ class WeightChannel:
         self._store_id: str | None = None
         self.group: WeightGroup | None = None
         self.book = ReceiverBook()
-        """The version this worker holds, for delta rounds (weights/delta_book.py)."""
+        """The version this worker holds, for delta rounds (weights/shared/delta_book.py)."""
         self.wire_s = 0.0
         """The last whole round's time on the wire: waiting for its messages, the work
         between them (loading what arrived) not counted."""

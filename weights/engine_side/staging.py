@@ -26,8 +26,8 @@ from typing import Any
 
 import torch
 
-from weights.shadow import ShadowModel, supported
-from weights.subscription import RoundTicket
+from weights.engine_side.shadow import ShadowModel, supported
+from weights.shared.protocol import RoundTicket
 
 
 @dataclass
@@ -66,7 +66,7 @@ class StagedRound:
             self.done.set()
 
     def _into(self, shadow: tuple, track: bool) -> None:
-        from weights.tensors import checksum
+        from weights.shared.tensors import checksum
 
         started = time.monotonic()
         num_bytes = sum(t.numel() * t.element_size() for _, t in self.weights)
@@ -85,7 +85,7 @@ class RoundStaging:
         self, ticket: dict[str, Any], swap: bool = False, track_checksum: bool = False
     ) -> dict[str, Any]:
         """Start receiving round `ticket` in a thread; returns at once. `swap`: load it into
-        the shadow model too (weights/shadow.py), where supported."""
+        the shadow model too (weights/engine_side/shadow.py), where supported."""
         previous = getattr(self, "_tether_staged", None)
         if previous is not None and not previous.done.is_set():
             return {"done": True, "error": f"round {previous.ticket.version} is still staging"}

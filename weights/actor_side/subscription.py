@@ -1,6 +1,6 @@
 """An actor engine's membership in the weight broadcast: register with the learner's store
 (refused when the engine's dtype is not the learner's), and for each round newer than the
-engine's weights, a ticket its workers receive with (weights/receiver.py).
+engine's weights, a ticket its workers receive with (weights/engine_side/receiver.py).
 
     register: members/id = alive, members/id/slots  ──►  seated in the next group formed
     wait_round: latest = v > ours; round/v/group = g; seated in g?  ──►  RoundTicket
@@ -14,14 +14,13 @@ import json
 import logging
 import threading
 import time
-from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
 
 from common.repeats import Repeats
-from weights.dtypes import dtype_mismatch
-from weights.lora import adapter_mismatch
-from weights.rendezvous import (
+from weights.formats.adapter import adapter_mismatch
+from weights.shared.dtypes import dtype_mismatch
+from weights.shared.protocol import RoundTicket
+from weights.shared.rendezvous import (
     CLOSED,
     INFO_KEY,
     NO_GROUP,
@@ -44,31 +43,6 @@ class WeightDtypeMismatch(ValueError):
 
 class AdapterMismatch(ValueError):
     """The engine cannot load the learner's LoRA adapter (rank above its max_lora_rank)."""
-
-
-@dataclass(frozen=True)
-class RoundTicket:
-    """A member's seat in round `version`: what its engine workers need to take part."""
-
-    version: int
-    group_id: int
-    """The group the round is planned on (the sender may move it to a smaller one)."""
-    member_id: int
-    slots: int
-    store_host: str
-    store_port: int
-    join_timeout_s: float
-    transfer_timeout_s: float
-    store_id: str = ""
-    """The store (learner process) that planned the round: a receiver never takes part in
-    it on another store, such as a restarted learner's on the same address."""
-    payload: str = "full"
-    """What the round carries: `full` weights, or a `lora` adapter (weights/lora.py)."""
-    adapter_config: dict[str, Any] | None = None
-    """The adapter's PEFT `adapter_config.json` (payload `lora`)."""
-
-    def as_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
 
 
 class WeightSubscription:

@@ -3,7 +3,7 @@ change from the version before, so an actor outside the learner's network follow
 version from the object store (local disk or S3) without joining the broadcast.
 
     learner (rank 0)                                     actor (actors/weight_log.py)
-    snapshot v10 (full, weights/snapshot.py) ◄── keyframe ──► loads it, or its own copy of v10
+    snapshot v10 (full, formats/snapshot.py) ◄── keyframe ──► loads it, or its own copy of v10
     deltas/v000011.delta  (XOR vs v10, zstd)  ──────────┐
     deltas/v000012.delta  (XOR vs v11, zstd)  ──────────┴──► replay: v10 + 11 + 12 = v12,
     snapshot v20 ... (older deltas are deleted)                bit for bit, checked by CRC
@@ -14,7 +14,7 @@ A delta file is one object, written as the tensors stream past and renamed into 
 
 The header names the version, its base (the version before) and, for every tensor, where
 its payload lies with the encoding and the CRC-32 of the tensor it must give
-(weights/delta.py). `crc` and `base_crc` fingerprint the whole version and its base (the
+(weights/shared/delta.py). `crc` and `base_crc` fingerprint the whole version and its base (the
 CRC-32 of every tensor's CRC, in name order), so a reader whose copy is not the base (it
 missed a delta, or holds a rolled-back history) finds out before it decodes anything.
 """
@@ -31,8 +31,8 @@ from pathlib import Path
 
 import torch
 
-from weights.buckets import dtype_name
-from weights.delta import DeltaMismatch, Payload, crc_of, decode, encode
+from weights.shared.buckets import dtype_name
+from weights.shared.delta import DeltaMismatch, Payload, crc_of, decode, encode
 
 MAGIC = b"TDLT"
 _LENGTH = struct.Struct("<Q")

@@ -2,7 +2,7 @@
 loaded and processed into it while the engine generates, and swapped in by reference while
 it is paused, so the pause holds no load.
 
-    staging thread (weights/staging.py), engine generating     paused
+    staging thread (weights/engine_side/staging.py), engine generating     paused
     received tensors ─► vLLM's reload of the SHADOW model ─►   swap(live, shadow): every
       (checkpoint format ─► kernel format: fused layers,        module's parameters and CPU
        oneDNN handles), never touching the live one             GEMM closure trade places
@@ -25,12 +25,12 @@ from collections.abc import Iterable
 
 import torch
 
-from weights.cpu_packing import (
+from weights.engine_side.cpu_packing import (
     drop_embedding_copies,
     drop_lm_head_copies,
     dropping_embedding_copies,
 )
-from weights.vocab_in_place import vocab_in_place
+from weights.engine_side.vocab_in_place import vocab_in_place
 
 PREFIX = "tether_shadow"
 
@@ -59,7 +59,7 @@ class ShadowModel:
         from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
         from vllm.model_executor.model_loader.reload.inplace import reload_weights
 
-        from weights.tensors import tied_aliases, with_aliases
+        from weights.shared.tensors import tied_aliases, with_aliases
 
         config = self.vllm_config
         with set_current_vllm_config(config):

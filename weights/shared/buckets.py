@@ -5,7 +5,7 @@ Packing is pure: `bucketize` groups consecutive (name, tensor) pairs into lists 
 gathered tensors); `pack_bucket` copies one list into a flat uint8 buffer, each tensor at a
 64-byte aligned offset so any dtype can be viewed in place, described by a JSON header of
 [name, dtype, shape, offset]; `unpack_bucket` views the tensors back out, without copies.
-A tensor may travel as other bytes (`Encoded`: a delta, weights/delta_book.py): its entry
+A tensor may travel as other bytes (`Encoded`: a delta, weights/shared/delta_book.py): its entry
 then carries a fifth field, what to rebuild it from, and unpacks as `Encoded` again.
 torch is imported inside functions so that configs importing this package stay fast.
 """
@@ -27,7 +27,7 @@ ALIGN = 64
 @dataclass(frozen=True)
 class Encoded:
     """A tensor of `dtype` and `shape` that travels as the bytes `data` (uint8, flat), with
-    `meta` saying how to rebuild it (weights/delta_book.py)."""
+    `meta` saying how to rebuild it (weights/shared/delta_book.py)."""
 
     data: torch.Tensor
     dtype: str

@@ -1,7 +1,8 @@
 """Vocabulary-sized layers loaded in place during a weight update, so that an update's host
 memory is bounded by two buckets (docs/weights.md, "Memory of an update").
 
-vLLM's layerwise reload (weights/vllm_worker.py) buffers each layer's incoming tensors, then
+vLLM's layerwise reload (weights/engine_side/vllm_worker.py) buffers each layer's incoming tensors,
+then
 materialises the layer beside the live one, loads it, processes it and copies the result
 back. For an embedding or LM head that is a second vocabulary-sized tensor (519 MB of fp32 at
 Qwen2-0.5B's shape, and the largest bucket of the round is that same tensor) held while its
@@ -11,7 +12,7 @@ head's matrix products) is a function of the weight alone. So its tensors are co
 layer's own `weight_loader` (its vocabulary shard, padding rows zeroed) straight into the live
 parameter, which the reload holds aside and puts back unchanged at the end, and the bucket can
 go at once. The LM heads written are packed again after the reload (`repack`), when no bucket
-is left; their old copies went when the round started (weights/cpu_packing.py).
+is left; their old copies went when the round started (weights/engine_side/cpu_packing.py).
 
 Only exact names of unquantized vocabulary layers are taken (`model.embed_tokens.weight`,
 `lm_head.weight`); anything else (renamed checkpoints, quantized or LoRA-wrapped layers) goes
@@ -157,7 +158,7 @@ class ReloadNotices(logging.Filter):
 
 
 NOTICES = ReloadNotices()
-"""The engine process's filter: the live model's loads and the shadow's (weights/shadow.py)."""
+"""The engine process's filter: the live model's loads and the shadow's (shadow.py)."""
 
 
 @contextmanager

@@ -1,10 +1,15 @@
-"""LoRA adapters over the weight broadcast: the learner sends the adapter's tensors only,
-and each engine applies them as a vLLM LoRA adapter or, without vLLM's LoRA, merged into
-its base weights. The same rounds, communicator and bucket framing as full weights
-(weights/sender.py, weights/collective.py); only the payload and what the engine does with
-it differ, and the store's `info` says which (`payload`, `adapter_config`).
+"""LoRA adapters on disk and by name: PEFT's adapter directory (`adapter_config.json` and
+`adapter_model.safetensors`), PEFT's tensor names, and the merge of an adapter into base
+weights. Read and written by the learner (snapshots, the merge command) and by the engine;
+pure, or torch and safetensors inside functions.
 
-    learner rank 0                                   engine worker (weights/vllm_worker.py)
+Over the weight broadcast the learner sends the adapter's tensors only
+(weights/learner_side/adapter.py), and each engine applies them as a vLLM LoRA adapter or,
+without vLLM's LoRA, merged into its base weights (weights/engine_side/adapter.py). The same
+rounds, communicator and bucket framing as full weights; only the payload and what the
+engine does with it differ, and the store's `info` says which (`payload`, `adapter_config`).
+
+    learner rank 0                                   engine worker (vllm_worker.py)
     adapter_parameters(model): the trainable         receive_weights(ticket, payload "lora")
       tensors, PEFT's names ── buckets (gloo/NCCL) ─►  vLLM LoRA on:  write <tmp>/v<N>/ as a
                                                           PEFT directory; the client then
@@ -30,13 +35,11 @@ and vLLM are imported inside functions: configs importing this package stay fast
 from __future__ import annotations
 
 import json
-import shutil
-import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from weights.snapshot import SnapshotWriter
+from weights.formats.snapshot import SnapshotWriter
 
 if TYPE_CHECKING:
     import torch
@@ -48,9 +51,6 @@ ADAPTER_SLOT = 1
 PEFT_PREFIX = "base_model.model."
 ADAPTER_NAME = "default"
 """PEFT's name of the (only) adapter in the learner's model."""
-
-
-# ---- names and the merge (pure) -------------------------------------------------------------
 
 
 def peft_name(trainer_name: str, adapter_name: str = ADAPTER_NAME) -> str:
@@ -131,20 +131,6 @@ def adapter_mismatch(adapter_config: dict[str, Any], max_lora_rank: int | None) 
     return ""
 
 
-# ---- the learner's side ---------------------------------------------------------------------
-
-
-def adapter_parameters(
-    model: torch.nn.Module, *, dtype: torch.dtype | None = None
-) -> Iterator[tuple[str, torch.Tensor]]:
-    """(PEFT name, full tensor) of every trainable parameter on rank 0, nothing on the
-    others; like `full_parameters`, every rank must exhaust it (each is an all-gather)."""
-    from weights.fsdp import full_parameters
-
-    for name, tensor in full_parameters(model, dtype=dtype, trainable_only=True):
-        yield peft_name(name), tensor
-
-
 class AdapterSnapshotWriter(SnapshotWriter):
     """`<dir>/v<version:06d>/` as a PEFT adapter directory (`adapter_config.json` and one
     `adapter_model.safetensors`), which PEFT, vLLM and `load_snapshot` read. An adapter is
@@ -176,86 +162,3 @@ def read_adapter_dir(path: str | Path) -> tuple[dict[str, Any], dict[str, torch.
     if not (path / ADAPTER_WEIGHTS).is_file():
         raise ValueError(f"{path} has no {ADAPTER_WEIGHTS}")
     return json.loads((path / ADAPTER_CONFIG).read_text()), load_file(path / ADAPTER_WEIGHTS)
-
-
-# ---- the engine's side ----------------------------------------------------------------------
-
-
-def adapter_request(version: int, path: str | Path, *, reload: bool):
-    """vLLM's LoRARequest of version `version`'s adapter at `path`: `reload` (for
-    `add_lora`) replaces what the slot holds; requests carry it with `reload` False."""
-    from vllm.lora.request import LoRARequest
-
-    return LoRARequest(
-        lora_name=f"tether-v{version}",
-        lora_int_id=ADAPTER_SLOT,
-        lora_path=str(path),
-        load_inplace=reload,
-    )
-
-
-def apply_adapter(
-    worker: Any,
-    weights: Iterable[tuple[str, torch.Tensor]],
-    adapter_config: dict[str, Any],
-    *,
-    version: int,
-    track: bool,
-) -> dict[str, Any]:
-    """Inside a vLLM worker (`worker` is the `WeightSyncExtension`): with vLLM's LoRA on,
-    write the adapter as a PEFT directory for the client's `add_lora` (worker rank 0 writes,
-    every worker reads it) and return its `adapter_path`; with it off, merge the adapter into
-    the base weights and reload them (the whole model: the stall of a full update). Returns
-    `num_bytes`: the adapter's bytes."""
-    adapter = {name: tensor.detach().cpu().contiguous() for name, tensor in weights}
-    num_bytes = sum(t.numel() * t.element_size() for t in adapter.values())
-    if worker.vllm_config.lora_config is not None:
-        path = ""
-        if worker.rank == 0:
-            path = str(_adapter_dirs(worker).write(version, adapter, adapter_config))
-        return {"num_bytes": num_bytes, "adapter_path": path}
-    base = _base_weights(worker)
-    unknown = unknown_modules(adapter, (name for name, _ in base))
-    if unknown:
-        raise ValueError(f"adapter weights for modules the engine's model lacks: {unknown[:3]}")
-    worker._tether_reload(merged_weights(base, adapter, scaling(adapter_config)), track)
-    return {"num_bytes": num_bytes, "adapter_path": ""}
-
-
-def _base_weights(worker: Any) -> list[tuple[str, torch.Tensor]]:
-    """The engine's initial weights (its model directory), read once and kept in host
-    memory: every merge starts from them."""
-    from weights.snapshot import safetensors_weights
-
-    if not hasattr(worker, "_tether_base_weights"):
-        model_dir = worker.vllm_config.model_config.model
-        worker._tether_base_weights = list(safetensors_weights(model_dir))
-    return worker._tether_base_weights
-
-
-class AdapterDirs:
-    """A worker's adapter directories, `<tmp>/v<version>/`: the newest two are kept (the
-    slot's current adapter and the one before it), older ones deleted."""
-
-    def __init__(self) -> None:
-        self.root = Path(tempfile.mkdtemp(prefix="tether-adapters-"))
-        self._written: list[Path] = []
-
-    def write(self, version: int, adapter: dict, adapter_config: dict[str, Any]) -> Path:
-        writer = AdapterSnapshotWriter(self.root, version, adapter_config)
-        for name, tensor in adapter.items():
-            writer.add(name, tensor)
-        path = writer.finish()
-        self._written = [p for p in self._written if p != path] + [path]
-        while len(self._written) > 2:
-            shutil.rmtree(self._written.pop(0), ignore_errors=True)
-        return path
-
-    def remove(self) -> None:
-        shutil.rmtree(self.root, ignore_errors=True)
-
-
-def _adapter_dirs(worker: Any) -> AdapterDirs:
-    if not hasattr(worker, "_tether_adapter_dirs"):
-        worker._tether_adapter_dirs = AdapterDirs()
-    return worker._tether_adapter_dirs

@@ -27,7 +27,7 @@ def full_parameters(
     """(name, full tensor) per parameter on rank 0, nothing on the others (each sharded
     tensor is a collective: every rank must exhaust the iterator). `dtype` casts on the
     way out (bf16 halves the bytes for a bf16 engine). `trainable_only` skips frozen
-    parameters (a LoRA adapter's base model, weights/lora.py)."""
+    parameters (a LoRA adapter's base model, weights/formats/adapter.py)."""
     is_sender = not dist.is_initialized() or dist.get_rank() == 0
     for name, param in model.named_parameters():
         if trainable_only and not param.requires_grad:

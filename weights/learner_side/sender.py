@@ -1,12 +1,12 @@
 """Learner rank 0's side of the weight broadcast: serve the store, run one round per version
 over a communicator that lives as long as its membership.
 
-    plan the round's group (weights/membership.py): keep the current one, or publish a new
+    plan the round's group (weights/shared/membership.py): keep the current one, or publish a new
       roster when a member registered, left or was evicted, or the last round failed
     set round/v/group, latest = v
     wait (join_timeout_s) until every member's workers are ready; those that are not are
       evicted and the round goes to a new group without them (round/v/go)
-    send every bucket (weights/collective.py), then wait (transfer_timeout_s) until every
+    send every bucket (weights/shared/collective.py), then wait (transfer_timeout_s) until every
       member says it received all of it
 
 A dead or hung receiver costs the sender at most one `join_timeout_s` (not ready: evicted
@@ -27,12 +27,12 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from weights.collective import send_buckets
-from weights.communicator import WeightGroup
 from weights.config import WeightSyncConfig
-from weights.delta_book import SenderBook
-from weights.membership import Roster, next_roster, without
-from weights.rendezvous import (
+from weights.shared.collective import send_buckets
+from weights.shared.communicator import WeightGroup
+from weights.shared.delta_book import SenderBook
+from weights.shared.membership import Roster, next_roster, without
+from weights.shared.rendezvous import (
     CLOSED,
     INFO_KEY,
     NO_GROUP,
@@ -98,7 +98,7 @@ class WeightSender:
     code); `close()` at the end. `dtype` is the learner's (engines of another are refused
     when they subscribe); tensors may live on any device and are streamed bucket by bucket.
     `adapter_config` (a PEFT `adapter_config.json`) says that rounds carry a LoRA adapter
-    instead of full weights (weights/lora.py).
+    instead of full weights (weights/formats/adapter.py).
     """
 
     def __init__(

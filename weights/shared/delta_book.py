@@ -1,5 +1,5 @@
 """Delta rounds (docs/weights.md, "Delta rounds"): each side of the broadcast keeps the
-version the engines hold, so a round sends only what changed (weights/delta.py's codec) and
+version the engines hold, so a round sends only what changed (weights/shared/delta.py's codec) and
 a receiver rebuilds the new version bit for bit.
 
     sender (learner rank 0)                           receiver (each engine worker)
@@ -26,8 +26,8 @@ from collections.abc import Iterable, Iterator
 
 import torch
 
-from weights.buckets import Encoded, dtype_name
-from weights.delta import DeltaMismatch, Payload, decode, encode
+from weights.shared.buckets import Encoded, dtype_name
+from weights.shared.delta import DeltaMismatch, Payload, decode, encode
 
 KEYFRAME = -1
 """`meta["base"]` of a tensor sent whole."""

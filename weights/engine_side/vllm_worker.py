@@ -1,6 +1,6 @@
 """vLLM worker extension: the engine-worker half of the weight broadcast.
 
-Passed to vLLM as `worker_extension_cls="weights.vllm_worker.WeightSyncExtension"`;
+Passed to vLLM as `worker_extension_cls="weights.engine_side.vllm_worker.WeightSyncExtension"`;
 vLLM mixes it into its worker class, so these methods run inside the engine process (next
 to the model) and are called from the actor with `AsyncLLM.collective_rpc(name, ...)`.
 Arguments cross a process boundary, so they are plain dicts, strings and numbers.
@@ -33,18 +33,19 @@ from typing import Any
 import torch
 from safetensors import SafetensorError
 
-from weights.cpu_packing import (
+from weights.engine_side.adapter import apply_adapter
+from weights.engine_side.cpu_packing import (
     drop_embedding_copies,
     drop_lm_head_copies,
     dropping_embedding_copies,
 )
-from weights.lora import apply_adapter, read_adapter_dir
-from weights.receiver import WeightChannel
-from weights.snapshot import safetensors_weights
-from weights.staging import RoundStaging
-from weights.subscription import RoundTicket
-from weights.tensors import Checksum, tied_aliases, with_aliases
-from weights.vocab_in_place import vocab_in_place
+from weights.engine_side.receiver import WeightChannel
+from weights.engine_side.staging import RoundStaging
+from weights.engine_side.vocab_in_place import vocab_in_place
+from weights.formats.adapter import read_adapter_dir
+from weights.formats.snapshot import safetensors_weights
+from weights.shared.protocol import RoundTicket
+from weights.shared.tensors import Checksum, tied_aliases, with_aliases
 
 
 class WeightSyncExtension(RoundStaging):

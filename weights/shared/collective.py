@@ -1,4 +1,4 @@
-"""Buckets over a weight group (weights/communicator.py): rank 0 streams packed buckets,
+"""Buckets over a weight group (weights/shared/communicator.py): rank 0 streams packed buckets,
 every other rank yields tensors as they arrive.
 
 Framing, per bucket (rank 0 sends, everyone else receives):
@@ -22,12 +22,12 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING
 
-from weights.buckets import bucketize, on_device, pack_bucket, unpack_bucket
+from weights.shared.buckets import bucketize, on_device, pack_bucket, unpack_bucket
 
 if TYPE_CHECKING:
     import torch
 
-    from weights.communicator import WeightGroup
+    from weights.shared.communicator import WeightGroup
 
 MAX_IN_FLIGHT = 2
 

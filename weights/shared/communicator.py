@@ -11,7 +11,7 @@ Every wait is bounded and explicit, on NCCL as on gloo:
   current CUDA stream after the collective and returns at once: a dead or hung peer would
   surface nowhere but in the watchdog, which by default (TORCH_NCCL_ASYNC_ERROR_HANDLING=3)
   takes the whole process down. Our own deadline comes first, and the group is built
-  without a watchdog (TORCH_NCCL_BLOCKING_WAIT=1, error handling 2: weights/nccl_env.py),
+  without a watchdog (TORCH_NCCL_BLOCKING_WAIT=1, error handling 2: weights/shared/nccl_env.py),
   so a learner or engine outlives any peer, also the minutes after.
 - `close()` first waits (bounded) for every collective it started, then aborts: after that
   synchronisation nothing is in flight, so an abort cannot cut a broadcast short, and it
@@ -32,8 +32,8 @@ from datetime import timedelta
 from typing import TYPE_CHECKING
 
 from common.environ import environ_set
-from weights.nccl_env import WEIGHT_GROUP_ENV
-from weights.rendezvous import PREFIX, is_loopback
+from weights.shared.nccl_env import WEIGHT_GROUP_ENV
+from weights.shared.rendezvous import PREFIX, is_loopback
 
 if TYPE_CHECKING:
     import torch
@@ -71,7 +71,7 @@ def _new_backend(store, host: str, group_id: int, rank: int, world_size: int, ba
         # (bounded by TORCH_NCCL_NONBLOCKING_TIMEOUT, which each role sets at start).
         options.config.blocking = 0
         # Read from the environment per group, in its constructor: no watchdog for this
-        # group, so a failed round never reaches NCCL's process monitor (weights/nccl_env.py).
+        # group, so a failed round never reaches NCCL's process monitor (nccl_env.py).
         with environ_set(WEIGHT_GROUP_ENV):
             return dist.ProcessGroupNCCL(prefixed, rank, world_size, options)
     raise ValueError(f"unknown backend {backend!r}")

@@ -1,6 +1,6 @@
 """Who is in the weight broadcast's group, decided round by round (pure).
 
-A group (one communicator, weights/communicator.py) lives as long as its membership: the
+A group (one communicator, weights/shared/communicator.py) lives as long as its membership: the
 sender keeps it while exactly the same members are alive and its last round went through,
 and forms a new one (a new group id, every alive member seated again) when a member
 registered, left or was evicted, or a round failed. So a new or restarted engine joins at
