@@ -9,11 +9,10 @@ in-flight weight update, both on one `vllm.v1` AsyncLLM.
       update_weight_version(v) ─────► later steps are labelled v
       resume_generation() ──────────► step, step, ... (same requests continue)
 
-Each token's policy version comes from vLLM's own weight-version label: the engine stamps
-every step's outputs with its current label, and the final output carries the spans. A
-token sampled before the update carries the old version, one after it the new one, so a
-trajectory that crosses an update says so token by token (read from vLLM's outputs, as
-the request was built, in actors/vllm_requests.py).
+Each token's policy version is vLLM's own weight-version label, stamped on every step's
+outputs: a trajectory that crosses an update says so token by token (actors/vllm_requests.py).
+The workers' side of every update is weights/engine_side/, called by the method names and
+answering in the types of weights/shared/protocol.py.
 
 Requests that are running when an update lands keep their KV cache (unless
 `recompute_kv_on_update`); requests admitted after it never reuse prefix blocks that older
@@ -49,7 +48,7 @@ from actors.vllm_requests import (
 )
 from common.environ import environ_set
 from weights.actor_side.follower import WeightUpdate, WeightUpdateError
-from weights.shared.protocol import RoundTicket
+from weights.shared.protocol import LoadResult, RoundTicket, StageState, Worker
 
 log = logging.getLogger(__name__)
 
@@ -69,9 +68,7 @@ class VllmEngine:
         self.weights_mixed = False
         """A streamed round failed half-way: generation stays paused until a whole load."""
         self._update_lock = asyncio.Lock()
-        # Salts each request's prefix cache: bumped when an update starts and when its weights
-        # are in, so a later request never reuses KV blocks older weights computed.
-        self._cache_epoch = 0
+        self._cache_epoch = 0  # prefix-cache salt: bumped as an update starts and ends
         self.max_lora_rank = config.max_lora_rank if config.enable_lora else None
         """The largest LoRA adapter this engine loads natively; None: it merges adapters."""
         self._lora_request = None  # the adapter version every new request generates with
@@ -174,7 +171,7 @@ class VllmEngine:
 
     # ---- weights ------------------------------------------------------------------------------
 
-    async def _worker_call(self, method: str, *args: Any) -> list[Any]:
+    async def _worker_call(self, method: str, *args: Any) -> list[Any]:  # a `Worker` name
         """collective_rpc on every worker; a worker's failure becomes WeightUpdateError
         (`weights_mixed`: the worker's methods report the failures they expect, so what
         escapes them may have stopped a load part-way)."""
@@ -205,30 +202,30 @@ class VllmEngine:
         generation resumes on the old weights, or (a streamed load cut short) stays paused
         until a whole load."""
         async with self._update_lock:
-            load = ("receive_weights", ticket.as_dict(), False)
+            load = (Worker.RECEIVE, ticket.as_dict(), False)
             if self.config.stages_weights:
                 await self._stage(ticket)
-                load = ("load_staged_weights", ticket.as_dict())
+                load = (Worker.LOAD_STAGED, ticket.as_dict())
             started = time.monotonic()
             self._cache_epoch += 1  # requests admitted while the pause takes effect
             await self._pause(clear_cache=self.config.recompute_kv_on_update)
             pause_s = time.monotonic() - started
             try:
-                results = await self._worker_call(*load, self.config.track_weights_checksum)
-                failed = [r for r in results if not r["ok"]]
+                answers = await self._worker_call(*load, self.config.track_weights_checksum)
+                results = [LoadResult.from_dict(answer) for answer in answers]
+                failed = [r for r in results if not r.ok]
                 if failed:
                     # Some workers loaded and some did not (TP), or a load was cut short: the
                     # model no longer holds one version (nor does it if it did not before).
                     mixed = self.weights_mixed or len(failed) < len(results)
-                    mixed = mixed or any(r["weights_mixed"] for r in results)
+                    mixed = mixed or any(r.weights_mixed for r in results)
                     raise WeightUpdateError(
-                        f"round {ticket.version} failed in the engine worker: "
-                        f"{failed[0]['error']}"
+                        f"round {ticket.version} failed in the engine worker: {failed[0].error}"
                         + ("; weights mixed, generation paused" if mixed else ""),
                         weights_mixed=mixed,
                     )
                 self.weights_mixed = False  # every worker loaded the whole round
-                adapter_s = await self._use_adapter(results[0].get("adapter_path"), ticket.version)
+                adapter_s = await self._use_adapter(results[0].adapter_path, ticket.version)
                 await self.llm.update_weight_version(str(ticket.version))
                 self.version = ticket.version
                 self._cache_epoch += 1  # from here on: blocks of the new weights only
@@ -243,23 +240,26 @@ class VllmEngine:
             version=ticket.version,
             stall_s=stall_s,
             pause_s=pause_s,
-            receive_s=max(r["receive_s"] for r in results),
-            load_s=max(r["load_s"] for r in results) + adapter_s,
-            num_bytes=results[0]["num_bytes"],
-            wire_s=max(r.get("wire_s", 0.0) for r in results),
+            receive_s=max(r.receive_s for r in results),
+            load_s=max(r.load_s for r in results) + adapter_s,
+            num_bytes=results[0].num_bytes,
+            wire_s=max(r.wire_s for r in results),
         )
 
     async def _stage(self, ticket: RoundTicket) -> None:
         """Receive round `ticket` into the workers' host memory while generation goes on;
         WeightUpdateError (weights untouched, nothing paused) when the round failed."""
         swap, track = self.config.weight_swap, self.config.track_weights_checksum
-        states = await self._worker_call("stage_weights", ticket.as_dict(), swap, track)
-        while not any(s["error"] for s in states) and not all(s["done"] for s in states):
+        states = await self._stage_states(Worker.STAGE, ticket.as_dict(), swap, track)
+        while not any(s.error for s in states) and not all(s.done for s in states):
             await asyncio.sleep(0.005)  # each call is served between two engine steps
-            states = await self._worker_call("staged_weights_state")
-        if errors := [s["error"] for s in states if s["error"]]:
-            await self._worker_call("drop_staged_weights")
+            states = await self._stage_states(Worker.STAGED_STATE)
+        if errors := [s.error for s in states if s.error]:
+            await self._worker_call(Worker.DROP_STAGED)
             raise WeightUpdateError(f"round {ticket.version} failed while staged: {errors[0]}")
+
+    async def _stage_states(self, method: str, *args: Any) -> list[StageState]:
+        return [StageState.from_dict(a) for a in await self._worker_call(method, *args)]
 
     async def _use_adapter(self, path: str | None, version: int) -> float:
         """A LoRA adapter the workers received (or a snapshot's): load it into the engine's
@@ -280,10 +280,9 @@ class VllmEngine:
         return time.monotonic() - started
 
     async def close_weight_channel(self) -> None:
-        """Leave the weight broadcast's group cleanly (before the engine stops); nothing to
-        do when the engine is gone (its workers' communicators went with them)."""
+        """Leave the weight broadcast's group cleanly (not needed once the engine died)."""
         if self.llm is not None and not self.llm.errored:
-            await self._worker_call("close_weight_channel")
+            await self._worker_call(Worker.CLOSE)
 
     async def load_snapshot(self, path: str, version: int) -> float:
         """Load a weights snapshot from disk (a late joiner, or recovery after a failed
@@ -320,15 +319,15 @@ class VllmEngine:
             await self._use_adapter(path, version)
             return
         if adapter:
-            results = await self._worker_call("merge_adapter_from_path", path, version, track)
+            answers = await self._worker_call(Worker.MERGE_SNAPSHOT, path, version, track)
         else:
-            results = await self._worker_call("load_weights_from_path", path, track, staged)
-        failed = [r for r in results if not r["ok"]]
+            answers = await self._worker_call(Worker.LOAD_SNAPSHOT, path, track, staged)
+        results = [LoadResult.from_dict(answer) for answer in answers]
+        failed = [r for r in results if not r.ok]
         if failed:
             raise WeightUpdateError(
-                f"snapshot {path} not loaded: {failed[0]['error']}",
-                weights_mixed=any(r["weights_mixed"] for r in results)
-                or len(failed) < len(results),
+                f"snapshot {path} not loaded: {failed[0].error}",
+                weights_mixed=any(r.weights_mixed for r in results) or len(failed) < len(results),
             )
         if not adapter:
             # Full weights hold the whole policy (a LoRA run's version 0 is its base model,
@@ -337,7 +336,7 @@ class VllmEngine:
 
     async def weights_checksum(self) -> dict[str, float] | None:
         """Fingerprint of the weights loaded last (see `track_weights_checksum`)."""
-        return (await self.llm.collective_rpc("weights_checksum"))[0]
+        return (await self.llm.collective_rpc(Worker.CHECKSUM))[0]
 
     def shutdown(self) -> None:
         """Stop the engine processes (idempotent; engine_processes.shut_down)."""

@@ -97,9 +97,27 @@ def _weights_problems(path: Path) -> list[str]:
 def test_each_side_of_the_weight_path_imports_only_its_own_and_the_shared_parts():
     modules = _modules("weights")
     assert {p.relative_to(REPO / "weights").parts[0] for p in modules} <= {
-        *WEIGHT_SIDES, "shared", "formats", "config.py"
+        *WEIGHT_SIDES,
+        "shared",
+        "formats",
+        "config.py",
     }
     assert [problem for path in modules for problem in _weights_problems(path)] == []
+
+
+def test_the_engine_workers_state_is_one_object():
+    """vLLM mixes our worker methods into its worker class: state kept as that class's
+    attributes would share its namespace. It lives in one WorkerState (engine_side/state.py),
+    reached through `worker_state`; no attribute or method of ours is named `_tether...`."""
+    found = [
+        f"{path.relative_to(REPO)}:{node.lineno} {getattr(node, 'attr', getattr(node, 'name', ''))}"
+        for package in ("weights", "actors")
+        for path in _modules(package)
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Attribute | ast.FunctionDef)
+        and getattr(node, "attr", getattr(node, "name", "")).startswith("_tether")
+    ]
+    assert found == []
 
 
 def test_the_trainer_imports_nothing_of_the_bus():

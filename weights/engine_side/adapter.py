@@ -5,19 +5,20 @@ in place; with it off, the adapter merged into the base weights and the model re
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from weights.engine_side.loading import reload
+from weights.engine_side.state import worker_state
 from weights.formats.adapter import (
     ADAPTER_SLOT,
-    AdapterSnapshotWriter,
+    AdapterDirs,
     merged_weights,
     scaling,
     unknown_modules,
 )
+from weights.formats.snapshot import safetensors_weights
 
 if TYPE_CHECKING:
     import torch
@@ -43,61 +44,27 @@ def apply_adapter(
     *,
     version: int,
     track: bool,
-) -> dict[str, Any]:
+) -> tuple[int, str]:
     """Inside a vLLM worker (`worker` is the `WeightSyncExtension`): with vLLM's LoRA on,
     write the adapter as a PEFT directory for the client's `add_lora` (worker rank 0 writes,
-    every worker reads it) and return its `adapter_path`; with it off, merge the adapter into
-    the base weights and reload them (the whole model: the stall of a full update). Returns
-    `num_bytes`: the adapter's bytes."""
+    every worker reads it); with it off, merge the adapter into the base weights and reload
+    them (the whole model: the stall of a full update). Returns the adapter's bytes and the
+    directory written ("" when merged, or on the other ranks)."""
     adapter = {name: tensor.detach().cpu().contiguous() for name, tensor in weights}
     num_bytes = sum(t.numel() * t.element_size() for t in adapter.values())
+    state = worker_state(worker)
     if worker.vllm_config.lora_config is not None:
-        path = ""
-        if worker.rank == 0:
-            path = str(_adapter_dirs(worker).write(version, adapter, adapter_config))
-        return {"num_bytes": num_bytes, "adapter_path": path}
-    base = _base_weights(worker)
+        if worker.rank != 0:
+            return num_bytes, ""
+        if state.adapter_dirs is None:
+            state.adapter_dirs = AdapterDirs()
+        return num_bytes, str(state.adapter_dirs.write(version, adapter, adapter_config))
+    if state.base_weights is None:  # read once, kept in host memory: every merge starts there
+        model_dir = worker.vllm_config.model_config.model
+        state.base_weights = list(safetensors_weights(model_dir))
+    base = state.base_weights
     unknown = unknown_modules(adapter, (name for name, _ in base))
     if unknown:
         raise ValueError(f"adapter weights for modules the engine's model lacks: {unknown[:3]}")
-    worker._tether_reload(merged_weights(base, adapter, scaling(adapter_config)), track)
-    return {"num_bytes": num_bytes, "adapter_path": ""}
-
-
-def _base_weights(worker: Any) -> list[tuple[str, torch.Tensor]]:
-    """The engine's initial weights (its model directory), read once and kept in host
-    memory: every merge starts from them."""
-    from weights.formats.snapshot import safetensors_weights
-
-    if not hasattr(worker, "_tether_base_weights"):
-        model_dir = worker.vllm_config.model_config.model
-        worker._tether_base_weights = list(safetensors_weights(model_dir))
-    return worker._tether_base_weights
-
-
-class AdapterDirs:
-    """A worker's adapter directories, `<tmp>/v<version>/`: the newest two are kept (the
-    slot's current adapter and the one before it), older ones deleted."""
-
-    def __init__(self) -> None:
-        self.root = Path(tempfile.mkdtemp(prefix="tether-adapters-"))
-        self._written: list[Path] = []
-
-    def write(self, version: int, adapter: dict, adapter_config: dict[str, Any]) -> Path:
-        writer = AdapterSnapshotWriter(self.root, version, adapter_config)
-        for name, tensor in adapter.items():
-            writer.add(name, tensor)
-        path = writer.finish()
-        self._written = [p for p in self._written if p != path] + [path]
-        while len(self._written) > 2:
-            shutil.rmtree(self._written.pop(0), ignore_errors=True)
-        return path
-
-    def remove(self) -> None:
-        shutil.rmtree(self.root, ignore_errors=True)
-
-
-def _adapter_dirs(worker: Any) -> AdapterDirs:
-    if not hasattr(worker, "_tether_adapter_dirs"):
-        worker._tether_adapter_dirs = AdapterDirs()
-    return worker._tether_adapter_dirs
+    reload(worker, merged_weights(base, adapter, scaling(adapter_config)), track)
+    return num_bytes, ""

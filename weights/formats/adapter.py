@@ -35,6 +35,8 @@ and vLLM are imported inside functions: configs importing this package stay fast
 from __future__ import annotations
 
 import json
+import shutil
+import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -162,3 +164,25 @@ def read_adapter_dir(path: str | Path) -> tuple[dict[str, Any], dict[str, torch.
     if not (path / ADAPTER_WEIGHTS).is_file():
         raise ValueError(f"{path} has no {ADAPTER_WEIGHTS}")
     return json.loads((path / ADAPTER_CONFIG).read_text()), load_file(path / ADAPTER_WEIGHTS)
+
+
+class AdapterDirs:
+    """A worker's adapter directories, `<tmp>/v<version>/`: the newest two are kept (the
+    slot's current adapter and the one before it), older ones deleted."""
+
+    def __init__(self) -> None:
+        self.root = Path(tempfile.mkdtemp(prefix="tether-adapters-"))
+        self._written: list[Path] = []
+
+    def write(self, version: int, adapter: dict, adapter_config: dict[str, Any]) -> Path:
+        writer = AdapterSnapshotWriter(self.root, version, adapter_config)
+        for name, tensor in adapter.items():
+            writer.add(name, tensor)
+        path = writer.finish()
+        self._written = [p for p in self._written if p != path] + [path]
+        while len(self._written) > 2:
+            shutil.rmtree(self._written.pop(0), ignore_errors=True)
+        return path
+
+    def remove(self) -> None:
+        shutil.rmtree(self.root, ignore_errors=True)

@@ -1,12 +1,90 @@
-"""The contract between an actor and its engine's workers: what the actor's subscription
-hands the workers for a round (`RoundTicket`, weights/actor_side/subscription.py makes it),
-which the workers (weights/engine_side/) take part in the round with. Both sides import it;
-it imports neither vLLM nor the learner's side."""
+"""The contract between an actor and its engine's workers (weights/engine_side/, inside
+vLLM's worker processes): the worker methods the actor calls by name through vLLM's
+`collective_rpc`, what it hands them for a round (`RoundTicket`, made by the actor's
+subscription), and what they answer (`LoadResult`, `StageState`). Arguments and answers
+cross processes as plain dicts (`as_dict`, `from_dict`): vLLM serialises them with msgpack.
+Both sides import this module; it imports neither vLLM nor the learner's side.
+
+    actor (actors/vllm_engine.py)                    worker (weights/engine_side/vllm_worker.py)
+    Worker.RECEIVE(ticket, staged, track) ─────────► LoadResult: receive and load a round
+    Worker.STAGE(ticket, swap, track) ─────────────► StageState: receive in a thread
+    Worker.STAGED_STATE() ─────────────────────────► StageState
+    Worker.LOAD_STAGED(ticket, track) ─────────────► LoadResult: load what was staged
+    Worker.DROP_STAGED()                             forget it
+    Worker.LOAD_SNAPSHOT(path, track, staged) ─────► LoadResult (version 0: a snapshot)
+    Worker.MERGE_SNAPSHOT(path, version, track) ───► LoadResult: an adapter, merged
+    Worker.CHECKSUM() ─────────────────────────────► the last load's checksum, or None
+    Worker.CLOSE()                                   leave the broadcast's group
+"""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
+
+
+class Worker:
+    """The names of the worker's methods (WeightSyncExtension), as the actor calls them."""
+
+    RECEIVE = "receive_weights"
+    STAGE = "stage_weights"
+    STAGED_STATE = "staged_weights_state"
+    LOAD_STAGED = "load_staged_weights"
+    DROP_STAGED = "drop_staged_weights"
+    LOAD_SNAPSHOT = "load_weights_from_path"
+    MERGE_SNAPSHOT = "merge_adapter_from_path"
+    CHECKSUM = "weights_checksum"
+    CLOSE = "close_weight_channel"
+
+
+@dataclass
+class LoadResult:
+    """What one worker's load of a round or a snapshot came to. A failure the worker
+    expects (a failed round, a snapshot it cannot read, a tensor the model refuses) is
+    `ok` False with its `error`, never an exception; `weights_mixed` when the load had
+    begun (some layers new, some old)."""
+
+    version: int = 0
+    ok: bool = True
+    error: str = ""
+    weights_mixed: bool = False
+    num_bytes: int = 0
+    receive_s: float = 0.0
+    """Forming the round's group and waiting for its buckets."""
+    load_s: float = 0.0
+    """The rest: loading into the model (for a staged round, the pause's load alone)."""
+    wire_s: float = 0.0
+    """Of `receive_s`, the round's messages' time on the wire."""
+    shadow_s: float = 0.0
+    """Loading a staged round into the shadow model, off the pause (0: none)."""
+    adapter_path: str = ""
+    """A LoRA round on an engine with vLLM's LoRA: the directory for `add_lora`."""
+
+    def failed(self, error: str, *, mixed: bool) -> LoadResult:
+        return dataclasses.replace(self, ok=False, error=error, weights_mixed=mixed)
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> LoadResult:
+        return cls(**values)
+
+
+@dataclass(frozen=True)
+class StageState:
+    """A staged round: received (`done`), or failed while staging (`error`)."""
+
+    done: bool
+    error: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> StageState:
+        return cls(**values)
 
 
 @dataclass(frozen=True)
@@ -26,7 +104,8 @@ class RoundTicket:
     """The store (learner process) that planned the round: a receiver never takes part in
     it on another store, such as a restarted learner's on the same address."""
     payload: str = "full"
-    """What the round carries: `full` weights, or a `lora` adapter (weights/formats/adapter.py)."""
+    """What the round carries: `full` weights, or a `lora` adapter
+    (weights/formats/adapter.py)."""
     adapter_config: dict[str, Any] | None = None
     """The adapter's PEFT `adapter_config.json` (payload `lora`)."""
 
