@@ -78,7 +78,7 @@ lint: install
 # scale is its own target (bench-scale: ~11 min of real runs up to a 0.5B model), and so is
 # agentic (bench-agentic: ~20 min of runs with slow tools); dynamic_sampling runs by hand
 # (python bench/dynamic_sampling.py: six demo runs, ~10 min; docs/running.md), and so does
-# tasks (python -m bench.tasks: RL vs SFT on 3 reasoning-gym families x 3 seeds, ~40 min),
+# tasks (python -m bench.tasks: RL vs SFT on 3 reasoning-gym families x 3 seeds, ~30 min),
 # agent_workflow (python -m bench.agent_workflow: the agent walkthrough's run against the
 # demo's, 3 pairs, ~15 min) and token_rule (python -m bench.token_rule: the staleness rule per
 # token against per group with 30 s tool tails, 3 seeds, ~20 min).

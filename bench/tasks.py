@@ -32,7 +32,7 @@ RL's end is above its start and above SFT's end by more than the band (`held`).
     python -m bench.tasks [--families chain_sum,count_bits] [--seeds 0,1,2] [--steps 30]
 
 Writes bench/results/tasks.json and docs/images/tasks_pass_at_1.png and prints the markdown
-table (bench/render/tasks.py, rendered into docs/benchmarks.md). About 40 minutes on 2 cores.
+table (bench/render/tasks.py, rendered into docs/benchmarks.md). About half an hour on 2 cores.
 """
 
 from __future__ import annotations

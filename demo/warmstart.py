@@ -49,6 +49,12 @@ CLI_FIELDS = ("init", "fraction", "max_steps", "stop_at", "check_every", "num_ch
 class WarmStartRecipe(StrictModel):
     """Everything that decides a warm start from a set of rows."""
 
+    model_config = pydantic.ConfigDict(
+        extra="forbid",
+        validate_assignment=True,
+        use_attribute_docstrings=True,  # --help
+    )
+
     init: str = "shipped"
     """Start weights: "shipped" (the calculator model), "random" (its architecture, random
     weights), or a model directory."""
@@ -248,8 +254,9 @@ def main(argv: list[str] | None = None) -> None:
     for name in CLI_FIELDS:
         field = fields[name]
         kind = {float | None: float}.get(field.annotation, field.annotation)
+        said = " ".join(field.description.split()).replace("%", "%%")  # argparse's % format
         parser.add_argument(f"--{name.replace('_', '-')}", type=kind, default=field.default,
-                            help=f"{field.description} (default: {field.default})")  # fmt: skip
+                            help=f"{said} (default: {field.default})")  # fmt: skip
     parser.add_argument("--no-stop", action="store_true", help="run --max-steps, no early stop")
     parser.add_argument("--snapshot-every", type=int, help="also save weights every N steps")
     args = parser.parse_args(argv)
