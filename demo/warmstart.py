@@ -49,11 +49,8 @@ CLI_FIELDS = ("init", "fraction", "max_steps", "stop_at", "check_every", "num_ch
 class WarmStartRecipe(StrictModel):
     """Everything that decides a warm start from a set of rows."""
 
-    model_config = pydantic.ConfigDict(
-        extra="forbid",
-        validate_assignment=True,
-        use_attribute_docstrings=True,  # --help
-    )
+    # StrictModel's config, and the fields' docstrings as their descriptions (for --help)
+    model_config = {**StrictModel.model_config, "use_attribute_docstrings": True}
 
     init: str = "shipped"
     """Start weights: "shipped" (the calculator model), "random" (its architecture, random

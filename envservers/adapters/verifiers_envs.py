@@ -41,18 +41,19 @@ def build_provider(env_id: str, name: str, settings: dict[str, Any]) -> EnvProvi
 
 def rollout_and_score(env: Any):
     """The workflow that plays one row of `env` as verifiers would, and scores it."""
-    served: list[str] = []  # the endpoint's model name, asked once
+    model: str | None = None  # the endpoint's model name, asked once
 
     async def run(client: Any, task: dict[str, Any]) -> dict[str, float]:
         from verifiers.utils.message_utils import cleanup_messages
 
-        if not served:
-            served.append((await client.models.list()).data[0].id)
+        nonlocal model
+        if model is None:
+            model = (await client.models.list()).data[0].id
         prompt, answer, vf_task, info = verifiers_envs.rollout_inputs(task)
         if env.oai_tools and "oai_tools" not in info:
             info["oai_tools"] = env.oai_tools
         prompt = cleanup_messages(prompt)
-        completion, state = await env.rollout(client, served[0], prompt, answer, vf_task, info,
+        completion, state = await env.rollout(client, model, prompt, answer, vf_task, info,
                                               copy.deepcopy(env.sampling_args))  # fmt: skip
         score = await env.rubric.score_rollout(prompt, completion, answer, state,
                                                task=vf_task, info=info)  # fmt: skip

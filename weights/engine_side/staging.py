@@ -43,7 +43,7 @@ class RoundStaging:
         if previous is not None and not previous.done.is_set():
             busy = f"round {previous.ticket.version} is still staging"
             return StageState(done=True, error=busy).as_dict()
-        job = StagedRound(RoundTicket(**ticket))
+        job = StagedRound(RoundTicket.from_dict(ticket))
         state.staged = job
         spare = state.shadow(self.vllm_config) if swap and job.ticket.payload != "lora" else None
         shadow = (spare, self.model_runner.get_model()) if spare is not None else None
@@ -68,7 +68,7 @@ class RoundStaging:
         `receive_weights`; never raises for a round the model refuses."""
         state = worker_state(self)
         job, state.staged = state.staged, None
-        version = RoundTicket(**ticket).version
+        version = RoundTicket.from_dict(ticket).version
         if job is None or job.ticket.version != version or job.error:
             error = job.error if job is not None and job.error else f"round {version} not staged"
             return LoadResult(version=version).failed(error, mixed=False).as_dict()

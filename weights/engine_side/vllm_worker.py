@@ -51,7 +51,7 @@ class WeightSyncExtension(RoundStaging):
         long-lived group, receive every tensor and load it (streamed: each bucket as it
         arrives; `staged`: all of them after the last). A `LoadResult`, as a dict; never
         raises for a failed round."""
-        round_ticket = RoundTicket(**ticket)
+        round_ticket = RoundTicket.from_dict(ticket)
         state = worker_state(self)
         started = time.monotonic()
         state.load_started = False

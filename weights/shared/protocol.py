@@ -21,7 +21,19 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Self
+
+
+class Wire:
+    """A dataclass that crosses between the actor and its engine's workers as a plain dict
+    (vLLM serialises a collective_rpc's arguments and answers with msgpack)."""
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> Self:
+        return cls(**values)
 
 
 class Worker:
@@ -39,7 +51,7 @@ class Worker:
 
 
 @dataclass
-class LoadResult:
+class LoadResult(Wire):
     """What one worker's load of a round or a snapshot came to. A failure the worker
     expects (a failed round, a snapshot it cannot read, a tensor the model refuses) is
     `ok` False with its `error`, never an exception; `weights_mixed` when the load had
@@ -64,31 +76,17 @@ class LoadResult:
     def failed(self, error: str, *, mixed: bool) -> LoadResult:
         return dataclasses.replace(self, ok=False, error=error, weights_mixed=mixed)
 
-    def as_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> LoadResult:
-        return cls(**values)
-
 
 @dataclass(frozen=True)
-class StageState:
+class StageState(Wire):
     """A staged round: received (`done`), or failed while staging (`error`)."""
 
     done: bool
     error: str = ""
 
-    def as_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> StageState:
-        return cls(**values)
-
 
 @dataclass(frozen=True)
-class RoundTicket:
+class RoundTicket(Wire):
     """A member's seat in round `version`: what its engine workers need to take part."""
 
     version: int
@@ -108,6 +106,3 @@ class RoundTicket:
     (weights/formats/adapter.py)."""
     adapter_config: dict[str, Any] | None = None
     """The adapter's PEFT `adapter_config.json` (payload `lora`)."""
-
-    def as_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
