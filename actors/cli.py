@@ -1,8 +1,9 @@
 """`actor --config C --replicas N [section.key=value ...]`: start N actor replicas.
 
-The config ([actor] and [broker] sections), the model directory and the replicas' metrics
-ports are checked before torch or vLLM is imported, so `--help`, a bad config, a wrong path
-and a taken port answer at once (one line, exit code 2; docs/running.md). Each replica is a
+The config ([actor], [broker], [storage] and [restarts] sections), the model directory and
+the replicas' metrics ports are checked before torch or vLLM is imported, so `--help`, a bad
+config, a wrong path and a taken port answer at once (one line, exit code 2;
+docs/running.md). Each replica is a
 local process with its own vLLM engine (actors/replicas.py); this process supervises them
 and passes SIGTERM on.
 """
@@ -40,11 +41,13 @@ def main(argv: list[str] | None = None) -> int:
     from broker.config import BrokerConfig
     from common.config import load_section
     from common.storage_config import StorageConfig
+    from common.supervision import RestartPolicy
 
     try:
         config = load_section(ActorConfig, args.config, "actor", args.overrides)
         load_section(BrokerConfig, args.config, "broker", args.overrides)
         load_section(StorageConfig, args.config, "storage", args.overrides)
+        restarts = load_section(RestartPolicy, args.config, "restarts", args.overrides)
     except ValueError as e:
         print(f"actor: {e}", file=sys.stderr)
         return 2
@@ -90,9 +93,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         for i in range(args.replicas)
     ]
-    return supervise(
-        LocalProcesses(), specs, should_stop=lambda: bool(stopping), policy=config.restarts
-    )
+    return supervise(LocalProcesses(), specs, should_stop=lambda: bool(stopping), policy=restarts)
 
 
 def preflight(config, num_replicas: int) -> str | None:

@@ -15,7 +15,6 @@ import pydantic
 
 from actors.env_config import EnvConfig
 from common.config import StrictModel
-from common.restarts import RestartPolicy
 from weights.shared.dtypes import canonical_dtype
 
 VLLM_ENGINE_ARGS = frozenset(
@@ -324,9 +323,6 @@ class ActorConfig(StrictModel):
     takes entry i modulo their number. None: `actor --replicas N` plans them over the GPUs
     it sees (CUDA_VISIBLE_DEVICES, else nvidia-smi), `engine.num_gpus` each, and refuses
     when they are too few; on a machine without GPUs nothing is set."""
-    restarts: RestartPolicy = RestartPolicy(initial_backoff_s=2.0)
-    """How `actor --replicas N` restarts a replica that dies (backoff, restart budget); a
-    replica that spends its budget stops the actor process (its own supervisor decides)."""
 
     @pydantic.model_validator(mode="after")
     def _sequences_fit_the_engine(self) -> ActorConfig:

@@ -25,7 +25,7 @@ from actors.types import ActorEngine
 from broker.config import BrokerConfig
 from broker.connection import BrokerUnreachable, wait_for_broker
 from broker.security import BrokerRefused
-from common.restarts import EXIT_CONFIG, EXIT_UNREACHABLE
+from common.supervision import EXIT_CONFIG, EXIT_UNREACHABLE
 from protos.channel import client_credentials
 from protos.client import EnvClient, GrpcEnvConnector
 from weights.actor_side.subscription import AdapterMismatch, WeightDtypeMismatch
@@ -53,7 +53,7 @@ def run_replica(spec: ReplicaSpec, build: BuildActor, *, check_env: bool = False
     The broker is waited for before the engine starts, so a broker that is down is said at
     once (not after the engine's start-up), and a SIGTERM meanwhile ends the process in
     well under a second. What cannot heal ends it with one line on stderr and an exit code
-    the supervisor does not restart (common/restarts.py): EXIT_CONFIG for a taken metrics
+    the supervisor does not restart (common/supervision.py): EXIT_CONFIG for a taken metrics
     port, a config the engine refuses (ValueError), credentials the broker refuses, or an
     engine whose dtype or LoRA rank the learner's weights do not fit;
     EXIT_UNREACHABLE for a broker that did not answer within broker.connect_timeout_s."""

@@ -8,8 +8,9 @@ interpreter, and a crash takes one replica, not all) and process group, so that 
 killed outright does not leave its vLLM engine behind: the engine does not notice its
 client's death and would keep its memory for ever. `supervise` keeps N replicas running: a
 replica that exits with an error is cleaned up and restarted after a backoff, within a
-restart budget (`common.restarts`); SIGTERM is passed on to every replica, which drains its
-running groups and exits.
+restart budget, and its starts and exits are events in the run's events file (the decisions
+and the format are common/supervision.py's, as for every supervisor); SIGTERM is passed on
+to every replica, which drains its running groups and exits.
 """
 
 from __future__ import annotations
@@ -27,7 +28,14 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from common.procs import die_with_parent
-from common.restarts import FINAL_EXIT_CODES, RestartPolicy, RestartTracker
+from common.supervision import (
+    EXIT_GAVE_UP,
+    FINAL_EXIT_CODES,
+    ROLE_ENV,
+    Events,
+    RestartPolicy,
+    Supervised,
+)
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +61,9 @@ class ReplicaSpec:
 
 class ReplicaHandle(Protocol):
     spec: ReplicaSpec
+
+    @property
+    def pid(self) -> int | None: ...
 
     @property
     def alive(self) -> bool: ...
@@ -203,66 +214,103 @@ def supervise(
     *,
     should_stop: Callable[[], bool],
     policy: RestartPolicy | None = None,
+    events: Events | None = None,
+    role: str | None = None,
     poll_s: float = 0.5,
     stop_timeout_s: float = 60.0,
     clock: Callable[[], float] = time.monotonic,
 ) -> int:
     """Run the replicas until `should_stop()`; restart any that exits with an error (after
-    the policy's backoff, so a broken config does not spin). Returns 0; 1 if a replica spent
-    its restart budget or had to be killed on the way out; a replica's own code when it is
-    final (common/restarts.py FINAL_EXIT_CODES: it cannot start as configured, or gave up
+    the policy's backoff, so a broken config does not spin). Every start and exit is an
+    event (common/supervision.py) in the run's events file, as `<role>/replica-<i>`: by
+    default the file and role a launcher put in this process's environment. Returns 0;
+    EXIT_GAVE_UP if a replica spent its restart budget; 1 if one had to be killed on the way
+    out; a replica's own code when it is final (it cannot start as configured, or gave up
     waiting for the broker), after stopping the others."""
-    policy = policy or RestartPolicy()
-    handles = {spec.index: launcher.start(spec) for spec in specs}
-    trackers = {spec.index: RestartTracker(policy) for spec in specs}
-    started_at = {index: clock() for index in handles}
-    restart_at: dict[int, float] = {}
+    replicas = _Replicas(
+        launcher,
+        policy or RestartPolicy(),
+        events or Events.from_environment(),
+        role or os.environ.get(ROLE_ENV, "actor"),
+        clock,
+    )
+    for spec in specs:
+        replicas.start(spec)
     code = 0
     while not should_stop():
         now = clock()
-        for index, handle in list(handles.items()):
-            if handle.alive or index in restart_at:
-                continue
-            left = handle.clear_leftovers()
-            if handle.exitcode == 0:
-                log.info("replica %d exited cleanly", index)
-                restart_at[index] = float("inf")
-                continue
-            if handle.exitcode in FINAL_EXIT_CODES:  # a restart would fail the same way
-                log.error(
-                    "replica %d exited with %d (%s; its line above says why): not restarting "
-                    "it; stopping the actor",
-                    index,
-                    handle.exitcode,
-                    FINAL_EXIT_CODES[handle.exitcode],
-                )
-                code = handle.exitcode
-                break
-            when = trackers[index].on_exit(started_at=started_at[index], exited_at=now)
-            if when is None:
-                log.error("replica %d exited with %s; restart budget spent", index, handle.exitcode)
-                code = 1
-                break
-            log.warning(
-                "replica %d exited with %s (%d leftover process groups killed); restarting in "
-                "%.1fs",
-                index,
-                handle.exitcode,
-                left,
-                when - now,
-            )
-            restart_at[index] = when
+        for index, handle in list(replicas.handles.items()):
+            if not handle.alive and index not in replicas.restart_at:
+                code = replicas.on_exit(index, handle, now)
+                if code:
+                    break
         if code:
             break
-        for index, when in list(restart_at.items()):
+        for index, when in list(replicas.restart_at.items()):
             if when <= now:
-                del restart_at[index]
-                handles[index] = launcher.start(handles[index].spec)
-                started_at[index] = clock()
-        if len(restart_at) == len(handles) and all(t == float("inf") for t in restart_at.values()):
-            return 0  # every replica finished on its own
+                del replicas.restart_at[index]
+                replicas.start(replicas.handles[index].spec)
+        if replicas.all_finished():
+            return 0
         time.sleep(poll_s)
-    return max(code, _stop(handles, stop_timeout_s))
+    return max(code, _stop(replicas.handles, stop_timeout_s))
+
+
+class _Replicas:
+    """`supervise`'s state: each replica's handle, its restart decisions, its events."""
+
+    def __init__(self, launcher, policy, events: Events, role: str, clock) -> None:
+        self.launcher, self.policy, self.events, self.role = launcher, policy, events, role
+        self.clock = clock
+        self.handles: dict[int, ReplicaHandle] = {}
+        self.supervised: dict[int, Supervised] = {}
+        self.restart_at: dict[int, float] = {}
+        """Replicas waiting out their backoff (inf: finished, never again)."""
+
+    def name(self, index: int) -> str:
+        return f"{self.role}/replica-{index}"
+
+    def start(self, spec: ReplicaSpec) -> None:
+        handle = self.handles[spec.index] = self.launcher.start(spec)
+        supervised = self.supervised.setdefault(spec.index, Supervised(self.policy))
+        restart = supervised.started(self.clock())
+        self.events.write(self.name(spec.index), "started", pid=handle.pid, restart=restart)
+
+    def on_exit(self, index: int, handle: ReplicaHandle, now: float) -> int:
+        """Clear what the replica left and decide; the actor's exit code when it must stop
+        (a final code, or the budget spent), else 0."""
+        left, code, name = handle.clear_leftovers(), handle.exitcode, self.name(index)
+        if code == 0:
+            log.info("replica %d exited cleanly", index)
+            self.events.write(name, "finished", pid=handle.pid, code=0)
+            self.restart_at[index] = float("inf")
+            return 0
+        verdict = self.supervised[index].exited(code, now)
+        if verdict.action != "restart":
+            log.error(
+                "replica %d exited with %s (%s; its log lines above say why): not restarting "
+                "it; stopping the actor",
+                index, code, verdict.reason,
+            )  # fmt: skip
+            self.events.write(name, "gave_up", pid=handle.pid, code=code, reason=verdict.reason)
+            return code if code in FINAL_EXIT_CODES else EXIT_GAVE_UP
+        delay = verdict.restart_at - now
+        log.warning(
+            "replica %d exited with %s (%d leftover process groups killed); restarting in %.1fs",
+            index, code, left, delay,
+        )  # fmt: skip
+        self.events.write(
+            name, "exited", pid=handle.pid, code=code, killed_leftovers=left,
+            restart_in_s=round(delay, 3),
+        )  # fmt: skip
+        self.restart_at[index] = verdict.restart_at
+        return 0
+
+    def all_finished(self) -> bool:
+        """Every replica exited 0 on its own."""
+        return len(self.restart_at) == len(self.handles) and all(
+            t == float("inf") for t in self.restart_at.values()
+        )
 
 
 def _stop(handles: dict[int, ReplicaHandle], stop_timeout_s: float) -> int:

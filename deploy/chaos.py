@@ -26,8 +26,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from common.supervision import read_events
 from deploy import proctree
-from deploy.supervisor import PIDS_FILE, read_events
+from deploy.supervisor import PIDS_FILE
 
 REPO = Path(__file__).resolve().parent.parent
 TARGETS = ("nats-server", "envserver", "learner", "actor", "replica", "engine")
@@ -200,22 +201,35 @@ def _due(fault: Fault, step_times: dict[int, float]) -> bool:
     return seen is not None and time.monotonic() >= seen + fault.delay_s
 
 
-def restarted_within(run_dir: Path, service: str, since: float) -> float | None:
-    """Seconds from `since` (time.time()) to the supervisor's next restart of `service`."""
-    for event in read_events(run_dir):
-        if event["service"] == service and event["event"] == "started" and event["time"] > since:
+def restarted_within(run_dir: Path, pids: list[int], since: float) -> float | None:
+    """Seconds from `since` (time.time()) to the next start of the role whose process
+    `pids[0]` was (a launcher's role or an actor's replica)."""
+    events = read_events(run_dir)
+    role = next((e["role"] for e in events if e["event"] == "started" and e["pid"] in pids), None)
+    for event in events:
+        if event["role"] == role and event["event"] == "started" and event["time"] > since:
             return event["time"] - since
     return None
 
 
-def restarted_services(run_dir: Path) -> list[str]:
-    """Services the launcher's supervisor restarted, in order."""
-    return [e["service"] for e in read_events(run_dir) if e["event"] == "started" and e["restart"]]
+def restarted_roles(run_dir: Path) -> list[str]:
+    """Roles a supervisor restarted (the launcher's, or the actor's of a replica), in order."""
+    return [e["role"] for e in read_events(run_dir) if e["event"] == "started" and e["restart"]]
+
+
+def role_sessions(run_dir: Path) -> dict[int, str]:
+    """The session of every process the launcher started, and its role: each leads one (a
+    replica's processes are in its actor's session, and are not listed apart)."""
+    return {
+        e["pid"]: e["role"]
+        for e in read_events(run_dir)
+        if e["event"] == "started" and "/" not in e["role"]
+    }
 
 
 def leftovers(run_dir: Path) -> list[str]:
     """Processes still alive in any session a role of the run led (its engines included)."""
-    sessions = {e["pid"] for e in read_events(run_dir) if e["event"] == "started"}
+    sessions = role_sessions(run_dir)
     table = proctree.processes()
     return [
         f"{p.pid}: {p.command[:120]}"

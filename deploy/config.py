@@ -17,8 +17,8 @@ import pydantic
 from actors.config import ActorConfig
 from broker.config import BrokerConfig
 from common.config import SECTIONS, StrictModel, error_lines, read_sections
-from common.restarts import RestartPolicy
 from common.storage_config import StorageConfig
+from common.supervision import RestartPolicy
 from deploy.prepare import PrepareConfig
 from envservers.config import EnvServerConfig
 from learner.config import LearnerConfig
@@ -53,9 +53,6 @@ class LocalRunConfig(StrictModel):
     (then `warm_start` does not apply). Relative to the working directory."""
     timeout_s: float = 3600.0
     """Stop everything if the run has not finished after this long."""
-    restarts: RestartPolicy = RestartPolicy()
-    """How a role process that dies is restarted (backoff, restart budget); the run fails
-    once a process has spent its budget."""
 
     @pydantic.model_validator(mode="after")
     def _own_data_whole(self) -> LocalRunConfig:
@@ -119,10 +116,6 @@ class RayRunConfig(StrictModel):
     bind_host: str = ""
     """Address servers listen on; empty: each node's own IP as Ray knows it (what other nodes
     and Prometheus reach). "0.0.0.0": every interface."""
-    max_restarts: int = pydantic.Field(-1, ge=-1)
-    """Ray's `max_restarts` of nats-server, env servers and actor replicas (-1: no limit)."""
-    learner_max_restarts: int = pydantic.Field(3, ge=0)
-    """Restarts of the learner, all ranks together, before the run is failed."""
     placement_timeout_s: float = pydantic.Field(300.0, gt=0)
     """How long to wait for the placement groups to be placed before giving up."""
 
@@ -141,6 +134,10 @@ class RunConfig(StrictModel):
     """The actor replicas (`actor --config C --replicas N`)."""
     storage: StorageConfig = StorageConfig()
     """The bucket for checkpoints, snapshots and eval dumps (learner and actors)."""
+    restarts: RestartPolicy = RestartPolicy()
+    """How every supervisor restarts a process that dies (backoff, a restart budget per
+    role): `make run`'s roles, `actor --replicas N`'s replicas, a run's roles on Ray (the
+    learner's ranks together). The run fails once a role has spent its budget."""
     local: LocalRunConfig = LocalRunConfig()
     """The single-machine launcher behind `make run`."""
     prepare: PrepareConfig = PrepareConfig()

@@ -35,7 +35,6 @@ from broker.server import NatsServer
 from common.config import load_section, read_sections
 from common.placement import visible_gpus
 from common.procs import free_port, stop_on_signals
-from common.progress import ProgressView
 from deploy import progress, run_inputs
 from deploy.config import LocalRunConfig, load_run_config
 from deploy.frozen_config import freeze, frozen_path
@@ -201,9 +200,7 @@ def launch(config_path: Path, overrides: list[str], resume: str | None = None) -
         print(f"resuming {run_dir.name}: every process on its directory, checkpoints and"
               " broker store", flush=True)  # fmt: skip
     print(gpus.summary, flush=True)
-    supervisor = Supervisor(
-        run_dir, policy=local.restarts, say=lambda line: print(line, flush=True)
-    )
+    supervisor = Supervisor(run_dir, policy=run.restarts)
     nats = NatsServer(
         run_dir / "nats",
         port=ports["nats"],
@@ -213,8 +210,7 @@ def launch(config_path: Path, overrides: list[str], resume: str | None = None) -
     )
 
     stopping = stop_on_signals()
-    metrics_path = run_dir / "metrics.jsonl"
-    records: list[dict] = []
+    follower = progress.RunFollower(run_dir, run.learner.total_steps)
     try:
         nats_env = auth.server_environment() if auth else None
         supervisor.start(
@@ -230,18 +226,11 @@ def launch(config_path: Path, overrides: list[str], resume: str | None = None) -
             f"replicas; logs in {supervisor.processes.log_dir}; metrics on ports {metrics_ports}",
             flush=True,
         )
-        code = _follow(
-            supervisor,
-            metrics_path,
-            records,
-            run.learner.total_steps,
-            local.timeout_s,
-            stopping.is_set,
-        )
+        code = _follow(supervisor, follower, local.timeout_s, stopping.is_set)
     finally:
         supervisor.stop_all()
     if code == 0:
-        progress.finish(run_dir, records)
+        progress.finish(run_dir, follower.records)
     return code
 
 
@@ -290,30 +279,25 @@ def _wait_for(ready, timeout_s: float, what: str) -> None:
         time.sleep(0.05)
 
 
-def _follow(supervisor, metrics_path, records, total_steps, timeout_s, stopping) -> int:
+def _follow(supervisor, follower, timeout_s, stopping) -> int:
     """Print progress and keep the processes running until the learner reports that it is
     done; 0 on success, non-zero otherwise."""
-    tail, view = progress.RecordTail(metrics_path), ProgressView(total_steps)
     deadline = time.monotonic() + timeout_s
     while True:
         supervisor.poll()
-        new, cut_back = tail.poll()
-        if cut_back:  # a resumed learner rewrote its history from the checkpoint
-            records.clear()
-            view.learner_restarted()
-        records.extend(new)
-        for record in new:
-            for line in view.lines(record):  # none for a record redone after a restart
-                print(line, flush=True)
+        for line in follower.poll():
+            print(line, flush=True)
         # The done record is the end of the run's work; the process may take a while to
         # exit (and stops answering its probe meanwhile): it is not waited for.
-        if supervisor.finished("learner") or any(r["kind"] == "done" for r in new):
+        if supervisor.finished("learner") or follower.done:
             return 0
         failed = supervisor.given_up()
         if failed is not None:
+            for line in follower.poll():  # the give-up's own line, with its reason
+                print(line, flush=True)
             print(
-                f"\n{failed.name} exited with code {failed.returncode} and its restart budget "
-                f"is spent; last log lines:\n{failed.log_tail()}",
+                f"\n{failed.name} exited with code {failed.returncode} and is not restarted "
+                f"(the line above says why); last log lines:\n{failed.log_tail()}",
                 file=sys.stderr,
             )
             return 1

@@ -1,8 +1,9 @@
-"""What a user sees of a run: the learner's records followed as it writes them, and at the
-end a summary table, `summary.json` and `progress.png`. Pure functions over the learner's
+"""What a user sees of a run: the learner's records and the supervisors' events followed as
+they are written (`RunFollower`, for `make run` and for a run on Ray alike), and at the end
+a summary table, `summary.json` and `progress.png`. Pure functions over the learner's
 `metrics.jsonl` records (see docs/running.md and docs/learner.md for their fields), plus the
 plot. The progress line itself lives in common/progress.py: the learner prints the same
-line when started by hand.
+line when started by hand; an event's line lives in common/supervision.py.
 """
 
 from __future__ import annotations
@@ -11,31 +12,19 @@ import json
 import os
 from pathlib import Path
 
-from common.progress import fmt_duration
-
-
-def read_records(path: Path, offset: int = 0) -> tuple[list[dict], int]:
-    """Complete JSON lines of `path` from byte `offset`; returns (records, new offset).
-    A half-written last line is left for the next call."""
-    try:
-        with open(path, "rb") as f:
-            f.seek(offset)
-            data = f.read()
-    except FileNotFoundError:
-        return [], offset
-    end = data.rfind(b"\n") + 1
-    records = [json.loads(line) for line in data[:end].splitlines() if line.strip()]
-    return records, offset + end
+from common.progress import ProgressView, fmt_duration
+from common.supervision import EVENTS_FILE, event_line
 
 
 class RecordTail:
     """Follows `metrics.jsonl` while the learner writes it. A resumed learner cuts the file
     back to its checkpoint (a new file, os.replace): `poll()` then starts over and says so."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, from_end: bool = False) -> None:
+        """`from_end`: only what is written from now on (not an earlier run's lines)."""
         self.path = path
-        self.offset = 0
-        self.inode: int | None = None
+        self.offset = path.stat().st_size if from_end and path.exists() else 0
+        self.inode: int | None = path.stat().st_ino if from_end and path.exists() else None
 
     def poll(self) -> tuple[list[dict], bool]:
         """(records new since the last poll, whether the file was cut back: the records are
@@ -55,6 +44,30 @@ class RecordTail:
         records = [json.loads(line) for line in data[:end].splitlines() if line.strip()]
         self.offset += end
         return records, cut_back
+
+
+class RunFollower:
+    """Follows a run directory: `poll()` gives the lines to show since the last poll, one per
+    new training step or eval (common/progress.py) and one per supervision event (a restart,
+    a give-up); `records` is the learner's history so far, `done` whether it wrote its end."""
+
+    def __init__(self, run_dir: Path, total_steps: int) -> None:
+        self.metrics = RecordTail(run_dir / "metrics.jsonl")
+        self.events = RecordTail(run_dir / EVENTS_FILE, from_end=True)  # a resumed run's own
+        self.view = ProgressView(total_steps)
+        self.records: list[dict] = []
+        self.done = False
+
+    def poll(self) -> list[str]:
+        new, cut_back = self.metrics.poll()
+        if cut_back:  # a resumed learner rewrote its history from the checkpoint
+            self.records.clear()
+            self.view.learner_restarted()
+        self.records.extend(new)
+        self.done = self.done or any(r["kind"] == "done" for r in new)
+        lines = [line for record in new for line in self.view.lines(record)]
+        events, _ = self.events.poll()
+        return lines + [line for event in events if (line := event_line(event))]
 
 
 def summarize(records: list[dict]) -> dict:

@@ -1,5 +1,6 @@
 """The Ray driver's command line, behind `make cluster-up TARGET=ray` / `make cluster-down
-TARGET=ray`: a Tether run on a Ray cluster, with Ray doing placement and restarts.
+TARGET=ray`: a Tether run on a Ray cluster, Ray placing its processes and the run's
+supervisor restarting them.
 
     python -m deploy.ray_cluster up [--config C] [--detach] [section.key=value ...]
     python -m deploy.ray_cluster down [--run ID]
@@ -13,7 +14,7 @@ the same path) with the demo inputs ([prepare]), wires the addresses through con
 as `make run` does (deploy/wiring.py) and validates the whole wired file, then hands the run
 to its supervisor, a named, detached Ray actor on the head node (deploy/ray_supervisor.py)
 that creates the placement groups and one Ray actor per process. Then it follows the run
-(deploy/ray_follow.py): one progress line per training step, Ray's restarts as they happen,
+(deploy/ray_follow.py): one progress line per training step, each restart as it happens,
 and at the end the summary (`summary.json`, `progress.png`), as `make run` does. Ctrl-C (or
 `--detach`) leaves the run going on the cluster; `down` stops it.
 

@@ -1,15 +1,13 @@
 """One process of a Tether run inside a Ray actor (`RoleProcess`), and the plumbing around
-it: the run's events file, the environment marker that finds every process of the run, and
-a task that finds free ports on a node.
+it: the environment marker that finds every process of the run, and a task that finds free
+ports on a node.
 
-A RoleProcess runs its command as a child process in a session of its own and lives exactly
-as long as it: when the child dies of anything but a clean exit, the actor kills what is
-left of the child's process tree and exits its worker, and Ray restarts the actor
-(`max_restarts`) in the same placement group bundle, on the same node: the constructor
-starts the command again, on the same ports. So Ray alone restarts nats-server, env servers
-and actor replicas, whether the process crashed, was killed, or its Ray worker died; nothing
-of ours has to be alive for it. Learner ranks are RoleProcesses too, but Ray does not
-restart them (deploy/ray_supervisor.py restarts all ranks together).
+A RoleProcess runs its command as a child process in a session of its own; when the child
+dies, the actor clears what is left of its process tree and keeps its exit code for the
+run's supervisor (deploy/ray_supervisor.py), which decides about restarts as every Tether
+supervisor does (common/supervision.py) and starts a new RoleProcess in the same placement
+group bundle, on the same node and ports. Ray itself restarts nothing (`max_restarts` 0):
+one budget per role, not Ray's stacked on ours.
 
 Every process started for the run carries `TETHER_RAY_PROCESS=<run>/<name>` in its
 environment, vLLM's renamed engine processes included, so a stop (or a restart after a
@@ -18,7 +16,6 @@ worker died) finds and kills all of them by PID, not only the child it started.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -30,24 +27,11 @@ from pathlib import Path
 import ray
 
 from common.procs import die_with_parent, free_port
+from common.supervision import EVENTS_ENV, ROLE_ENV, Events
 from deploy.ray_commands import PYTHON
 
 MARKER = "TETHER_RAY_PROCESS"
 """Environment variable on every process of a run: `<run id>/<process name>`."""
-CRASH_LOOP_S = 30.0
-"""A process that exits sooner than this after its start ..."""
-CRASH_LOOP_BACKOFF_S = 10.0
-"""... is restarted after this pause (Ray restarts an actor at once)."""
-
-
-def append_event(path: str | Path, **event) -> None:
-    """One JSON line in the run's events.jsonl (one write: lines do not interleave)."""
-    line = json.dumps({"t": round(time.time(), 3), **event}) + "\n"
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(fd, line.encode())
-    finally:
-        os.close(fd)
 
 
 def marked_pids(marker: str) -> list[int]:
@@ -86,22 +70,15 @@ class RoleProcess:
         self.process: subprocess.Popen | None = None
         self.returncode: int | None = None
         self.started_at: float | None = None
-        self.stopping = False
-        self._lock = threading.Lock()
-        context = ray.get_runtime_context()
-        self.node_id = context.get_node_id()
+        self.node_id = ray.get_runtime_context().get_node_id()
         self.ip = ray.util.get_node_ip_address()
-        self.restarted = bool(context.was_current_actor_reconstructed)
         # A worker that died may have left its process tree behind (the child is told by
-        # PDEATHSIG, its children are not): nothing of the old incarnation may hold a port.
+        # PDEATHSIG, its children are not): nothing of the old process may hold a port.
         left = kill_marked(self.marker)
         if left:
-            self._event("reaped", pids=left)
+            Events(spec["events"]).write(self.name, "reaped", pids=left, node=self.ip)
         if spec.get("autostart", True):
             self.start({})
-
-    def _event(self, event: str, **fields) -> None:
-        append_event(self.spec["events"], role=self.name, event=event, node=self.ip, **fields)
 
     def placement(self) -> dict:
         """Where Ray put this actor, and which GPUs it was given."""
@@ -120,12 +97,15 @@ class RoleProcess:
         env.update(self.spec.get("env", {}))
         env.update(extra_env)
         env[MARKER] = self.marker
+        # A supervisor inside the process (the actor's, of its replicas) writes the run's
+        # events too, under this role's name.
+        env[EVENTS_ENV], env[ROLE_ENV] = self.spec["events"], self.name
         log_path = Path(self.spec["log"])
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(log_path, "ab") as log:
             log.write(
                 f"\n==== {time.strftime('%Y-%m-%d %H:%M:%S')} {self.name} on {self.ip}"
-                f"{' (restarted by Ray)' if self.restarted else ''}: {' '.join(argv)}\n".encode()
+                f" (restart {self.spec.get('restart', 0)}): {' '.join(argv)}\n".encode()
             )
             log.flush()
             self.process = subprocess.Popen(
@@ -139,26 +119,14 @@ class RoleProcess:
                 preexec_fn=die_with_parent,
             )
         self.started_at = time.time()
-        self._event("started", pid=self.process.pid, restarted=self.restarted)
         threading.Thread(target=self._watch, name=f"watch-{self.name}", daemon=True).start()
         return self.process.pid
 
     def _watch(self) -> None:
         code = self.process.wait()
-        with self._lock:
-            self.returncode = code
-            stopping = self.stopping
         _kill_group(self.process.pid)
         kill_marked(self.marker)  # what left the group (vLLM's engine) goes too
-        self._event("exited", pid=self.process.pid, code=code, stopping=stopping)
-        if code != 0 and not stopping and self.spec.get("restart_on_crash", True):
-            # The actor's life is its process's: a crash ends the worker, and Ray restarts
-            # the actor (max_restarts) in its bundle, which starts the command again. A
-            # process that died young (a bad config, a port taken) waits first: no hot loop.
-            lived = time.time() - (self.started_at or 0)
-            if lived < CRASH_LOOP_S:
-                time.sleep(CRASH_LOOP_BACKOFF_S)
-            os._exit(1)
+        self.returncode = code  # the supervisor reads it (info) once the tree is gone
 
     def info(self) -> dict:
         return {
@@ -168,13 +136,10 @@ class RoleProcess:
             "started_at": self.started_at,
             "node_id": self.node_id,
             "ip": self.ip,
-            "restarted": self.restarted,
         }
 
     def stop(self, grace_s: float = 30.0) -> int | None:
         """SIGTERM the process tree, SIGKILL what is left after `grace_s`; no restart."""
-        with self._lock:
-            self.stopping = True
         if self.process is not None and self.process.poll() is None:
             _signal_group(self.process.pid, signal.SIGTERM)
             try:

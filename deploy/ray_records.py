@@ -11,12 +11,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from common.supervision import EVENTS_FILE
 from deploy.config import RunConfig
 from deploy.ray_commands import envserver_addresses, metrics_targets
 from deploy.ray_plan import Node, Plan
 
 STATE_FILE = "ray_run.json"
-EVENTS_FILE = "events.jsonl"
 PASSED_ENV_PREFIXES = (
     "WANDB_", "TETHER_", "NCCL_", "TORCH_NCCL_", "GLOO_", "HF_", "VLLM_", "NATS_"
 )  # fmt: skip
@@ -79,8 +79,7 @@ def launch_spec(prepared: Prepared, *, environ: Mapping[str, str], cwd: Path) ->
         "log_dir": str(run_dir / "logs"),
         "events": str(run_dir / EVENTS_FILE),
         "gpu_resource": run.ray.gpu_resource,
-        "max_restarts": run.ray.max_restarts,
-        "learner_max_restarts": run.ray.learner_max_restarts,
+        "restarts": run.restarts.model_dump(),
         "placement_timeout_s": run.ray.placement_timeout_s,
         "nats_port": prepared.ports["nats"]["nats"],
     }

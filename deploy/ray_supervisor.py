@@ -4,15 +4,19 @@
     start()      placement groups (bundles pinned to the planned nodes), then one
                  RoleProcess actor per process: nats-server, env servers, learner ranks,
                  actor replicas
-    supervise()  until the learner exits 0 (then stop every process) or fails beyond
-                 ray.learner_max_restarts: a failed learner rank restarts all ranks
+    supervise()  every second: a role whose process exited (or whose Ray actor or node is
+                 gone) is restarted in its bundle after the backoff, or the run fails once
+                 it spent its budget; the learner's exit 0 ends the run (every process
+                 stopped)
     stop()       every process, actors first; the placement groups (`make cluster-down`)
     status()     the run's state and each process's PID, node and return code
 
-Ray restarts nats-server, env servers and actor replicas itself (deploy/ray_process.py); the
-learner's ranks share one torch.distributed group, so one rank alone cannot come back: the
-supervisor stops every rank and starts them all again, as torchrun's agent does, and they
-resume from the newest checkpoint (`learner.checkpoint.resume`).
+The decisions and the events are common/supervision.py's, as for `make run`'s launcher and
+the actor's own supervisor of its replicas: `[restarts]` sets them all, and Ray restarts
+nothing itself. A role is one process (nats, envserver-<i>, actor-<i>) or the learner: its
+ranks share one torch.distributed group, so one rank alone cannot come back; the supervisor
+stops every rank and starts them all again, as torchrun's agent does, and they resume from
+the newest checkpoint (`learner.checkpoint.resume`).
 """
 
 from __future__ import annotations
@@ -30,10 +34,14 @@ from ray.util.scheduling_strategies import (
     PlacementGroupSchedulingStrategy,
 )
 
+from common.supervision import Events, RestartPolicy, Supervised
 from deploy.ray_commands import learner_env
 from deploy.ray_plan import Plan, Slot
-from deploy.ray_process import RoleProcess, append_event
+from deploy.ray_process import RoleProcess
 from deploy.ray_records import actor_name, pg_name
+
+LEARNER = "learner"
+"""The learner's role: all its ranks, restarted together."""
 
 LABEL_NODE_ID = "ray.io/node-id"
 """Ray's label of every node with its id: bundles are pinned to the planned nodes by it."""
@@ -54,7 +62,18 @@ class RunSupervisor:
         )
         self.state = "starting"
         self.detail = ""
-        self.learner_restarts = 0
+        self.events = Events(launch["events"])
+        policy = RestartPolicy(**launch["restarts"])
+        self.roles: dict[str, tuple[Slot, ...]] = {
+            self.plan.nats.name: (self.plan.nats,),
+            **{slot.name: (slot,) for slot in self.plan.envservers},
+            LEARNER: self.plan.learner,
+            **{slot.name: (slot,) for slot in self.plan.actors},
+        }  # in start order
+        self.supervised = {
+            role: Supervised(policy, finishes=role == LEARNER) for role in self.roles
+        }
+        self.restart_at: dict[str, float] = {}
         self.actors: dict[str, ray.actor.ActorHandle] = {}
         self.pgs: dict[str, object] = {}
         self.bundle_of: dict[str, tuple[str, int]] = {}
@@ -65,7 +84,7 @@ class RunSupervisor:
     # ---- placement -------------------------------------------------------------------------
 
     def _event(self, event: str, **fields) -> None:
-        append_event(self.launch["events"], role="supervisor", event=event, **fields)
+        self.events.write("run", event, **fields)
 
     def _make_pg(self, what: str, slots: list[Slot], strategy: str) -> None:
         pg = placement_group(
@@ -79,14 +98,14 @@ class RunSupervisor:
         for i, slot in enumerate(slots):
             self.bundle_of[slot.name] = (what, i)
 
-    def _options(self, slot: Slot, *, max_restarts: int) -> dict:
+    def _options(self, slot: Slot) -> dict:
         bundle = dict(slot.bundle)
         gpu = self.launch["gpu_resource"]
         options = {
             "name": actor_name(self.run_id, slot.name),
             "namespace": self.namespace,
             "lifetime": "detached",
-            "max_restarts": max_restarts,
+            "max_restarts": 0,  # this supervisor restarts roles: one budget, not two
             "max_concurrency": 4,  # info() answers while stop() waits
             "num_cpus": bundle.pop("CPU", 0),
         }
@@ -108,7 +127,7 @@ class RunSupervisor:
             )
         return options
 
-    def _spec(self, slot: Slot, *, autostart: bool = True, restart_on_crash: bool = True) -> dict:
+    def _spec(self, slot: Slot, *, autostart: bool, restart: int) -> dict:
         return {
             "name": slot.name,
             "run_id": self.run_id,
@@ -118,16 +137,30 @@ class RunSupervisor:
             "log": str(Path(self.launch["log_dir"]) / f"{slot.name}.log"),
             "events": self.launch["events"],
             "autostart": autostart,
-            "restart_on_crash": restart_on_crash,
+            "restart": restart,
         }
 
-    def _role(self, slot: Slot, **spec) -> ray.actor.ActorHandle:
-        restart = spec.get("restart_on_crash", True)
-        max_restarts = self.launch["max_restarts"] if restart else 0
-        remote = ray.remote(RoleProcess).options(**self._options(slot, max_restarts=max_restarts))
-        handle = remote.remote(self._spec(slot, **spec))
-        self.actors[slot.name] = handle
-        return handle
+    def _start_role(self, role: str) -> None:
+        """Start the role's processes (each a RoleProcess actor in its bundle) and record the
+        start. The learner's ranks start together, once every rank knows its GPUs."""
+        restart = self.supervised[role].started(time.monotonic())
+        slots = self.roles[role]
+        handles = {}
+        for slot in slots:
+            spec = self._spec(slot, autostart=role != LEARNER, restart=restart)
+            remote = ray.remote(RoleProcess).options(**self._options(slot))
+            handles[slot.name] = self.actors[slot.name] = remote.remote(spec)
+        if role == LEARNER:
+            placements = ray.get([h.placement.remote() for h in handles.values()], timeout=300)
+            gpu_ids = {name: p["gpu_ids"] for name, p in zip(handles, placements, strict=True)}
+            env = learner_env(self.plan, self.launch["ports"], gpu_ids)
+            ray.get([h.start.remote(env[name]) for name, h in handles.items()], timeout=120)
+        infos = ray.get([h.info.remote() for h in handles.values()], timeout=300)
+        for info in infos:
+            self.last_info[info["name"]] = info
+        self.events.write(
+            role, "started", pid=infos[0]["pid"], restart=restart, node=infos[0]["ip"]
+        )
 
     def start(self) -> dict:
         """Placement groups, then nats-server, the env servers, the learner and the actors."""
@@ -148,15 +181,10 @@ class RunSupervisor:
                     )
                 ray.get(done)
                 self._event("placed", groups=sorted(self.pgs))
-                nats = self._role(plan.nats)
-                ray.get(nats.info.remote(), timeout=120)
+                self._start_role(plan.nats.name)
                 self._wait_port(plan.nats.ip, self.launch["nats_port"], 60)
-                for slot in plan.envservers:
-                    self._role(slot)
-                self._start_learner()
-                for slot in plan.actors:
-                    self._role(slot)
-                ray.get([a.info.remote() for a in self.actors.values()], timeout=300)
+                for role in list(self.roles)[1:]:
+                    self._start_role(role)
                 self.state = "running"
                 self._event("running")
                 return self.status()
@@ -176,82 +204,79 @@ class RunSupervisor:
             time.sleep(0.2)
         raise RuntimeError(f"nats-server did not listen on {host}:{port} in {timeout_s:.0f}s")
 
-    def _start_learner(self) -> None:
-        ranks = {
-            slot.name: self._role(slot, autostart=False, restart_on_crash=False)
-            for slot in self.plan.learner
-        }
-        placements = ray.get([r.placement.remote() for r in ranks.values()], timeout=300)
-        gpu_ids = {name: p["gpu_ids"] for name, p in zip(ranks, placements, strict=True)}
-        env = learner_env(self.plan, self.launch["ports"], gpu_ids)
-        ray.get([r.start.remote(env[name]) for name, r in ranks.items()], timeout=120)
-
     # ---- watching ------------------------------------------------------------------------
 
     def supervise(self, poll_s: float = 1.0) -> str:
-        """Until the learner finishes (then stop every process), fails beyond its restarts,
-        or stop() is called. Returns the final state."""
+        """Until the learner finishes (then stop every process), a role spends its restart
+        budget, or stop() is called. Returns the final state."""
         while not self._stop.wait(poll_s):
             with self._lock:
                 if self.state != "running":
                     break
-                self._poll_others()
-                verdict = self._poll_learner()
-                if verdict == "finished":
-                    self.state = "finishing"
-                    self._event("learner finished")
-                    self._stop_roles()
-                    self.state = "finished"
-                    self._event("finished")
-                elif verdict == "failed":
-                    if self.learner_restarts < self.launch["learner_max_restarts"]:
-                        self.learner_restarts += 1
-                        self._event("learner restart", attempt=self.learner_restarts)
-                        self._restart_learner()
-                    else:
-                        self.detail = (
-                            f"the learner failed {self.learner_restarts + 1} times "
-                            f"(ray.learner_max_restarts = {self.launch['learner_max_restarts']})"
-                        )
-                        self.state = "failing"
-                        self._event("failed", detail=self.detail)
-                        self._stop_roles()
-                        self.state = "failed"
+                for role in self.roles:
+                    self._watch(role, time.monotonic())
+                    if self.state != "running":
+                        break
         return self.state
 
-    def _poll_learner(self) -> str | None:
-        names = [s.name for s in self.plan.learner]
-        refs = [self.actors[n].info.remote() for n in names]
+    def _watch(self, role: str, now: float) -> None:
+        if role in self.restart_at:
+            if now >= self.restart_at[role]:
+                del self.restart_at[role]
+                try:
+                    self._start_role(role)
+                except RayError as e:  # its bundle's node is gone, or Ray is overloaded
+                    self._event("start failed", role=role, error=f"{type(e).__name__}: {e}")
+                    self._on_exit(role, None, None, now)
+            return
+        exited = self._exit_of(role)
+        if exited is not None:
+            self._on_exit(role, *exited, now)
+
+    def _on_exit(self, role: str, code: int | None, pid: int | None, now: float) -> None:
+        self._stop_and_kill([slot.name for slot in self.roles[role]], grace_s=30)
+        verdict = self.supervised[role].exited(code, now)
+        if verdict.action == "finished":
+            self.events.write(role, "finished", pid=pid, code=code)
+            self._end("finished")
+        elif verdict.action == "gave_up":
+            self.events.write(role, "gave_up", pid=pid, code=code, reason=verdict.reason)
+            self.detail = f"{role} exited with code {code}: {verdict.reason}"
+            self._end("failed")
+        else:
+            self.restart_at[role] = verdict.restart_at
+            self.events.write(
+                role, "exited", pid=pid, code=code, restart_in_s=round(verdict.restart_at - now, 3)
+            )
+
+    def _exit_of(self, role: str) -> tuple[int | None, int | None] | None:
+        """(exit code, pid) once the role's process ended: code None when it was lost with
+        its Ray actor or node. For the learner: the first rank that failed, or code 0 once
+        every rank finished. None while it runs."""
+        names = [slot.name for slot in self.roles[role]]
+        refs = [self.actors[name].info.remote() for name in names]
         codes = []
         for name, ref in zip(names, refs, strict=True):
             try:
                 info = ray.get(ref, timeout=30)
-            except RayError as e:  # the rank's actor or node died, or it hangs
-                self._event("learner rank lost", rank=name, error=type(e).__name__)
-                return "failed"
+            except ray.exceptions.GetTimeoutError:
+                return None  # a slow answer on a busy node: ask again next time
+            except RayError:  # its actor or its node is gone
+                return None, self.last_info.get(name, {}).get("pid")
             self.last_info[name] = info
-            codes.append(info["returncode"])
+            code = info["returncode"]
+            if code is not None and (code != 0 or role != LEARNER):
+                return code, info["pid"]
+            codes.append(code)
         if all(code == 0 for code in codes):
-            return "finished"
-        if any(code not in (None, 0) for code in codes):
-            return "failed"
+            return 0, self.last_info[names[0]]["pid"]
         return None
 
-    def _poll_others(self) -> None:
-        slots = [self.plan.nats, *self.plan.envservers, *self.plan.actors]
-        refs = {s.name: self.actors[s.name].info.remote() for s in slots}
-        for name, ref in refs.items():
-            try:
-                self.last_info[name] = ray.get(ref, timeout=10)
-            except ray.exceptions.ActorDiedError:  # out of restarts (max_restarts)
-                self.last_info[name] = {"name": name, "dead": True}
-            except RayError:  # restarting (ActorUnavailableError) or slow: the next poll
-                pass
-
-    def _restart_learner(self) -> None:
-        names = [s.name for s in self.plan.learner]
-        self._stop_and_kill(names, grace_s=30)
-        self._start_learner()
+    def _end(self, state: str) -> None:
+        self._event("stopping", outcome=state)
+        self._stop_roles()
+        self.state = state
+        self._event(state, detail=self.detail)
 
     def _stop_and_kill(self, names: list[str], grace_s: float) -> None:
         handles = [self.actors[n] for n in names if n in self.actors]
@@ -305,7 +330,7 @@ class RunSupervisor:
             "run_id": self.run_id,
             "state": self.state,
             "detail": self.detail,
-            "learner_restarts": self.learner_restarts,
+            "restarts": {role: sup.num_restarts for role, sup in self.supervised.items()},
             "processes": dict(self.last_info),
             "actors": sorted(self.actors),
         }

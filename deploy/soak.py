@@ -25,10 +25,10 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
+from common.supervision import read_events
 from deploy import proctree
-from deploy.chaos import ChaosRun, Fault, Outcome, restarted_within
+from deploy.chaos import ChaosRun, Fault, Outcome, restarted_within, role_sessions
 from deploy.run_ledger import RunLedger
-from deploy.supervisor import read_events
 
 KINDS = [
     ("nats-server", signal.SIGKILL),
@@ -79,7 +79,7 @@ class MemorySampler:
         if now < self._next:
             return
         self._next = now + SAMPLE_EVERY_S
-        services = {e["pid"]: e["service"] for e in read_events(run_dir) if e["event"] == "started"}
+        services = role_sessions(run_dir)
         table = proctree.processes()
         for proc in table.values():
             if proc.sid in services and proc.command:
@@ -125,7 +125,7 @@ def stalls(outcome: Outcome) -> tuple[list[dict], float]:
     rows = []
     for (fault, pids, at), wall in zip(outcome.struck, outcome.struck_wall, strict=True):
         next_step = outcome.next_step_after(at)
-        restarted = restarted_within(outcome.run_dir, fault.target, wall)
+        restarted = restarted_within(outcome.run_dir, pids, wall)
         rows.append(
             {
                 "at_s": round(at - outcome.first_step_at, 1),
@@ -150,7 +150,7 @@ def report(outcome: Outcome, memory: MemorySampler) -> dict:
     restarts = defaultdict(int)
     for event in read_events(outcome.run_dir):
         if event["event"] == "started" and event["restart"]:
-            restarts[event["service"]] += 1
+            restarts[event["role"]] += 1
     return {
         "exit_code": outcome.code,
         "run_s": round(outcome.run_s, 1),

@@ -3,16 +3,17 @@
 
     start(service) ─► child in a session of its own, log appended to logs/<name>.log
     poll():
-      exited?      ─► clear its session (grandchildren: vLLM engines, replicas)
-                      `finishes` and code 0: done;  exit 2 or 69 (common/restarts.py: it
-                      cannot start as configured, or gave up on a peer): given up at once;
-                      else restart after the policy's backoff,
-                      or give up when the restart budget is spent (the run fails)
+      exited?      ─► clear its session (grandchildren: vLLM engines, replicas), then what
+                      `common.supervision.Supervised` decides: finished, given up (the run
+                      fails), or restarted after the policy's backoff
       liveness?    ─► GET its /healthz; `probe_failures` misses in a row once it has answered:
                       SIGKILL (a hung process is a dead one), then the exit path above
-    every start, exit, kill and give-up ─► one line on stdout and in supervisor.jsonl
+    every start, exit, kill and give-up ─► one event in the run's events.jsonl
 
-The restart decision is `common.restarts.RestartTracker` (pure); this module is plumbing.
+The decisions and the event format are common/supervision.py's, shared with the actor's
+supervisor of its replicas and the Ray launcher's; this module is plumbing. Each process
+gets the events file and its role's name in its environment (`TETHER_EVENTS`,
+`TETHER_ROLE`), so the actor's replica restarts land in the same file.
 Roles restart with the same command line: the learner resumes from its newest checkpoint
 (`learner.checkpoint.resume`, on by default), the broker from its file store, and every
 client reconnects on its own.
@@ -29,13 +30,19 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from common.restarts import FINAL_EXIT_CODES, RestartPolicy, RestartTracker
+from common.supervision import (
+    EVENTS_ENV,
+    EVENTS_FILE,
+    ROLE_ENV,
+    Events,
+    RestartPolicy,
+    Supervised,
+)
 from deploy import proctree
 from deploy.processes import Child, ProcessGroup
 
 log = logging.getLogger(__name__)
 
-EVENTS_FILE = "supervisor.jsonl"
 PIDS_FILE = "processes.json"
 
 
@@ -57,15 +64,13 @@ class Service:
 @dataclass
 class _State:
     service: Service
-    tracker: RestartTracker
+    supervised: Supervised
     child: Child | None = None
-    started_at: float = 0.0
     restart_at: float | None = None
     answered: bool = False
     """Its probe has succeeded since the last start (probes before that are start-up)."""
     probe_failures: int = 0
     next_probe_at: float = 0.0
-    num_restarts: int = 0
     done: bool = False
     gave_up: bool = False
 
@@ -90,27 +95,33 @@ class Supervisor:
     """Missed probes in a row after which a process counts as hung and is killed."""
     clock: Callable[[], float] = time.monotonic
     probe: Callable[[str, float], bool] = http_probe
-    say: Callable[[str], None] = print
 
     def __post_init__(self) -> None:
         self.processes = ProcessGroup(self.run_dir / "logs")
+        self.events = Events(self.run_dir / EVENTS_FILE)
         self._states: dict[str, _State] = {}
-        self._started = self.clock()
 
     # ---- starting and stopping ---------------------------------------------------------------
 
     def start(self, service: Service) -> Child:
-        state = self._states.setdefault(service.name, _State(service, RestartTracker(self.policy)))
+        supervised = Supervised(self.policy, finishes=service.finishes)
+        state = self._states.setdefault(service.name, _State(service, supervised))
         return self._spawn(state)
 
     def _spawn(self, state: _State) -> Child:
         service = state.service
         if state.child is not None:  # the dead one: forget it, its pid may be reused
             self.processes.children.remove(state.child)
-        child = self.processes.start(service.name, service.argv, env=service.env, cwd=service.cwd)
-        state.child, state.started_at, state.restart_at = child, self.clock(), None
+        env = {
+            **(service.env or {}),
+            EVENTS_ENV: str(self.events.path),
+            ROLE_ENV: service.name,
+        }
+        child = self.processes.start(service.name, service.argv, env=env, cwd=service.cwd)
+        state.child, state.restart_at = child, None
         state.answered, state.probe_failures, state.next_probe_at = False, 0, self.clock()
-        self._event(service.name, "started", pid=child.process.pid, restart=state.num_restarts)
+        restart = state.supervised.started(self.clock())
+        self.events.write(service.name, "started", pid=child.process.pid, restart=restart)
         self._write_pids()
         return child
 
@@ -128,7 +139,6 @@ class Supervisor:
                 continue
             if state.restart_at is not None:
                 if now >= state.restart_at:
-                    state.num_restarts += 1
                     self._spawn(state)
                 continue
             code = state.child.returncode
@@ -140,27 +150,23 @@ class Supervisor:
     def _on_exit(self, state: _State, code: int, now: float) -> None:
         name, pid = state.service.name, state.child.process.pid
         left = proctree.kill_session(pid)  # its session id is its pid
-        if code == 0 and state.service.finishes:
+        verdict = state.supervised.exited(code, now)
+        if verdict.action == "finished":
             state.done = True
-            self._event(name, "finished", pid=pid, code=code)
-            return
-        if code in FINAL_EXIT_CODES:  # it said it cannot start: a restart would fail the same way
+            self.events.write(name, "finished", pid=pid, code=code)
+        elif verdict.action == "gave_up":
             state.gave_up = True
-            self._event(name, "gave_up", pid=pid, code=code, reason=FINAL_EXIT_CODES[code])
-            return
-        state.restart_at = state.tracker.on_exit(started_at=state.started_at, exited_at=now)
-        if state.restart_at is None:
-            state.gave_up = True
-            self._event(name, "gave_up", pid=pid, code=code, restarts=state.tracker.num_restarts)
-            return
-        self._event(
-            name,
-            "exited",
-            pid=pid,
-            code=code,
-            killed_leftovers=len(left),
-            restart_in_s=round(state.restart_at - now, 3),
-        )
+            self.events.write(name, "gave_up", pid=pid, code=code, reason=verdict.reason)
+        else:
+            state.restart_at = verdict.restart_at
+            self.events.write(
+                name,
+                "exited",
+                pid=pid,
+                code=code,
+                killed_leftovers=len(left),
+                restart_in_s=round(verdict.restart_at - now, 3),
+            )
 
     def _check_liveness(self, state: _State, now: float) -> None:
         url = state.service.liveness_url
@@ -175,7 +181,9 @@ class Supervisor:
         state.probe_failures += 1
         if state.probe_failures >= self.probe_failures:
             pid = state.child.process.pid
-            self._event(state.service.name, "unresponsive", pid=pid, missed=state.probe_failures)
+            self.events.write(
+                state.service.name, "unresponsive", pid=pid, missed=state.probe_failures
+            )
             proctree.kill_session(pid)
             state.child.process.wait()
 
@@ -198,34 +206,12 @@ class Supervisor:
         return state.child.process.pid
 
     def num_restarts(self) -> dict[str, int]:
-        return {name: state.num_restarts for name, state in self._states.items()}
+        return {name: state.supervised.num_restarts for name, state in self._states.items()}
 
     # ---- records -----------------------------------------------------------------------------
-
-    def _event(self, service: str, event: str, **fields) -> None:
-        record = {
-            "time": time.time(),
-            "elapsed_s": round(self.clock() - self._started, 3),
-            "service": service,
-            "event": event,
-            **fields,
-        }
-        with open(self.run_dir / EVENTS_FILE, "a", encoding="utf-8") as f:
-            f.write(json.dumps(record) + "\n")
-        if event != "started" or fields.get("restart"):
-            details = ", ".join(f"{k} {v}" for k, v in fields.items())
-            self.say(f"supervisor: {service} {event} ({details})")
 
     def _write_pids(self) -> None:
         pids = {name: self.pid(name) for name in self._states}
         tmp = self.run_dir / (PIDS_FILE + ".tmp")
         tmp.write_text(json.dumps(pids, indent=2) + "\n")
         tmp.replace(self.run_dir / PIDS_FILE)
-
-
-def read_events(run_dir: Path) -> list[dict]:
-    """The supervisor's records of a run (empty when nothing was ever started)."""
-    path = Path(run_dir) / EVENTS_FILE
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line]

@@ -17,7 +17,7 @@ import os
 import sys
 from pathlib import Path
 
-from common.restarts import EXIT_CONFIG, EXIT_UNREACHABLE
+from common.supervision import EXIT_CONFIG, EXIT_UNREACHABLE
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

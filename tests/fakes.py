@@ -290,6 +290,10 @@ class FakeReplicaHandle:
         self.spec, self._exitcode, self.terminated = spec, exitcode, False
 
     @property
+    def pid(self) -> int:
+        return 1000 + self.spec.index
+
+    @property
     def alive(self) -> bool:
         return self._exitcode is None and not self.terminated
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from common.procs import free_port
-from common.restarts import EXIT_CONFIG, EXIT_UNREACHABLE
+from common.supervision import EXIT_CONFIG, EXIT_UNREACHABLE
 
 REPO = Path(__file__).resolve().parents[1]
 TINY_MODEL = REPO / "demo" / "tiny_model"

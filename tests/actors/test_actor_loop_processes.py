@@ -14,9 +14,10 @@ import pytest
 from actors.replicas import LocalProcesses, ReplicaSpec, supervise
 from broker import client as bus
 from broker.wire import PromptTask
-from common.restarts import RestartPolicy
+from common.supervision import Events, RestartPolicy, read_events
 from demo.data import SYSTEM_PROMPT
 from tests.fakes import FakeReplicaHandle
+from tests.restart_events import killed_and_restarted
 
 FAKE_TARGET = "tests.fakes:fake_replica_main"
 TOOL_CALL = '<tool_call>\n{"name": "add", "arguments": {"a": 17, "b": 25}}\n</tool_call>'
@@ -211,6 +212,8 @@ def test_killed_replica_takes_its_engine_with_it_and_is_restarted(tmp_path):
                 [spec],
                 should_stop=stop.is_set,
                 policy=RestartPolicy(initial_backoff_s=0.0),
+                events=Events(tmp_path / "events.jsonl"),
+                role="actor",
                 poll_s=0.05,
                 stop_timeout_s=5,
             )
@@ -234,3 +237,4 @@ def test_killed_replica_takes_its_engine_with_it_and_is_restarted(tmp_path):
         thread.join(30)
     assert result == [0]  # the restarted replica stopped on SIGTERM
     assert not started[1].alive
+    assert killed_and_restarted(read_events(tmp_path), "actor/replica-0") == (started[0].pid, -9)

@@ -16,7 +16,14 @@ from actors.env_health import check_then_watch, silent_servers
 from actors.replicas import ReplicaSpec, supervise
 from broker.config import BrokerConfig
 from common.procs import free_port
-from common.restarts import EXIT_CONFIG, EXIT_UNREACHABLE, RestartPolicy
+from common.supervision import (
+    EXIT_CONFIG,
+    EXIT_GAVE_UP,
+    EXIT_UNREACHABLE,
+    Events,
+    RestartPolicy,
+    read_events,
+)
 from envservers.config import EnvServerConfig
 from envservers.server import EnvServer
 from protos.client import EnvClient
@@ -60,6 +67,32 @@ def test_a_crash_is_still_restarted():
         poll_s=0,
     )
     assert len(launcher.handles) > 1
+
+
+def test_a_replica_that_spends_its_budget_stops_the_actor_with_a_final_code(tmp_path):
+    """The launcher above the actor takes EXIT_GAVE_UP as final: the replica's budget is the
+    only one, not multiplied by the launcher's restarts of the actor process."""
+    launcher = _Launcher(1)
+    code = supervise(
+        launcher,
+        [ReplicaSpec(index=0, config_path=None)],
+        should_stop=lambda: False,
+        policy=RestartPolicy(initial_backoff_s=0.0, budget=2),
+        events=Events(tmp_path / "events.jsonl"),
+        role="actor-3",
+        poll_s=0,
+    )
+    assert code == EXIT_GAVE_UP
+    assert len(launcher.handles) == 3  # the first start and two restarts
+    events = [(e["role"], e["event"], e.get("restart")) for e in read_events(tmp_path)]
+    assert events == [
+        ("actor-3/replica-0", "started", 0),
+        ("actor-3/replica-0", "exited", None),
+        ("actor-3/replica-0", "started", 1),
+        ("actor-3/replica-0", "exited", None),
+        ("actor-3/replica-0", "started", 2),
+        ("actor-3/replica-0", "gave_up", None),
+    ]
 
 
 async def test_a_silent_env_server_is_named_then_asked_until_it_answers(caplog):

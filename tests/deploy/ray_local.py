@@ -39,19 +39,28 @@ def start_cluster(attempts: int = 3) -> Cluster:
     raise AssertionError("unreachable")
 
 
-def events(run_dir: Path) -> list[dict]:
-    path = run_dir / "events.jsonl"
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
 def train_records(run_dir: Path) -> list[dict]:
     path = run_dir / "metrics.jsonl"
     if not path.exists():
         return []
     lines = path.read_text().splitlines()
     return [r for r in (json.loads(x) for x in lines if x.strip()) if r["kind"] == "train"]
+
+
+def replica_process(run_id: str, role: str) -> int | None:
+    """PID of the replica process `actor --replicas 1` of `role` spawned (its engine's
+    parent), not the actor process."""
+    actor = role_process(run_id, role)
+    for pid in marked_pids(f"{run_id}/{role}"):
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        parent = int(stat.rsplit(")", 1)[1].split()[1])
+        if parent == actor and b"spawn_main" in cmdline:
+            return pid
+    return None
 
 
 def role_process(run_id: str, role: str) -> int | None:

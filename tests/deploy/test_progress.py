@@ -7,6 +7,7 @@ import json
 import pytest
 
 from common.progress import ProgressView, progress_line
+from common.supervision import Events
 from deploy import progress
 
 
@@ -32,17 +33,6 @@ def _eval(version, wall_s, pass_at_1):
         "num_prompts": 100,
         "samples_per_prompt": 2,
     }
-
-
-def test_read_records_leaves_a_half_written_line_for_later(tmp_path):
-    path = tmp_path / "metrics.jsonl"
-    assert progress.read_records(path) == ([], 0)  # not written yet
-    path.write_text(json.dumps({"a": 1}) + "\n" + '{"b": ')
-    records, offset = progress.read_records(path)
-    assert records == [{"a": 1}]
-    with open(path, "a") as f:
-        f.write("2}\n")
-    assert progress.read_records(path, offset) == ([{"b": 2}], path.stat().st_size)
 
 
 def test_time_left_follows_the_pace_since_the_first_step():
@@ -122,6 +112,33 @@ def test_record_tail_starts_over_when_a_resumed_learner_cuts_the_file_back(tmp_p
         f.write('{"v": 3, "again": true}\n')
     assert tail.poll() == ([{"v": 1}, {"v": 2}, {"v": 3, "again": True}], True)
     assert tail.poll() == ([], False)
+
+
+def test_the_run_follower_shows_steps_and_restarts_from_the_run_directory(tmp_path):
+    """What `make run` and a run on Ray both print: a line per step from metrics.jsonl and a
+    line per supervision decision from events.jsonl, whoever wrote it."""
+    events = Events(tmp_path / "events.jsonl")
+    events.write("envserver", "exited", pid=9, code=1, restart_in_s=1.0)  # before a resume
+    follower = progress.RunFollower(tmp_path, total_steps=30)
+    assert follower.poll() == [] and not follower.done
+    events.write("actor", "started", pid=10, restart=0)  # a first start: the launcher says it
+    events.write("actor/replica-1", "exited", pid=11, code=-9, restart_in_s=1.0)
+    events.write("actor/replica-1", "started", pid=12, restart=1)
+    with open(tmp_path / "metrics.jsonl", "w") as f:
+        f.write(json.dumps(_train(1, 80.0)) + "\n")
+    lines = follower.poll()
+    assert lines[0].startswith("step   1/30")
+    assert lines[1:] == [
+        "supervisor: actor/replica-1 exited with code -9; restarting in 1.0s",
+        "supervisor: actor/replica-1 restarted (pid 12, restart 1)",
+    ]
+    events.write("learner", "gave_up", pid=13, code=2, reason="cannot start as configured")
+    with open(tmp_path / "metrics.jsonl", "a") as f:
+        f.write(json.dumps({"kind": "done", "wall_s": 90.0}) + "\n")
+    assert follower.poll() == [
+        "supervisor: learner exited with code 2: cannot start as configured; giving up"
+    ]
+    assert follower.done and [r["kind"] for r in follower.records] == ["train", "done"]
 
 
 def test_the_view_shows_each_record_once_and_paces_a_restarted_learner_anew():

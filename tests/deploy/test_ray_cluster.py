@@ -9,9 +9,9 @@ and no placement group in the cluster's own state, every resource free again.
                                                     ("gpu_node" stands in for GPUs)
     python -m deploy.cluster up --target=ray -- <short run>    (what the Makefile runs)
       ├─ after the first training step: SIGKILL the actor replica's process
-      │  -> Ray restarts its actor, which starts `actor --replicas 1` again
-      └─ after the second: SIGKILL the learner -> the supervisor restarts it, it resumes from
-         its checkpoint; the run finishes with every step once
+      │  -> `actor --replicas 1` restarts it, as under `make run`, with the same events
+      └─ after the second: SIGKILL the learner -> the run's supervisor restarts it in its
+         bundle, it resumes from its checkpoint; the run finishes with every step once
     python -m deploy.cluster down --target=ray
     then a second run, detached, is brought down while its engine starts.
 
@@ -32,22 +32,26 @@ from pathlib import Path
 import pytest
 
 ray = pytest.importorskip("ray")
+from common.supervision import read_events  # noqa: E402
 from deploy.ray_process import marked_pids  # noqa: E402
 from tests.deploy.ray_local import (  # noqa: E402
     engines,
-    events,
+    replica_process,
     role_process,
     start_cluster,
     train_records,
     wait_for_no_leftovers,
 )
 from tests.e2e.test_make_run import _command_lines  # noqa: E402
+from tests.restart_events import killed_and_restarted  # noqa: E402
 
 # A loaded 2-core machine starts a vLLM engine in minutes, not seconds: room for two.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 RUN_DEADLINE_S = 1200
 
 REPO = Path(__file__).resolve().parents[2]
+REPLICA = "actor-0/replica-0"
+"""The events' name of the one replica that `actor --replicas 1` of role actor-0 runs."""
 STEPS = 3
 NAMESPACE = "tether-test"
 SHORT_RUN = [
@@ -200,7 +204,7 @@ def finished_run(cluster, tmp_path_factory):
     up = _cluster("up", runs_dir=runs_dir, log=log)
     run_dir = run_id = None
     killed_at = restarted_at = ready_again_at = None
-    killed_pid = learner_killed_at = None
+    killed_pid = learner_pid = learner_killed_at = None
     engines_seen: set[int] = set()
     deadline = time.monotonic() + RUN_DEADLINE_S
     while up.poll() is None and time.monotonic() < deadline:
@@ -210,25 +214,25 @@ def finished_run(cluster, tmp_path_factory):
         if run_dir is not None:
             engines_seen |= set(engines(run_id, before))
         if run_dir is not None and killed_at is None and train_records(run_dir):
-            killed_pid = role_process(run_id, "actor-0")
+            killed_pid = replica_process(run_id, "actor-0")
             if killed_pid is not None:  # mid-run: one step trained, more to go
                 os.kill(killed_pid, signal.SIGKILL)
                 killed_at = time.monotonic()
         if killed_at is not None and restarted_at is None:
             if any(
-                e["role"] == "actor-0" and e["event"] == "started" and e.get("restarted")
-                for e in events(run_dir)
+                e["role"] == REPLICA and e["event"] == "started" and e["restart"]
+                for e in read_events(run_dir)
             ):
                 restarted_at = time.monotonic()
         if restarted_at is not None and ready_again_at is None:
-            pid = role_process(run_id, "actor-0")
+            pid = replica_process(run_id, "actor-0")
             if pid is not None and pid != killed_pid and _replica_ready(run_dir):
                 ready_again_at = time.monotonic()
         if killed_at is not None and learner_killed_at is None:
             if len(train_records(run_dir)) >= 2:  # a checkpoint at v2, one step to go
-                pid = role_process(run_id, "learner-0")
-                if pid is not None:
-                    os.kill(pid, signal.SIGKILL)
+                learner_pid = role_process(run_id, "learner-0")
+                if learner_pid is not None:
+                    os.kill(learner_pid, signal.SIGKILL)
                     learner_killed_at = time.monotonic()
         time.sleep(0.5)
     output = log.read_text()
@@ -255,7 +259,8 @@ def finished_run(cluster, tmp_path_factory):
     )
     (runs_dir / "timings.json").write_text(json.dumps(timings, indent=2))
     assert engines_seen, "no vLLM engine process carried the run's marker"
-    return run_dir, run_id, output, down_output, before, timings
+    killed = {"replica": killed_pid, "learner": learner_pid}
+    return run_dir, run_id, output, down_output, before, timings, killed
 
 
 def _replica_ready(run_dir: Path) -> bool:
@@ -272,7 +277,7 @@ def _replica_ready(run_dir: Path) -> bool:
 
 
 def test_the_run_finishes_with_every_step(finished_run):
-    run_dir, _, output, _, _, _ = finished_run
+    run_dir, _, output, *_ = finished_run
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["steps"] == STEPS
     assert [r["version"] for r in train_records(run_dir)] == list(range(1, STEPS + 1))
@@ -291,28 +296,26 @@ def test_the_plan_put_each_role_on_its_kind_of_node(finished_run):
     assert plan["envservers"][0]["node_id"] == head  # the CPU node
     assert plan["learner"][0]["node_id"] == plan["actors"][0]["node_id"] != head
     assert plan["actors"][0]["bundle"] == {"CPU": 1.0, "gpu_node": 1.0}
-    started = {e["role"]: e["node"] for e in events(run_dir) if e["event"] == "started"}
-    assert set(started) == {"nats", "envserver-0", "learner-0", "actor-0"}
+    started = {e["role"] for e in read_events(run_dir) if e["event"] == "started"}
+    assert started == {"nats", "envserver-0", "learner", "actor-0", REPLICA}
 
 
-def test_the_killed_actor_replica_was_restarted_by_ray(finished_run):
-    run_dir, _, output, _, _, timings = finished_run
-    actor = [e for e in events(run_dir) if e["role"] == "actor-0"]
-    kinds = [(e["event"], e.get("code"), e.get("restarted")) for e in actor]
-    assert ("exited", -signal.SIGKILL, None) in kinds
-    starts = [e for e in actor if e["event"] == "started"]
-    assert len(starts) == 2 and starts[1]["restarted"] and starts[0]["pid"] != starts[1]["pid"]
-    assert "actor-0 restarted by Ray" in output
+def test_the_killed_replica_was_restarted_with_the_events_of_any_launcher(finished_run):
+    """The same reading as for a replica killed under `make run` (tests/faults)."""
+    run_dir, _, output, _, _, _, killed = finished_run
+    run_events = read_events(run_dir)
+    assert killed_and_restarted(run_events, REPLICA) == (killed["replica"], -signal.SIGKILL)
+    assert f"supervisor: {REPLICA} restarted (pid" in output
+    # The replica's supervisor restarted it; nothing above it did.
+    assert [e["restart"] for e in run_events if e["role"] == "actor-0"] == [0]
 
 
 def test_the_killed_learner_was_restarted_whole_and_resumed(finished_run):
-    run_dir, _, output, _, _, _ = finished_run
-    run_events = events(run_dir)
-    learner = [e for e in run_events if e["role"] == "learner-0"]
-    assert ("exited", -signal.SIGKILL) in [(e["event"], e.get("code")) for e in learner]
-    assert [e["pid"] for e in learner if e["event"] == "started"][0] != learner[-1]["pid"]
-    assert any(e["event"] == "learner restart" for e in run_events if e["role"] == "supervisor")
-    assert "supervisor: learner restart 1" in output
+    run_dir, _, output, _, _, _, killed = finished_run
+    run_events = read_events(run_dir)
+    assert killed_and_restarted(run_events, "learner") == (killed["learner"], -signal.SIGKILL)
+    assert "supervisor: learner restarted on 127.0.0.1 (pid" in output
+    assert [e["event"] for e in run_events if e["role"] == "learner"][-1] == "finished"
     log = (run_dir / "logs" / "learner-0.log").read_text()
     assert log.count("==== ") == 2  # two starts, one log
     # metrics.jsonl was cut back to the checkpoint and continued: every step once
@@ -320,7 +323,7 @@ def test_the_killed_learner_was_restarted_whole_and_resumed(finished_run):
 
 
 def test_down_leaves_no_process_and_nothing_in_ray(finished_run):
-    run_dir, run_id, _, down_output, before, _ = finished_run
+    run_dir, run_id, _, down_output, before, *_ = finished_run
     assert f"run {run_id}: stopped; nothing left" in down_output
     assert wait_for_no_leftovers(run_dir, run_id, before) == []
     _assert_nothing_left_in_ray(run_id)

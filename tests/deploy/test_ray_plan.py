@@ -300,7 +300,7 @@ def test_the_plan_of_a_run_config():
 def test_records_of_a_prepared_run_name_its_actors_groups_and_passed_environment(tmp_path):
     plan = _same_host_plan()  # both learner ranks on one node: one learner group
     ports = fixed_ports(plan, BASES)
-    run = load_run_config(None, ["ray.namespace=ns", "ray.max_restarts=5"])
+    run = load_run_config(None, ["ray.namespace=ns", "restarts.budget=5"])
     run_dir = tmp_path / "20250101-000000"
     prepared = Prepared(run, plan, [], run_dir, ports, {"nats": ["python"]})
     assert pg_names(plan) == ["envservers", "learner-0", "actors"]
@@ -318,4 +318,4 @@ def test_records_of_a_prepared_run_name_its_actors_groups_and_passed_environment
     }  # fmt: skip
     assert spec["events"] == str(run_dir / "events.jsonl")
     assert (spec["run_id"], spec["namespace"], spec["cwd"]) == ("20250101-000000", "ns", "/repo")
-    assert (spec["nats_port"], spec["max_restarts"]) == (4222, 5)
+    assert (spec["nats_port"], spec["restarts"]["budget"]) == (4222, 5)

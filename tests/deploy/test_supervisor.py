@@ -10,9 +10,9 @@ import time
 from pathlib import Path
 
 from common.metrics import serve_metrics
-from common.restarts import RestartPolicy
+from common.supervision import RestartPolicy, event_line, read_events
 from deploy import proctree
-from deploy.supervisor import Service, Supervisor, http_probe, read_events
+from deploy.supervisor import Service, Supervisor, http_probe
 
 FAST = RestartPolicy(initial_backoff_s=0.1, max_backoff_s=0.2, budget=2, window_s=60)
 
@@ -21,9 +21,8 @@ def _python(code: str) -> list[str]:
     return [sys.executable, "-c", code]
 
 
-def _supervisor(tmp_path: Path, **fields) -> tuple[Supervisor, list[str]]:
-    said: list[str] = []
-    return Supervisor(tmp_path, policy=FAST, say=said.append, **fields), said
+def _supervisor(tmp_path: Path, **fields) -> Supervisor:
+    return Supervisor(tmp_path, policy=FAST, **fields)
 
 
 def _poll_until(supervisor: Supervisor, predicate, timeout_s: float = 20.0) -> None:
@@ -40,8 +39,8 @@ def _alive(pid: int) -> bool:
 
 
 def test_a_crashing_service_is_restarted_until_its_budget_is_spent(tmp_path):
-    supervisor, said = _supervisor(tmp_path)
-    supervisor.start(Service("crasher", _python("import sys; sys.exit(3)")))
+    supervisor = _supervisor(tmp_path)
+    supervisor.start(Service("crasher", _python("import sys; sys.exit(5)")))
     try:
         _poll_until(supervisor, lambda: supervisor.given_up() is not None)
     finally:
@@ -49,23 +48,27 @@ def test_a_crashing_service_is_restarted_until_its_budget_is_spent(tmp_path):
     events = [(e["event"], e.get("code")) for e in read_events(tmp_path)]
     assert events == [
         ("started", None),
-        ("exited", 3),
+        ("exited", 5),
         ("started", None),
-        ("exited", 3),
+        ("exited", 5),
         ("started", None),
-        ("gave_up", 3),
+        ("gave_up", 5),
     ]
     exits = [e for e in read_events(tmp_path) if e["event"] == "exited"]
     assert [e["restart_in_s"] for e in exits] == [0.1, 0.2]  # doubling backoff
+    assert [e["restart"] for e in read_events(tmp_path) if e["event"] == "started"] == [0, 1, 2]
     assert supervisor.num_restarts() == {"crasher": 2}
-    assert any("crasher gave_up" in line for line in said)
+    assert event_line(read_events(tmp_path)[-1]) == (
+        "supervisor: crasher exited with code 5: restart budget spent (2 in 60s, "
+        "restarts.budget); giving up"
+    )
     assert (tmp_path / "logs" / "crasher.log").exists()
 
 
 def test_a_service_that_cannot_start_as_configured_is_not_restarted(tmp_path):
     """Exit 2 (a bad config, model path, dataset) or 69 (gave up on the broker): restarting
     would fail the same way, so the run ends at once with the reason."""
-    supervisor, said = _supervisor(tmp_path)
+    supervisor = _supervisor(tmp_path)
     supervisor.start(Service("learner", _python("import sys; sys.exit(2)"), finishes=True))
     try:
         _poll_until(supervisor, lambda: supervisor.given_up() is not None)
@@ -88,7 +91,7 @@ def test_a_dead_childs_leftovers_are_killed_before_it_restarts(tmp_path):
         "time.sleep(0.3)\n"
         "sys.exit(1)\n"
     )
-    supervisor, _ = _supervisor(tmp_path)
+    supervisor = _supervisor(tmp_path)
     supervisor.start(Service("parent", _python(code)))
     try:
         _poll_until(supervisor, lambda: supervisor.num_restarts()["parent"] == 1)
@@ -104,7 +107,7 @@ def test_a_dead_childs_leftovers_are_killed_before_it_restarts(tmp_path):
 
 
 def test_a_finishing_service_that_exits_zero_is_done_not_restarted(tmp_path):
-    supervisor, _ = _supervisor(tmp_path)
+    supervisor = _supervisor(tmp_path)
     supervisor.start(Service("learner", _python("pass"), finishes=True))
     try:
         _poll_until(supervisor, lambda: supervisor.finished("learner"))
@@ -117,7 +120,7 @@ def test_a_finishing_service_that_exits_zero_is_done_not_restarted(tmp_path):
 
 def test_a_hung_service_is_killed_after_missed_probes_and_restarted(tmp_path):
     answers = iter([True, False, False, False])  # up, then hung
-    supervisor, _ = _supervisor(
+    supervisor = _supervisor(
         tmp_path, probe=lambda url, timeout_s: next(answers, True), probe_period_s=0.0
     )
     supervisor.start(
@@ -136,7 +139,7 @@ def test_a_hung_service_is_killed_after_missed_probes_and_restarted(tmp_path):
 
 
 def test_probes_before_the_first_answer_are_start_up_not_failures(tmp_path):
-    supervisor, _ = _supervisor(tmp_path, probe=lambda url, timeout_s: False, probe_period_s=0.0)
+    supervisor = _supervisor(tmp_path, probe=lambda url, timeout_s: False, probe_period_s=0.0)
     supervisor.start(Service("slow", _python("import time; time.sleep(300)"), liveness_url="x"))
     try:
         for _ in range(10):
@@ -163,7 +166,7 @@ def test_stop_all_kills_processes_that_left_the_childs_process_group(tmp_path):
         f"open({str(pid_file)!r}, 'a').write(str(p.pid) + ' ')\n"  # a restart adds its own
         "time.sleep(300)\n"
     )
-    supervisor, _ = _supervisor(tmp_path)
+    supervisor = _supervisor(tmp_path)
     supervisor.start(Service("actor", _python(code)))
     deadline = time.monotonic() + 10
     while not pid_file.exists() or not pid_file.read_text():

@@ -32,16 +32,17 @@ from pathlib import Path
 
 import pytest
 
+from common.supervision import read_events
 from deploy.chaos import (
     ChaosRun,
     Fault,
     Outcome,
     leftovers,
-    restarted_services,
+    restarted_roles,
     restarted_within,
 )
 from deploy.run_ledger import RunLedger
-from deploy.supervisor import read_events
+from tests.restart_events import killed_and_restarted
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -102,10 +103,10 @@ def _report(name: str, outcome: Outcome, baseline: Outcome | None = None) -> dic
             {
                 "target": fault.target,
                 "signal": signal.Signals(fault.signum).name,
-                "restarted_after_s": _round(restarted_within(outcome.run_dir, fault.target, wall)),
+                "restarted_after_s": _round(restarted_within(outcome.run_dir, pids, wall)),
                 "next_step_s": _round(outcome.next_step_after(at)),
             }
-            for (fault, _, at), wall in zip(outcome.struck, outcome.struck_wall, strict=True)
+            for (fault, pids, at), wall in zip(outcome.struck, outcome.struck_wall, strict=True)
         ],
         "ledger": RunLedger.read(outcome.run_dir).summary(),
     }
@@ -126,7 +127,7 @@ def _assert_whole(
     launched = json.loads((outcome.run_dir / "launch.json").read_text())
     assert launched["config_sha256"] == hashlib.sha256(frozen).hexdigest()
     assert sorted(r["version"] for r in ledger.evals) == [0, total_steps // 2, total_steps]
-    assert restarted_services(outcome.run_dir) == restarted
+    assert restarted_roles(outcome.run_dir) == restarted
     deadline = time.monotonic() + 15
     while (left := leftovers(outcome.run_dir)) and time.monotonic() < deadline:
         time.sleep(0.5)
@@ -153,7 +154,7 @@ def test_broker_killed_env_server_killed_and_hung(baseline, tmp_path):
     )
     _report("broker+envserver", outcome, baseline)
     _assert_whole(outcome, restarted=["nats-server", "envserver", "envserver"])
-    events = [(e["service"], e["event"]) for e in read_events(outcome.run_dir)]
+    events = [(e["role"], e["event"]) for e in read_events(outcome.run_dir)]
     assert ("envserver", "unresponsive") in events  # the hung one, killed by its probe
     # Every client rode out the broker restart: only the processes hurt were restarted.
     assert outcome.run_s <= baseline.run_s + SLACK_S
@@ -173,11 +174,16 @@ def test_actor_replica_killed_during_a_weight_broadcast(baseline, tmp_path):
         total_steps=REPLICA_RUN_STEPS,
     )
     _report("replica", outcome, baseline)
-    # The actor's own supervisor restarts replicas.
-    _assert_whole(outcome, restarted=[], total_steps=REPLICA_RUN_STEPS)
-    actor_log = (outcome.run_dir / "logs" / "actor.log").read_text()
+    # The actor's own supervisor restarts replicas, and says so in the run's events.
+    killed = outcome.struck[1][1][0]
+    events = read_events(outcome.run_dir)
+    role = next(e["role"] for e in events if e["event"] == "started" and e["pid"] == killed)
+    assert role.startswith("actor/replica-"), role
+    _assert_whole(outcome, restarted=[role], total_steps=REPLICA_RUN_STEPS)
+    assert killed_and_restarted(events, role) == (killed, -signal.SIGKILL)
     # The dead replica's engine was cleared away with it (it would not notice on its own).
-    assert "exited with -9 (1 leftover process groups killed)" in actor_log
+    exited = next(e for e in events if e["role"] == role and e["event"] == "exited")
+    assert exited["killed_leftovers"] == 1
     scaled = baseline.run_s * REPLICA_RUN_STEPS / TOTAL_STEPS  # for the extra steps
     assert outcome.run_s <= scaled + SLACK_S
 

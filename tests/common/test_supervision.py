@@ -1,11 +1,20 @@
-"""common/restarts.py: backoff and budget worked out by hand."""
+"""common/supervision.py: backoff and budget worked out by hand."""
 
 from __future__ import annotations
 
 import pydantic
 import pytest
 
-from common.restarts import RestartPolicy, RestartTracker
+from common.supervision import (
+    EXIT_CONFIG,
+    EXIT_GAVE_UP,
+    Events,
+    RestartPolicy,
+    RestartTracker,
+    Supervised,
+    Verdict,
+    read_events,
+)
 
 POLICY = RestartPolicy(
     initial_backoff_s=1.0, max_backoff_s=4.0, budget=3, window_s=100.0, healthy_after_s=10.0
@@ -53,3 +62,34 @@ def test_policy_fields_are_validated():
         RestartPolicy(window_s=0)
     with pytest.raises(pydantic.ValidationError, match="budget"):
         RestartPolicy(budget=-1)
+
+
+def test_the_verdicts_of_a_role():
+    learner = Supervised(POLICY, finishes=True)
+    assert learner.started(0.0) == 0
+    assert learner.exited(0, 5.0) == Verdict("finished")
+    assert learner.exited(EXIT_CONFIG, 5.0) == Verdict(
+        "gave_up", reason="cannot start as configured"
+    )
+    # A supervisor below gave up already: a restart would stack a second budget on its own.
+    assert learner.exited(EXIT_GAVE_UP, 5.0).action == "gave_up"
+    # Lost with its node (no code) or killed: restarted after the backoff.
+    assert learner.exited(None, 5.0) == Verdict("restart", restart_at=6.0)
+    assert learner.started(6.0) == 1 and learner.num_restarts == 1
+    server = Supervised(RestartPolicy(budget=1, initial_backoff_s=0.5))
+    server.started(0.0)
+    assert server.exited(0, 1.0) == Verdict("restart", restart_at=1.5)  # exit 0 is no finish
+    server.started(1.5)
+    verdict = server.exited(-9, 2.0)
+    assert verdict.action == "gave_up" and "restart budget spent (1 in 600s" in verdict.reason
+
+
+def test_events_are_one_line_each_and_read_back(tmp_path):
+    events = Events(tmp_path / "events.jsonl")
+    record = events.write("actor/replica-0", "started", pid=7, restart=0)
+    with open(tmp_path / "events.jsonl", "a") as f:
+        f.write('{"role": "actor", "ev')  # a line another process is writing
+    assert read_events(tmp_path) == [record]
+    assert set(record) == {"time", "role", "event", "pid", "restart"}
+    assert Events(None).write("x", "started", pid=1)["role"] == "x"  # by hand: nowhere
+    assert read_events(tmp_path / "nothing") == []
