@@ -9,6 +9,11 @@ Every suite runs even when an earlier one fails; the exit code is 1 when any sui
 or ran past its share by more than the noise allowance. pytest's exit code 5 (nothing
 collected) is not a failure. Each suite prints its slowest tests (`--durations`), so where
 the time goes is in every log.
+
+A suite with `alongside = "<suite>"` runs at the same time as that one, at the lowest CPU
+priority (nice 19): long work that needs cores but no timing of its own (the tiny model's
+rebuild) takes the cycles the other suite leaves idle while it waits on its processes,
+sockets and timers. Its output goes to a log of its own, printed when it ends.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import argparse
 import os
 import subprocess
 import sys
+import tempfile
 import time
 import tomllib
 from dataclasses import dataclass
@@ -36,6 +42,9 @@ class Suite:
     buys: str
     """What the suite proves that nothing cheaper does."""
     in_make_test: bool = True
+    alongside: str | None = None
+    """Another suite this one runs beside, at nice 19; its share then counts within that
+    suite's, not on top of it (it may not be larger)."""
 
 
 @dataclass(frozen=True)
@@ -56,13 +65,29 @@ class Budget:
         names = [s.name for s in self.suites]
         if len(set(names)) != len(names):
             raise ValueError(f"{SUITES_FILE.name}: suite names repeat: {names}")
-        planned = self.install_s + sum(s.share_s for s in self.suites if s.in_make_test)
+        by_name = {s.name: s for s in self.suites}
+        for s in self.suites:
+            host = by_name.get(s.alongside) if s.alongside else s
+            if host is None or host.alongside or host.share_s < s.share_s:
+                raise ValueError(
+                    f"{SUITES_FILE.name}: suite {s.name} runs alongside {s.alongside!r}, which "
+                    "must be a suite that runs on its own with at least its share"
+                )
+        planned = self.planned_s
         if planned > self.total_s:
             raise ValueError(
                 f"{SUITES_FILE.name}: the install's share and the suites' shares add up to "
                 f"{planned:.0f} s, past the budget's total_s = {self.total_s:.0f} s: "
                 "lower a share, or raise total_s as a visible decision"
             )
+
+    @property
+    def planned_s(self) -> float:
+        """The install's share and those of `make test`'s suites that run one after another
+        (a suite alongside another takes no time of its own)."""
+        return self.install_s + sum(
+            s.share_s for s in self.suites if s.in_make_test and not s.alongside
+        )
 
 
 def load_budget(path: Path = SUITES_FILE) -> Budget:
@@ -110,8 +135,8 @@ def verdict(outcomes: list[Outcome], noise: float = 0.0) -> tuple[list[str], boo
             result += f"; over its share by {o.past_share_s:.0f} s"
         wall, share = _mmss(o.wall_s), _mmss(o.suite.share_s)
         lines.append(f"{o.suite.name:<14} {wall:>8} {share:>8}  {result}")
-    total = sum(o.wall_s for o in outcomes)
-    share = sum(o.suite.share_s for o in outcomes)
+    total = sum(o.wall_s for o in outcomes if not o.suite.alongside)
+    share = sum(o.suite.share_s for o in outcomes if not o.suite.alongside)
     lines.append(f"{'all':<14} {_mmss(total):>8} {_mmss(share):>8}")
     ok = not too_slow and not any(o.failed for o in outcomes)
     return lines, ok
@@ -121,15 +146,44 @@ def _mmss(seconds: float) -> str:
     return f"{int(seconds) // 60}:{int(seconds) % 60:02d}"
 
 
-def run_suite(suite: Suite, durations: int, extra: list[str]) -> Outcome:
+def _command(suite: Suite, durations: int, extra: list[str]) -> list[str]:
+    return [sys.executable, "-m", "pytest", *suite.args, f"--durations={durations}", *extra]
+
+
+def run_suite(
+    suite: Suite, durations: int, extra: list[str], beside: list[Suite] = ()
+) -> list[Outcome]:
+    """The suite, with the suites that run alongside it started first (niced, logged apart);
+    its outcome, then theirs."""
+    started_beside = [_start_beside(b, durations, extra) for b in beside]
     print(f"\n===== suite {suite.name}: pytest {' '.join(suite.args + extra)}", flush=True)
     started = time.monotonic()
-    code = subprocess.call(
-        [sys.executable, "-m", "pytest", *suite.args, f"--durations={durations}", *extra],
+    code = subprocess.call(_command(suite, durations, extra), cwd=REPO, stdin=subprocess.DEVNULL)
+    outcome = Outcome(suite, code, time.monotonic() - started)
+    print(f"===== suite {suite.name}: exit {code} in {_mmss(outcome.wall_s)}", flush=True)
+    return [outcome, *(_finish_beside(*b) for b in started_beside)]
+
+
+def _start_beside(suite: Suite, durations: int, extra: list[str]):
+    log = tempfile.TemporaryFile()  # noqa: SIM115 (read back and closed at its end)
+    process = subprocess.Popen(
+        _command(suite, durations, extra),
         cwd=REPO,
         stdin=subprocess.DEVNULL,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        preexec_fn=lambda: os.nice(19),
     )
+    print(f"===== suite {suite.name} (alongside, nice 19): pytest {' '.join(suite.args)}")
+    return suite, process, log, time.monotonic()
+
+
+def _finish_beside(suite: Suite, process: subprocess.Popen, log, started: float) -> Outcome:
+    code = process.wait()
     outcome = Outcome(suite, code, time.monotonic() - started)
+    log.seek(0)
+    print(f"\n===== suite {suite.name} (alongside):\n{log.read().decode(errors='replace')}")
+    log.close()
     print(f"===== suite {suite.name}: exit {code} in {_mmss(outcome.wall_s)}", flush=True)
     return outcome
 
@@ -153,7 +207,12 @@ def main(argv: list[str] | None = None) -> int:
     # The suites' processes must not inherit a caller's stdin (CI has none) nor its pytest
     # options: each suite is exactly what suites.toml says, plus what was given here.
     os.environ.pop("PYTEST_ADDOPTS", None)
-    outcomes = [run_suite(s, budget.durations, extra) for s in chosen]
+    outcomes = []
+    for suite in chosen:
+        if suite.alongside in {c.name for c in chosen}:
+            continue  # started with its host
+        beside = [b for b in chosen if b.alongside == suite.name]
+        outcomes += run_suite(suite, budget.durations, extra, beside)
     lines, ok = verdict(outcomes, budget.noise)
     print("\n" + "\n".join(lines), flush=True)
     if not ok:
