@@ -7,6 +7,12 @@ Delivery rules (the bus is at-least-once; trajectory ids make it exactly-once in
   (malformed, prompt longer than max_input_length), and nak'd with a delay when this
   replica fails (so another one takes it). A replica that dies just stops heart-beating;
   the task comes back after the broker's ack wait.
+- A replica told to stop (SIGTERM: a scale-in, a preemption notice) leaves without losing
+  a token: it takes no more tasks, each episode stops at its next turn boundary with its
+  checkpoint recorded, and each group goes back to the broker at once, for another replica
+  to continue every episode from that turn. Only a turn still running when
+  `drain_timeout_s` ends is cut (and generated again from the turn before); without
+  episode checkpoints the groups play to their end instead, within the same grace.
 - Trajectory ids are `<task_id>/<sample_index>` and go out as `Nats-Msg-Id`: a group
   re-played by another replica stores only the samples the first one had not published.
 - Weights (`actors.policy_weights.PolicyWeights`): a new replica loads the newest snapshot
@@ -31,7 +37,7 @@ from actors.chat import ChatTemplate
 from actors.config import ActorConfig
 from actors.episode import Rollout, validate_task
 from actors.episode_checkpoints import GroupCheckpoints
-from actors.group import run_group
+from actors.group import Leaving, run_group
 from actors.in_flight import EngineDemand, tasks_to_take
 from actors.policy_weights import PolicyWeights, WeightsBehind
 from actors.snapshots import SnapshotSource
@@ -90,6 +96,11 @@ class Actor:
         self.episodes: bus.EpisodeStore | None = None
         self._failure: BaseException | None = None
         self._stop = asyncio.Event()
+        self._pull_expires_at = 0.0
+        self._handed_back = 0
+        """Groups handed back at turn boundaries as this replica left."""
+        """When the server forgets our newest pull request: a task nak'd before then would be
+        redelivered to that request, i.e. to us as we leave, and sit out the ack wait."""
 
     @property
     def ready(self) -> bool:
@@ -137,7 +148,6 @@ class Actor:
     async def _serve(self, stop: asyncio.Event) -> None:
         running: set[asyncio.Task] = set()
         stopping = asyncio.create_task(stop.wait())
-        started = time.monotonic()
         while not stop.is_set():
             self._demand.changed.clear()
             free = tasks_to_take(
@@ -154,6 +164,7 @@ class Actor:
                 room.cancel()
                 continue
             started = time.monotonic()
+            self._pull_expires_at = started + self.config.fetch_timeout_s + 0.1
             try:
                 received = await self.puller.fetch(free, timeout_s=self.config.fetch_timeout_s)
             # Network boundary: the connection is re-establishing; pull again shortly.
@@ -168,12 +179,14 @@ class Actor:
                 running.add(task)
                 task.add_done_callback(running.discard)
         stopping.cancel()
-        if running:  # drain: let groups finish, then give the rest back at once
+        if running:  # leave: groups stop at their turn boundaries (or finish), the rest go back
             _, unfinished = await asyncio.wait(running, timeout=self.config.drain_timeout_s)
-            # Our last pull request lives on the server until it expires: a task nak'd
-            # before then would be redelivered to it, i.e. to us, and sit out the ack wait.
-            expired_at = started + self.config.fetch_timeout_s + 0.1
-            await asyncio.sleep(max(expired_at - time.monotonic(), 0.0))
+            log.info(
+                "leaving: %d groups handed back at their episodes' turn boundaries, %d cut "
+                "at the end of the %.0f s grace (drain_timeout_s)",
+                self._handed_back, len(unfinished), self.config.drain_timeout_s,
+            )  # fmt: skip
+            await self._pull_expired()
             for task in unfinished:
                 task.cancel()
             await asyncio.gather(*unfinished, return_exceptions=True)
@@ -185,6 +198,11 @@ class Actor:
         unfinished = 0
         heartbeat = asyncio.create_task(self._heartbeat(received))
         checkpoints = GroupCheckpoints(self.episodes, task, self.actor_id)
+
+        async def on_turn(index: int, episode) -> None:
+            await checkpoints.on_turn(index, episode)
+            if stop.is_set() and checkpoints.store is not None:
+                raise Leaving  # at this turn boundary, recorded: another replica goes on
 
         async def publish(index: int, result: EpisodeResult) -> None:
             nonlocal unfinished, held
@@ -224,12 +242,19 @@ class Actor:
                 task,
                 on_result=publish,
                 saved=saved,
-                on_turn=checkpoints.on_turn,
+                on_turn=on_turn,
             )
         except TaskRejected as e:
             metrics.TASKS.labels("rejected").inc()
             await _quietly(received.reject(str(e)), "terminate", task)
             await checkpoints.forget()
+        except Leaving as e:
+            metrics.TASKS.labels("handed_back").inc()
+            self._handed_back += 1
+            log.info("leaving: %s; handing the task back", e)
+            await checkpoints.settle()  # what another replica continues from
+            await self._pull_expired()
+            await _quietly(received.nak(0), "nak", task)
         except WeightsBehind as e:
             metrics.TASKS.labels("nacked").inc()
             log.warning("handing task %s back: %s", task.task_id, e)
@@ -258,6 +283,9 @@ class Actor:
             self._demand.end_episodes(held)
             metrics.GROUPS_IN_FLIGHT.dec()
             metrics.EPISODES_IN_FLIGHT.dec(max(unfinished, 0))
+
+    async def _pull_expired(self) -> None:
+        await asyncio.sleep(max(self._pull_expires_at - time.monotonic(), 0.0))
 
     async def _heartbeat(self, received: bus.ReceivedPrompt) -> None:
         while True:

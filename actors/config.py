@@ -309,7 +309,11 @@ class ActorConfig(StrictModel):
     fetch_timeout_s: float = pydantic.Field(default=1.0, gt=0)
     """Longest one pull of prompt tasks waits."""
     drain_timeout_s: float = pydantic.Field(default=30.0, ge=0)
-    """On SIGTERM, running groups get this long to finish; the rest are nak'd at once."""
+    """The grace of a replica told to stop (SIGTERM: a scale-in, a preemption): its episodes
+    get this long to reach their next turn boundary, where each is checkpointed and its group
+    handed back (with `episode_checkpoints`; without, groups get it to finish). What is still
+    running then is nak'd at once, its turn in flight lost. Keep a pod's
+    terminationGracePeriodSeconds above it."""
     metrics_port: int = pydantic.Field(default=9500, ge=0)
     """/metrics port of replica 0; replica i serves on metrics_port + i (0: a free port)."""
     metrics_host: str = "127.0.0.1"

@@ -1,7 +1,8 @@
 """A GRPO group: the n samples of one prompt task played concurrently on one engine (they
 share the prompt's prefix cache), each an episode of actors/episode.py. A redelivered
 task's samples continue from their last recorded turn (actors/resume.py) or are skipped
-when stored."""
+when stored. A replica that leaves stops each sample at its next turn boundary (`Leaving`)
+and hands the group back: another replica continues it from there."""
 
 from __future__ import annotations
 
@@ -18,6 +19,12 @@ from broker.wire import EpisodeCheckpoint, PromptTask
 log = logging.getLogger(__name__)
 
 
+class Leaving(Exception):  # noqa: N818 (what happens, not an error)
+    """Raised by an `on_turn` callback when the replica is leaving: the sample stops at this
+    turn boundary, its checkpoint recorded, for another replica to continue. The group goes
+    on until each of its samples has finished or stopped so, then raises it."""
+
+
 async def run_group(
     rollout: Rollout,
     task: PromptTask,
@@ -32,15 +39,22 @@ async def run_group(
     not end it. `saved`: the checkpoints of a redelivered task, by sample; a sample marked
     stored is not played (nor in the results), one with tokens continues from its last turn
     when it can. If one sample raises (TaskRejected, an engine failure), the others are
-    cancelled and that exception is raised."""
+    cancelled and that exception is raised; `Leaving` stops only the sample that raised it,
+    and is raised once every sample has ended (those that finished were passed to
+    `on_result`)."""
     validate_task(task)
     saved = saved or {}
     base_seed = rollout.sampling.seed
 
-    async def sample(index: int) -> EpisodeResult:
+    async def sample(index: int) -> EpisodeResult | None:
         seed = None if base_seed is None else base_seed + index
         turned = None if on_turn is None else functools.partial(on_turn, index)
-        result = await run_episode(rollout, task, seed=seed, saved=saved.get(index), on_turn=turned)
+        try:
+            result = await run_episode(
+                rollout, task, seed=seed, saved=saved.get(index), on_turn=turned
+            )
+        except Leaving:
+            return None  # stopped at a turn boundary: another replica continues it
         if on_result is not None:
             await on_result(index, result)
         return result
@@ -53,6 +67,9 @@ async def run_group(
         # All samples share one prompt: the first cause speaks for the group.
         raise failures.exceptions[0] from None
     results = {i: e.result() for i, e in episodes.items()}
+    left = [i for i, result in results.items() if result is None]
+    if left:
+        raise Leaving(f"task {task.task_id}: samples {left} stopped at a turn boundary")
     failed = failed_samples_line(task.task_id, results)
     if failed is not None:
         log.warning(failed)

@@ -77,7 +77,8 @@ WEIGHT_UPDATE_BYTES = prom.Counter(
 )
 TASKS = prom.Counter(
     "tether_actor_tasks_total",
-    "Prompt tasks by outcome: acked, rejected (never retried), nacked (retried elsewhere)",
+    "Prompt tasks by outcome: acked, rejected (never retried), nacked (retried elsewhere), "
+    "handed_back (the replica left; another continues its episodes from their last turn)",
     ["outcome"],
 )
 TRAJECTORIES_PUBLISHED = prom.Counter(

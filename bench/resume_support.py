@@ -7,7 +7,10 @@
 
 The harness watches the episode checkpoints the replicas record in the broker and SIGKILLs
 the replica that recorded the `kill_at`-th one with a turn (its pid ends its actor id). Its
-tasks come back after the ack wait and are finished by the other replica. With `forget`,
+tasks come back after the ack wait and are finished by the other replica. With SIGTERM
+instead (a scale-in, a preemption notice, with `actor.drain_timeout_s` as the grace), the
+replica leaves: each episode stops at its next turn boundary, checkpointed, and its task
+comes back at once. With `forget`,
 the dead replica's checkpoints are purged as it dies: its tasks are played as they were
 before turn-level checkpoints existed (from their first token, stored samples again), the
 baseline the benchmark compares with on the same work.
@@ -141,8 +144,9 @@ def _generated_tokens(port: int) -> float:
 
 
 class _Watch:
-    def __init__(self, kill_at: int, forget, metrics_port: int) -> None:
+    def __init__(self, kill_at: int, forget, metrics_port: int, signum: int) -> None:
         self.kill_at, self.forget, self.metrics_port = kill_at, forget, metrics_port
+        self.signum = signum
         self.seen: set[tuple[str, int]] = set()
         self.killed: str | None = None
         self.killed_at = 0.0
@@ -174,7 +178,7 @@ class _Watch:
         replica = int(actor_id.rsplit("-", 2)[1].removeprefix("r"))  # host-r<i>-<pid>
         self.survivor_port = self.metrics_port + 1 - replica
         self.survivor_before = _generated_tokens(self.survivor_port)
-        os.kill(int(actor_id.rsplit("-", 1)[1]), signal.SIGKILL)
+        os.kill(int(actor_id.rsplit("-", 1)[1]), self.signum)
         self.killed, self.killed_at = actor_id, time.monotonic()
         if self.forget is not None:
             await asyncio.sleep(0.5)  # its last puts in flight land first
@@ -182,15 +186,26 @@ class _Watch:
 
 
 async def run_scenario(
-    work_dir: Path, *, group_size: int, num_tasks: int = 1, kill_at: int = 1, forget=False
+    work_dir: Path,
+    *,
+    group_size: int,
+    num_tasks: int = 1,
+    kill_at: int = 1,
+    forget=False,
+    signum: int = signal.SIGKILL,
+    grace_s: float = 10.0,
 ) -> Outcome:
-    """Run the scenario once (a nats-server of its own under `work_dir`). `Outcome.figures`
-    needs `num_tasks` 1: the other replica then works on the dead one's task alone."""
+    """Run the scenario once (a nats-server of its own under `work_dir`; the actor's log is
+    `work_dir/actor.log`). `Outcome.figures` needs `num_tasks` 1: the other replica then
+    works on the dead one's task alone. `grace_s`: the replicas' `actor.drain_timeout_s`,
+    what a SIGTERMed one has to leave."""
     with NatsServer(work_dir / "nats") as nats:
-        return await _run(nats.url, work_dir, group_size, num_tasks, kill_at, forget)
+        return await _run(
+            nats.url, work_dir, group_size, num_tasks, kill_at, forget, signum, grace_s
+        )
 
 
-async def _run(url, work_dir, group_size, num_tasks, kill_at, forget) -> Outcome:
+async def _run(url, work_dir, group_size, num_tasks, kill_at, forget, signum, grace_s) -> Outcome:
     env_port, metrics_port = free_port(), free_port_block(2)  # replica i on metrics_port + i
     env = _start(
         ["envservers.cli", "--env", "calculator", f"envserver.port={env_port}",
@@ -203,7 +218,8 @@ async def _run(url, work_dir, group_size, num_tasks, kill_at, forget) -> Outcome
          f"actor.engine.model={shipped_model_dir()}", f"actor.metrics_port={metrics_port}",
          f'actor.env.addresses=["127.0.0.1:{env_port}"]', "actor.heartbeat_s=1",
          f"broker.url={url}", "broker.namespace=resume",
-         f"broker.prompt_ack_wait_s={ACK_WAIT_S}", "broker.max_trajectory_bytes=67108864"],
+         f"broker.prompt_ack_wait_s={ACK_WAIT_S}", "broker.max_trajectory_bytes=67108864",
+         f"actor.drain_timeout_s={grace_s}"],
         work_dir / "actor.log",
     )  # fmt: skip
     names = BusNames("resume")
@@ -219,7 +235,7 @@ async def _run(url, work_dir, group_size, num_tasks, kill_at, forget) -> Outcome
             for task in tasks:
                 await store.forget(task.task_id)
 
-        watch = _Watch(kill_at, purge if forget else None, metrics_port)
+        watch = _Watch(kill_at, purge if forget else None, metrics_port, signum)
         watching = asyncio.create_task(watch.run(await js.key_value(names.episodes_bucket)))
         await bus.publish_prompts(js, names, tasks)
         stored = await _collect(bus.TrajectoryConsumer(js, names), group_size * num_tasks, actor)

@@ -10,10 +10,10 @@ or ran past its share by more than the noise allowance. pytest's exit code 5 (no
 collected) is not a failure. Each suite prints its slowest tests (`--durations`), so where
 the time goes is in every log.
 
-A suite with `alongside = "<suite>"` runs at the same time as that one, at the lowest CPU
-priority (nice 19): long work that needs cores but no timing of its own (the tiny model's
-rebuild) takes the cycles the other suite leaves idle while it waits on its processes,
-sockets and timers. Its output goes to a log of its own, printed when it ends.
+A suite with `alongside = "<suite>"` starts with that one and runs beside it and the suites
+after it, at the lowest CPU priority (nice 19), until it ends: long work that needs cores
+but no timing of its own (the tiny model's rebuild) takes the cycles the others leave idle
+while they wait on their processes, sockets and timers. Its output is printed at its end.
 """
 
 from __future__ import annotations
@@ -43,8 +43,9 @@ class Suite:
     """What the suite proves that nothing cheaper does."""
     in_make_test: bool = True
     alongside: str | None = None
-    """Another suite this one runs beside, at nice 19; its share then counts within that
-    suite's, not on top of it (it may not be larger)."""
+    """Another suite this one starts with and runs beside (and beside the suites after it),
+    at nice 19; its share then counts within that suite's, not on top of it (it may not be
+    larger)."""
 
 
 @dataclass(frozen=True)
@@ -116,9 +117,12 @@ class Outcome:
         return self.wall_s - self.suite.share_s
 
 
-def verdict(outcomes: list[Outcome], noise: float = 0.0) -> tuple[list[str], bool]:
+def verdict(
+    outcomes: list[Outcome], noise: float = 0.0, wall_s: float | None = None
+) -> tuple[list[str], bool]:
     """The budget table's lines and whether every suite passed, none past its share by more
-    than `noise` of it."""
+    than `noise` of it. `wall_s`: the time it all took (default: the suites' walls added,
+    less those that ran alongside others)."""
     lines = [f"{'suite':<14} {'wall':>8} {'share':>8}  result"]
     too_slow = False
     for o in outcomes:
@@ -135,7 +139,9 @@ def verdict(outcomes: list[Outcome], noise: float = 0.0) -> tuple[list[str], boo
             result += f"; over its share by {o.past_share_s:.0f} s"
         wall, share = _mmss(o.wall_s), _mmss(o.suite.share_s)
         lines.append(f"{o.suite.name:<14} {wall:>8} {share:>8}  {result}")
-    total = sum(o.wall_s for o in outcomes if not o.suite.alongside)
+    total = (
+        wall_s if wall_s is not None else sum(o.wall_s for o in outcomes if not o.suite.alongside)
+    )
     share = sum(o.suite.share_s for o in outcomes if not o.suite.alongside)
     lines.append(f"{'all':<14} {_mmss(total):>8} {_mmss(share):>8}")
     ok = not too_slow and not any(o.failed for o in outcomes)
@@ -150,42 +156,61 @@ def _command(suite: Suite, durations: int, extra: list[str]) -> list[str]:
     return [sys.executable, "-m", "pytest", *suite.args, f"--durations={durations}", *extra]
 
 
-def run_suite(
-    suite: Suite, durations: int, extra: list[str], beside: list[Suite] = ()
-) -> list[Outcome]:
-    """The suite, with the suites that run alongside it started first (niced, logged apart);
-    its outcome, then theirs."""
-    started_beside = [_start_beside(b, durations, extra) for b in beside]
+def run_suite(suite: Suite, durations: int, extra: list[str]) -> Outcome:
     print(f"\n===== suite {suite.name}: pytest {' '.join(suite.args + extra)}", flush=True)
     started = time.monotonic()
     code = subprocess.call(_command(suite, durations, extra), cwd=REPO, stdin=subprocess.DEVNULL)
     outcome = Outcome(suite, code, time.monotonic() - started)
     print(f"===== suite {suite.name}: exit {code} in {_mmss(outcome.wall_s)}", flush=True)
-    return [outcome, *(_finish_beside(*b) for b in started_beside)]
-
-
-def _start_beside(suite: Suite, durations: int, extra: list[str]):
-    log = tempfile.TemporaryFile()  # noqa: SIM115 (read back and closed at its end)
-    process = subprocess.Popen(
-        _command(suite, durations, extra),
-        cwd=REPO,
-        stdin=subprocess.DEVNULL,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        preexec_fn=lambda: os.nice(19),
-    )
-    print(f"===== suite {suite.name} (alongside, nice 19): pytest {' '.join(suite.args)}")
-    return suite, process, log, time.monotonic()
-
-
-def _finish_beside(suite: Suite, process: subprocess.Popen, log, started: float) -> Outcome:
-    code = process.wait()
-    outcome = Outcome(suite, code, time.monotonic() - started)
-    log.seek(0)
-    print(f"\n===== suite {suite.name} (alongside):\n{log.read().decode(errors='replace')}")
-    log.close()
-    print(f"===== suite {suite.name}: exit {code} in {_mmss(outcome.wall_s)}", flush=True)
     return outcome
+
+
+class Beside:
+    """A suite running alongside the others at nice 19, its output kept for its end."""
+
+    def __init__(self, suite: Suite, durations: int, extra: list[str]) -> None:
+        self.suite = suite
+        self.log = tempfile.TemporaryFile()  # noqa: SIM115 (read back and closed in finish)
+        self.process = subprocess.Popen(
+            _command(suite, durations, extra),
+            cwd=REPO,
+            stdin=subprocess.DEVNULL,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            preexec_fn=lambda: os.nice(19),
+        )
+        self.started = time.monotonic()
+        args = " ".join(suite.args)
+        print(f"===== suite {suite.name} (alongside, nice 19): pytest {args}", flush=True)
+
+    def finish(self) -> Outcome:
+        """Wait for it to end; print its output."""
+        code = self.process.wait()
+        outcome = Outcome(self.suite, code, time.monotonic() - self.started)
+        self.log.seek(0)
+        print(f"\n===== suite {self.suite.name} (alongside):", flush=True)
+        print(self.log.read().decode(errors="replace"), flush=True)
+        self.log.close()
+        print(f"===== suite {self.suite.name}: exit {code} in {_mmss(outcome.wall_s)}", flush=True)
+        return outcome
+
+
+def run_suites(
+    chosen: list[Suite], durations: int, extra: list[str]
+) -> tuple[list[Outcome], float]:
+    """The suites one after another; a suite alongside another starts with it and runs on
+    beside the ones after it, to be waited for at the end. The outcomes, and the wall time
+    of it all."""
+    started = time.monotonic()
+    names = {c.name for c in chosen}
+    outcomes, besides = [], []
+    for suite in chosen:
+        if suite.alongside in names:
+            continue  # started with its host
+        besides += [Beside(b, durations, extra) for b in chosen if b.alongside == suite.name]
+        outcomes.append(run_suite(suite, durations, extra))
+    outcomes += [beside.finish() for beside in besides]
+    return outcomes, time.monotonic() - started
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -207,13 +232,8 @@ def main(argv: list[str] | None = None) -> int:
     # The suites' processes must not inherit a caller's stdin (CI has none) nor its pytest
     # options: each suite is exactly what suites.toml says, plus what was given here.
     os.environ.pop("PYTEST_ADDOPTS", None)
-    outcomes = []
-    for suite in chosen:
-        if suite.alongside in {c.name for c in chosen}:
-            continue  # started with its host
-        beside = [b for b in chosen if b.alongside == suite.name]
-        outcomes += run_suite(suite, budget.durations, extra, beside)
-    lines, ok = verdict(outcomes, budget.noise)
+    outcomes, wall_s = run_suites(chosen, budget.durations, extra)
+    lines, ok = verdict(outcomes, budget.noise, wall_s)
     print("\n" + "\n".join(lines), flush=True)
     if not ok:
         print(

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.suites import Budget, Outcome, Suite, load_budget, run_suite, verdict
+from tests.suites import Budget, Outcome, Suite, load_budget, run_suites, verdict
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -83,15 +83,19 @@ def test_a_suite_alongside_another_needs_a_host_with_room_and_adds_no_time():
             Budget(total_s=800, install_s=200, durations=5, suites=[host, wrong])
 
 
-def test_a_suite_alongside_runs_niced_beside_its_host_and_reports_after_it(capfd):
-    one = "tests/test_suites.py::test_a_failed_suite_fails_within_its_share"
-    host = Suite(name="host", args=[one, "-p", "no:cacheprovider"], share_s=60, buys="x")
-    beside = Suite(
-        name="beside", args=[one, "-p", "no:cacheprovider"], share_s=60, buys="x",
-        alongside="host",
-    )  # fmt: skip
-    outcomes = run_suite(host, 1, [], [beside])
-    assert [(o.suite.name, o.exit_code) for o in outcomes] == [("host", 0), ("beside", 0)]
+def test_a_suite_alongside_runs_niced_beside_the_rest_and_reports_at_the_end(capfd):
+    def suite(name: str, **fields) -> Suite:
+        one = "tests/test_suites.py::test_a_failed_suite_fails_within_its_share"
+        return Suite(
+            name=name, args=[one, "-p", "no:cacheprovider"], share_s=60, buys="x", **fields
+        )
+
+    chosen = [suite("host"), suite("beside", alongside="host"), suite("after")]
+    outcomes, wall_s = run_suites(chosen, 1, [])
+    assert [(o.suite.name, o.exit_code) for o in outcomes] == [
+        ("host", 0), ("after", 0), ("beside", 0)
+    ]  # fmt: skip
+    assert wall_s >= outcomes[0].wall_s + outcomes[1].wall_s
     out = capfd.readouterr().out
     assert out.index("suite beside (alongside, nice 19)") < out.index("suite host: exit 0")
-    assert out.index("suite host: exit 0") < out.index("suite beside: exit 0")
+    assert out.index("suite after: exit 0") < out.index("suite beside: exit 0")

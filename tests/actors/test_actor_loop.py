@@ -448,6 +448,30 @@ async def test_a_handed_over_multi_turn_group_continues_from_the_last_turns(toke
     assert all(t.resumed_turns == 0 for t in trajectories[:2])
 
 
+async def test_a_leaving_replica_stops_at_turn_boundaries_and_nothing_is_generated_twice(
+    tokenizer, broker, js
+):
+    """A scale-in or a preemption (SIGTERM with a grace): the episodes mid-turn finish that
+    turn, are checkpointed there, and their group goes back; the next replica generates only
+    the turns left. Together the two generate what one replica would have: nothing twice."""
+    # Samples 2 and 3 take 2 s a turn: when `first` is told to stop (two samples stored),
+    # they are in their first turn, the tool call.
+    slow = ScriptedEngine(tokenizer, by_turn(TOOL_CALL, ANSWER), delay_for_seed={2: 2.0, 3: 2.0})
+    handed_back = _metric("tether_actor_tasks_total", outcome="handed_back")
+    config = _config(drain_timeout_s=10.0)
+    trajectories, second = await _hand_over(
+        tokenizer, broker, js, "leave", first_engine=slow, config=config
+    )
+    assert len(slow.generations) == 6  # 2 turns of samples 0 and 1, the first of 2 and 3
+    assert len(second.engine.calls) == 2  # the second turns of samples 2 and 3 alone
+    for trajectory, first_turn in zip(trajectories[2:], slow.generations[4:], strict=True):
+        assert (trajectory.resumed_turns, trajectory.num_turns) == (1, 2)
+        arrays = token_arrays(trajectory)
+        generated = arrays.token_ids[arrays.loss_mask == 1].tolist()
+        assert generated[: trajectory.resumed_tokens] == first_turn.token_ids
+    assert _metric("tether_actor_tasks_total", outcome="handed_back") == handed_back + 1
+
+
 async def test_heartbeats_keep_a_group_longer_than_the_ack_wait(tokenizer, nats_server, bus_names):
     broker = BrokerConfig(
         url=nats_server.url,

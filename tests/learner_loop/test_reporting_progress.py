@@ -11,6 +11,7 @@ import pytest
 
 from common.progress import shows_progress
 from deploy import local
+from deploy.progress import RunFollower
 from learner.config import LearnerConfig
 from learner.reporting import Reporter
 
@@ -63,18 +64,11 @@ def test_a_learner_started_by_hand_prints_the_lines_make_run_shows(tmp_path, cap
     _run(_reporter(tmp_path, "always"))
     printed_by_the_learner = capsys.readouterr().out.splitlines()
 
-    records: list[dict] = []
-    code = local._follow(
-        _RolesRunning(),
-        tmp_path / "metrics.jsonl",
-        records,
-        TOTAL_STEPS,
-        timeout_s=10.0,
-        stopping=lambda: False,
-    )
+    follower = RunFollower(tmp_path, TOTAL_STEPS)
+    code = local._follow(_RolesRunning(), follower, timeout_s=10.0, stopping=lambda: False)
     shown_by_make_run = capsys.readouterr().out.splitlines()
 
-    assert code == 0 and len(records) == 7
+    assert code == 0 and len(follower.records) == 7
     assert printed_by_the_learner == shown_by_make_run
     assert [line.split(":")[0].split("|")[0].strip() for line in printed_by_the_learner] == [
         "eval at v0", "step   1/4", "step   2/4", "eval at v2", "step   3/4", "step   4/4"
