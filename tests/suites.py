@@ -44,8 +44,8 @@ class Suite:
     in_make_test: bool = True
     alongside: str | None = None
     """Another suite this one starts with and runs beside (and beside the suites after it),
-    at nice 19; its share then counts within that suite's, not on top of it (it may not be
-    larger)."""
+    at nice 19; its share then counts within theirs, not on top of them (it may not be
+    larger than theirs together)."""
 
 
 @dataclass(frozen=True)
@@ -66,13 +66,14 @@ class Budget:
         names = [s.name for s in self.suites]
         if len(set(names)) != len(names):
             raise ValueError(f"{SUITES_FILE.name}: suite names repeat: {names}")
-        by_name = {s.name: s for s in self.suites}
+        sequence = [s for s in self.suites if not s.alongside]
         for s in self.suites:
-            host = by_name.get(s.alongside) if s.alongside else s
-            if host is None or host.alongside or host.share_s < s.share_s:
+            host = next((h for h in sequence if h.name == s.alongside), None)
+            if s.alongside and (host is None or self.beside_s(host) < s.share_s):
                 raise ValueError(
                     f"{SUITES_FILE.name}: suite {s.name} runs alongside {s.alongside!r}, which "
-                    "must be a suite that runs on its own with at least its share"
+                    "must be a suite that runs on its own, and the shares of that one and the "
+                    "suites after it must hold its share"
                 )
         planned = self.planned_s
         if planned > self.total_s:
@@ -81,6 +82,14 @@ class Budget:
                 f"{planned:.0f} s, past the budget's total_s = {self.total_s:.0f} s: "
                 "lower a share, or raise total_s as a visible decision"
             )
+
+    def beside_s(self, host: Suite) -> float:
+        """The time a suite alongside `host` has: the shares of `host` and of the suites of
+        the same kind (`make test`'s or not) after it."""
+        sequence = [
+            s for s in self.suites if not s.alongside and s.in_make_test == host.in_make_test
+        ]
+        return sum(s.share_s for s in sequence[sequence.index(host) :])
 
     @property
     def planned_s(self) -> float:
@@ -223,6 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.list:
         for s in budget.suites:
             where = "make test" if s.in_make_test else "own target"
+            where += f", alongside {s.alongside}" if s.alongside else ""
             print(f"{s.name:<14} {_mmss(s.share_s):>6}  ({where})  {s.buys}")
         return 0
     unknown = [n for n in args.names if n not in by_name]

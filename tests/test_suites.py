@@ -71,16 +71,20 @@ def test_the_makefile_runs_the_suites_and_the_readme_names_the_fast_loop():
 
 
 def test_a_suite_alongside_another_needs_a_host_with_room_and_adds_no_time():
-    host, beside = _suite(name="main", share_s=600), _suite(name="rebuild", share_s=500)
-    beside = Suite(**{**beside.__dict__, "alongside": "main"})
-    budget = Budget(total_s=800, install_s=200, durations=5, suites=[host, beside])
-    assert budget.planned_s == 800  # the install and main: rebuild runs within main's time
+    host, after = _suite(name="main", share_s=600), _suite(name="e2e", share_s=100)
+    beside = Suite(**{**_suite(name="rebuild", share_s=650).__dict__, "alongside": "main"})
+    budget = Budget(total_s=900, install_s=200, durations=5, suites=[host, beside, after])
+    assert budget.planned_s == 900  # the install, main and e2e: rebuild runs within them
     lines, ok = verdict([Outcome(host, 0, 590.0), Outcome(beside, 0, 480.0)])
     assert ok and lines[-1].split()[:3] == ["all", "9:50", "10:00"]
-    for bad in ({"alongside": "nowhere"}, {"share_s": 700.0}):
+    for bad in (
+        {"alongside": "nowhere"},
+        {"share_s": 701.0},
+        {"alongside": "e2e", "share_s": 200.0},
+    ):
         wrong = Suite(**{**beside.__dict__, **bad})
         with pytest.raises(ValueError, match="runs alongside"):
-            Budget(total_s=800, install_s=200, durations=5, suites=[host, wrong])
+            Budget(total_s=900, install_s=200, durations=5, suites=[host, wrong, after])
 
 
 def test_a_suite_alongside_runs_niced_beside_the_rest_and_reports_at_the_end(capfd):
