@@ -28,6 +28,8 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
+from common.procs import die_with_parent
+
 SUITES_FILE = Path(__file__).with_name("suites.toml")
 REPO = SUITES_FILE.parents[1]
 NO_TESTS_COLLECTED = 5
@@ -174,6 +176,12 @@ def run_suite(suite: Suite, durations: int, extra: list[str]) -> Outcome:
     return outcome
 
 
+def _niced_child() -> None:
+    """The lowest CPU priority, and a SIGTERM should the runner die (a cancelled CI job)."""
+    os.nice(19)
+    die_with_parent()
+
+
 class Beside:
     """A suite running alongside the others at nice 19, its output kept for its end."""
 
@@ -186,7 +194,7 @@ class Beside:
             stdin=subprocess.DEVNULL,
             stdout=self.log,
             stderr=subprocess.STDOUT,
-            preexec_fn=lambda: os.nice(19),
+            preexec_fn=_niced_child,
         )
         self.started = time.monotonic()
         args = " ".join(suite.args)
