@@ -10,10 +10,11 @@ or ran past its share by more than the noise allowance. pytest's exit code 5 (no
 collected) is not a failure. Each suite prints its slowest tests (`--durations`), so where
 the time goes is in every log.
 
-A suite with `alongside = "<suite>"` starts with that one and runs beside it and the suites
-after it, at the lowest CPU priority (nice 19), until it ends: long work that needs cores
-but no timing of its own (the tiny model's rebuild) takes the cycles the others leave idle
-while they wait on their processes, sockets and timers. Its output is printed at its end.
+A suite with `alongside = "<suite>"` starts with that one and runs beside it at the lowest
+CPU priority (nice 19); the next suite starts when both have ended. Long work that needs
+cores but no timing of its own (the tiny model's rebuild) takes the cycles the other suite
+leaves idle while it waits on its processes, sockets and timers. Its output is printed at
+its end.
 """
 
 from __future__ import annotations
@@ -45,9 +46,8 @@ class Suite:
     """What the suite proves that nothing cheaper does."""
     in_make_test: bool = True
     alongside: str | None = None
-    """Another suite this one starts with and runs beside (and beside the suites after it),
-    at nice 19; its share then counts within theirs, not on top of them (it may not be
-    larger than theirs together)."""
+    """Another suite this one starts with and runs beside, at nice 19; its share then counts
+    within that suite's, not on top of it (it may not be larger)."""
 
 
 @dataclass(frozen=True)
@@ -68,14 +68,13 @@ class Budget:
         names = [s.name for s in self.suites]
         if len(set(names)) != len(names):
             raise ValueError(f"{SUITES_FILE.name}: suite names repeat: {names}")
-        sequence = [s for s in self.suites if not s.alongside]
+        hosts = {s.name: s for s in self.suites if not s.alongside}
         for s in self.suites:
-            host = next((h for h in sequence if h.name == s.alongside), None)
-            if s.alongside and (host is None or self.beside_s(host) < s.share_s):
+            host = hosts.get(s.alongside)
+            if s.alongside and (host is None or host.share_s < s.share_s):
                 raise ValueError(
                     f"{SUITES_FILE.name}: suite {s.name} runs alongside {s.alongside!r}, which "
-                    "must be a suite that runs on its own, and the shares of that one and the "
-                    "suites after it must hold its share"
+                    "must be a suite that runs on its own, with at least its share"
                 )
         planned = self.planned_s
         if planned > self.total_s:
@@ -84,14 +83,6 @@ class Budget:
                 f"{planned:.0f} s, past the budget's total_s = {self.total_s:.0f} s: "
                 "lower a share, or raise total_s as a visible decision"
             )
-
-    def beside_s(self, host: Suite) -> float:
-        """The time a suite alongside `host` has: the shares of `host` and of the suites of
-        the same kind (`make test`'s or not) after it."""
-        sequence = [
-            s for s in self.suites if not s.alongside and s.in_make_test == host.in_make_test
-        ]
-        return sum(s.share_s for s in sequence[sequence.index(host) :])
 
     @property
     def planned_s(self) -> float:
@@ -215,18 +206,19 @@ class Beside:
 def run_suites(
     chosen: list[Suite], durations: int, extra: list[str]
 ) -> tuple[list[Outcome], float]:
-    """The suites one after another; a suite alongside another starts with it and runs on
-    beside the ones after it, to be waited for at the end. The outcomes, and the wall time
-    of it all."""
+    """The suites one after another; a suite alongside another starts with it and is
+    waited for before the next one starts (beside the later suites it slowed their whole
+    runs: OpenMP and torch threads stall when a core is taken from them even at nice 19).
+    The outcomes, and the wall time of it all."""
     started = time.monotonic()
     names = {c.name for c in chosen}
-    outcomes, besides = [], []
+    outcomes = []
     for suite in chosen:
         if suite.alongside in names:
             continue  # started with its host
-        besides += [Beside(b, durations, extra) for b in chosen if b.alongside == suite.name]
+        besides = [Beside(b, durations, extra) for b in chosen if b.alongside == suite.name]
         outcomes.append(run_suite(suite, durations, extra))
-    outcomes += [beside.finish() for beside in besides]
+        outcomes += [beside.finish() for beside in besides]
     return outcomes, time.monotonic() - started
 
 
