@@ -9,12 +9,6 @@ Every suite runs even when an earlier one fails; the exit code is 1 when any sui
 or ran past its share by more than the noise allowance. pytest's exit code 5 (nothing
 collected) is not a failure. Each suite prints its slowest tests (`--durations`), so where
 the time goes is in every log.
-
-A suite with `alongside = "<suite>"` starts with that one and runs beside it at the lowest
-CPU priority (nice 19); the next suite starts when both have ended. Long work that needs
-cores but no timing of its own (the tiny model's rebuild) takes the cycles the other suite
-leaves idle while it waits on its processes, sockets and timers. Its output is printed at
-its end.
 """
 
 from __future__ import annotations
@@ -23,13 +17,10 @@ import argparse
 import os
 import subprocess
 import sys
-import tempfile
 import time
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
-
-from common.procs import die_with_parent
 
 SUITES_FILE = Path(__file__).with_name("suites.toml")
 REPO = SUITES_FILE.parents[1]
@@ -45,9 +36,6 @@ class Suite:
     buys: str
     """What the suite proves that nothing cheaper does."""
     in_make_test: bool = True
-    alongside: str | None = None
-    """Another suite this one starts with and runs beside, at nice 19; its share then counts
-    within that suite's, not on top of it (it may not be larger)."""
 
 
 @dataclass(frozen=True)
@@ -68,29 +56,13 @@ class Budget:
         names = [s.name for s in self.suites]
         if len(set(names)) != len(names):
             raise ValueError(f"{SUITES_FILE.name}: suite names repeat: {names}")
-        hosts = {s.name: s for s in self.suites if not s.alongside}
-        for s in self.suites:
-            host = hosts.get(s.alongside)
-            if s.alongside and (host is None or host.share_s < s.share_s):
-                raise ValueError(
-                    f"{SUITES_FILE.name}: suite {s.name} runs alongside {s.alongside!r}, which "
-                    "must be a suite that runs on its own, with at least its share"
-                )
-        planned = self.planned_s
+        planned = self.install_s + sum(s.share_s for s in self.suites if s.in_make_test)
         if planned > self.total_s:
             raise ValueError(
                 f"{SUITES_FILE.name}: the install's share and the suites' shares add up to "
                 f"{planned:.0f} s, past the budget's total_s = {self.total_s:.0f} s: "
                 "lower a share, or raise total_s as a visible decision"
             )
-
-    @property
-    def planned_s(self) -> float:
-        """The install's share and those of `make test`'s suites that run one after another
-        (a suite alongside another takes no time of its own)."""
-        return self.install_s + sum(
-            s.share_s for s in self.suites if s.in_make_test and not s.alongside
-        )
 
 
 def load_budget(path: Path = SUITES_FILE) -> Budget:
@@ -119,12 +91,9 @@ class Outcome:
         return self.wall_s - self.suite.share_s
 
 
-def verdict(
-    outcomes: list[Outcome], noise: float = 0.0, wall_s: float | None = None
-) -> tuple[list[str], bool]:
+def verdict(outcomes: list[Outcome], noise: float = 0.0) -> tuple[list[str], bool]:
     """The budget table's lines and whether every suite passed, none past its share by more
-    than `noise` of it. `wall_s`: the time it all took (default: the suites' walls added,
-    less those that ran alongside others)."""
+    than `noise` of it."""
     lines = [f"{'suite':<14} {'wall':>8} {'share':>8}  result"]
     too_slow = False
     for o in outcomes:
@@ -141,10 +110,8 @@ def verdict(
             result += f"; over its share by {o.past_share_s:.0f} s"
         wall, share = _mmss(o.wall_s), _mmss(o.suite.share_s)
         lines.append(f"{o.suite.name:<14} {wall:>8} {share:>8}  {result}")
-    total = (
-        wall_s if wall_s is not None else sum(o.wall_s for o in outcomes if not o.suite.alongside)
-    )
-    share = sum(o.suite.share_s for o in outcomes if not o.suite.alongside)
+    total = sum(o.wall_s for o in outcomes)
+    share = sum(o.suite.share_s for o in outcomes)
     lines.append(f"{'all':<14} {_mmss(total):>8} {_mmss(share):>8}")
     ok = not too_slow and not any(o.failed for o in outcomes)
     return lines, ok
@@ -154,72 +121,17 @@ def _mmss(seconds: float) -> str:
     return f"{int(seconds) // 60}:{int(seconds) % 60:02d}"
 
 
-def _command(suite: Suite, durations: int, extra: list[str]) -> list[str]:
-    return [sys.executable, "-m", "pytest", *suite.args, f"--durations={durations}", *extra]
-
-
 def run_suite(suite: Suite, durations: int, extra: list[str]) -> Outcome:
     print(f"\n===== suite {suite.name}: pytest {' '.join(suite.args + extra)}", flush=True)
     started = time.monotonic()
-    code = subprocess.call(_command(suite, durations, extra), cwd=REPO, stdin=subprocess.DEVNULL)
+    code = subprocess.call(
+        [sys.executable, "-m", "pytest", *suite.args, f"--durations={durations}", *extra],
+        cwd=REPO,
+        stdin=subprocess.DEVNULL,
+    )
     outcome = Outcome(suite, code, time.monotonic() - started)
     print(f"===== suite {suite.name}: exit {code} in {_mmss(outcome.wall_s)}", flush=True)
     return outcome
-
-
-def _niced_child() -> None:
-    """The lowest CPU priority, and a SIGTERM should the runner die (a cancelled CI job)."""
-    os.nice(19)
-    die_with_parent()
-
-
-class Beside:
-    """A suite running alongside the others at nice 19, its output kept for its end."""
-
-    def __init__(self, suite: Suite, durations: int, extra: list[str]) -> None:
-        self.suite = suite
-        self.log = tempfile.TemporaryFile()  # noqa: SIM115 (read back and closed in finish)
-        self.process = subprocess.Popen(
-            _command(suite, durations, extra),
-            cwd=REPO,
-            stdin=subprocess.DEVNULL,
-            stdout=self.log,
-            stderr=subprocess.STDOUT,
-            preexec_fn=_niced_child,
-        )
-        self.started = time.monotonic()
-        args = " ".join(suite.args)
-        print(f"===== suite {suite.name} (alongside, nice 19): pytest {args}", flush=True)
-
-    def finish(self) -> Outcome:
-        """Wait for it to end; print its output."""
-        code = self.process.wait()
-        outcome = Outcome(self.suite, code, time.monotonic() - self.started)
-        self.log.seek(0)
-        print(f"\n===== suite {self.suite.name} (alongside):", flush=True)
-        print(self.log.read().decode(errors="replace"), flush=True)
-        self.log.close()
-        print(f"===== suite {self.suite.name}: exit {code} in {_mmss(outcome.wall_s)}", flush=True)
-        return outcome
-
-
-def run_suites(
-    chosen: list[Suite], durations: int, extra: list[str]
-) -> tuple[list[Outcome], float]:
-    """The suites one after another; a suite alongside another starts with it and is
-    waited for before the next one starts (beside the later suites it slowed their whole
-    runs: OpenMP and torch threads stall when a core is taken from them even at nice 19).
-    The outcomes, and the wall time of it all."""
-    started = time.monotonic()
-    names = {c.name for c in chosen}
-    outcomes = []
-    for suite in chosen:
-        if suite.alongside in names:
-            continue  # started with its host
-        besides = [Beside(b, durations, extra) for b in chosen if b.alongside == suite.name]
-        outcomes.append(run_suite(suite, durations, extra))
-        outcomes += [beside.finish() for beside in besides]
-    return outcomes, time.monotonic() - started
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -232,7 +144,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.list:
         for s in budget.suites:
             where = "make test" if s.in_make_test else "own target"
-            where += f", alongside {s.alongside}" if s.alongside else ""
             print(f"{s.name:<14} {_mmss(s.share_s):>6}  ({where})  {s.buys}")
         return 0
     unknown = [n for n in args.names if n not in by_name]
@@ -242,8 +153,8 @@ def main(argv: list[str] | None = None) -> int:
     # The suites' processes must not inherit a caller's stdin (CI has none) nor its pytest
     # options: each suite is exactly what suites.toml says, plus what was given here.
     os.environ.pop("PYTEST_ADDOPTS", None)
-    outcomes, wall_s = run_suites(chosen, budget.durations, extra)
-    lines, ok = verdict(outcomes, budget.noise, wall_s)
+    outcomes = [run_suite(s, budget.durations, extra) for s in chosen]
+    lines, ok = verdict(outcomes, budget.noise)
     print("\n" + "\n".join(lines), flush=True)
     if not ok:
         print(
