@@ -116,15 +116,17 @@ class Supervised:
         """Exit code 0 means its work is done (the learner). Other roles are restarted
         whatever their exit code, as a Deployment's pods are."""
         self.started_at = 0.0
-        self.num_restarts = 0
+        self.starts = 0
+
+    @property
+    def num_restarts(self) -> int:
         """Starts after the first."""
-        self._starts = 0
+        return max(self.starts - 1, 0)
 
     def started(self, now: float) -> int:
         """Record a start; returns how many restarts it makes (0 for the first start)."""
         self.started_at = now
-        self.num_restarts = self._starts
-        self._starts += 1
+        self.starts += 1
         return self.num_restarts
 
     def exited(self, code: int | None, now: float) -> Verdict:

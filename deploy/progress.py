@@ -23,8 +23,9 @@ class RecordTail:
     def __init__(self, path: Path, *, from_end: bool = False) -> None:
         """`from_end`: only what is written from now on (not an earlier run's lines)."""
         self.path = path
-        self.offset = path.stat().st_size if from_end and path.exists() else 0
-        self.inode: int | None = path.stat().st_ino if from_end and path.exists() else None
+        stat = path.stat() if from_end and path.exists() else None
+        self.offset = stat.st_size if stat else 0
+        self.inode: int | None = stat.st_ino if stat else None
 
     def poll(self) -> tuple[list[dict], bool]:
         """(records new since the last poll, whether the file was cut back: the records are
