@@ -5,9 +5,11 @@ shares of the time budget in `tests/suites.toml`.
     python -m tests.suites fast         one suite by name (`make test-fast`)
     python -m tests.suites --list       the suites, their shares and what each one buys
 
-Every suite runs even when an earlier one fails; the exit code is 1 when any suite failed
-or ran past its share by more than the noise allowance. pytest's exit code 5 (nothing
-collected) is not a failure. Each suite prints its slowest tests (`--durations`), so where
+Every suite runs even when an earlier one fails; the exit code is 1 when any suite failed.
+A suite past its share by more than the noise allowance is named in capitals in the table,
+and fails the run only under `--strict` (a reviewer's check on a quiet machine): these
+machines are shared, and a slow host must not turn passing tests red. pytest's exit code 5
+(nothing collected) is not a failure. Each suite prints its slowest tests (`--durations`), so where
 the time goes is in every log.
 """
 
@@ -91,9 +93,11 @@ class Outcome:
         return self.wall_s - self.suite.share_s
 
 
-def verdict(outcomes: list[Outcome], noise: float = 0.0) -> tuple[list[str], bool]:
-    """The budget table's lines and whether every suite passed, none past its share by more
-    than `noise` of it."""
+def verdict(
+    outcomes: list[Outcome], noise: float = 0.0, strict: bool = True
+) -> tuple[list[str], bool]:
+    """The budget table's lines and whether every suite passed and, when `strict`, none ran
+    past its share by more than `noise` of it."""
     lines = [f"{'suite':<14} {'wall':>8} {'share':>8}  result"]
     too_slow = False
     for o in outcomes:
@@ -113,7 +117,7 @@ def verdict(outcomes: list[Outcome], noise: float = 0.0) -> tuple[list[str], boo
     total = sum(o.wall_s for o in outcomes)
     share = sum(o.suite.share_s for o in outcomes)
     lines.append(f"{'all':<14} {_mmss(total):>8} {_mmss(share):>8}")
-    ok = not too_slow and not any(o.failed for o in outcomes)
+    ok = not (strict and too_slow) and not any(o.failed for o in outcomes)
     return lines, ok
 
 
@@ -138,6 +142,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.suites", description=__doc__)
     parser.add_argument("names", nargs="*", help="suites to run (default: those of make test)")
     parser.add_argument("--list", action="store_true", help="print the suites and exit")
+    parser.add_argument(
+        "--strict", action="store_true", help="fail a suite past its share and the noise allowance"
+    )
     args, extra = parser.parse_known_args(argv)
     budget = load_budget()
     by_name = {s.name: s for s in budget.suites}
@@ -154,14 +161,16 @@ def main(argv: list[str] | None = None) -> int:
     # options: each suite is exactly what suites.toml says, plus what was given here.
     os.environ.pop("PYTEST_ADDOPTS", None)
     outcomes = [run_suite(s, budget.durations, extra) for s in chosen]
-    lines, ok = verdict(outcomes, budget.noise)
+    lines, ok = verdict(outcomes, budget.noise, args.strict)
     print("\n" + "\n".join(lines), flush=True)
-    if not ok:
+    if any("OVER ITS SHARE" in line for line in lines):
         print(
-            "\nmake test: a suite failed or ran past its share (tests/suites.toml); "
-            "each suite's slowest tests are listed above it",
+            "\nmake test: a suite ran past its share (tests/suites.toml); its slowest tests "
+            "are listed above it",
             file=sys.stderr,
         )
+    if any(o.failed for o in outcomes):
+        print("\nmake test: a suite failed", file=sys.stderr)
     return 0 if ok else 1
 
 
