@@ -22,7 +22,8 @@ import yaml
 C = TypeVar("C", bound=pydantic.BaseModel)
 
 SECTIONS = (
-    "broker", "envserver", "learner", "actor", "storage", "restarts", "local", "prepare", "ray"
+    "broker", "envserver", "learner", "actor", "storage", "restarts", "elastic", "local",
+    "prepare", "ray",
 )  # fmt: skip
 """Every top-level section a config file may hold (deploy/config.py `RunConfig` has one
 field per name; a test keeps the two equal)."""

@@ -17,6 +17,7 @@ import pydantic
 from actors.config import ActorConfig
 from broker.config import BrokerConfig
 from common.config import SECTIONS, StrictModel, error_lines, read_sections
+from common.fleet import ElasticConfig, FleetBounds, fleet_bounds
 from common.storage_config import StorageConfig
 from common.supervision import RestartPolicy
 from deploy.prepare import PrepareConfig
@@ -138,12 +139,29 @@ class RunConfig(StrictModel):
     """How every supervisor restarts a process that dies (backoff, a restart budget per
     role): `make run`'s roles, `actor --replicas N`'s replicas, a run's roles on Ray (the
     learner's ranks together). The run fails once a role has spent its budget."""
+    elastic: ElasticConfig = ElasticConfig()
+    """An actor fleet sized by the prompts backlog (Ray's launcher, the Kubernetes
+    `elastic` overlay); common/fleet.py is the rule."""
     local: LocalRunConfig = LocalRunConfig()
     """The single-machine launcher behind `make run`."""
     prepare: PrepareConfig = PrepareConfig()
     """Inputs a demo run on a cluster makes for itself (deploy/prepare.py)."""
     ray: RayRunConfig = RayRunConfig()
     """The Ray driver behind `make cluster-up TARGET=ray`."""
+
+    def fleet_bounds(self) -> FleetBounds:
+        """The actor fleet's bounds (common/fleet.py), from the learner's staleness window
+        and one replica's room; both sections must be present."""
+        if self.learner is None or self.actor is None:
+            raise ValueError("an elastic fleet needs the config's [learner] and [actor] sections")
+        return fleet_bounds(
+            self.elastic,
+            max_staleness=self.learner.max_staleness,
+            prompts_per_step=self.learner.prompts_per_step,
+            group_size=self.learner.group_size,
+            max_num_seqs=self.actor.engine.max_num_seqs,
+            max_groups_in_flight=self.actor.max_groups_in_flight,
+        )
 
     @pydantic.model_validator(mode="after")
     def _dtypes_agree(self) -> RunConfig:

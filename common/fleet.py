@@ -1,0 +1,153 @@
+"""How many actor replicas a run wants: one rule for every target (Ray's launcher, the
+Kubernetes overlay's KEDA and HPA objects, bench/elastic_sim.py's simulator).
+
+    work  = pending + ack_pending of the prompts queue   (groups released and not finished)
+    want  = ceil(work / groups_per_replica), within [min_replicas, max_replicas]
+
+The learner releases at most `(max_staleness + 1) * prompts_per_step` groups ahead of
+training (learner/dispatcher.py), so more replicas than `ceil` of that over one replica's
+groups would only wait: that is `max_replicas` unless the config lowers it. While actors
+are the bottleneck the released window stays full of unfinished groups and the fleet grows;
+while the learner is, the window holds few and it shrinks.
+
+`want` jumps with every release (a step's prompts arrive at once), so a change must hold
+for a while before it is made, as Kubernetes' HPA does with its stabilization windows:
+scale up to the lowest `want` of the last `scale_up_after_s`, down to the highest of the
+last `scale_down_after_s`. A replica takes minutes to start its engine, so the down window
+is never shorter than `engine_start_s`: a replica that was just paid for is not dropped in
+a lull. `FleetSizer` is that, pure (time is an argument).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+
+import pydantic
+
+from common.config import StrictModel
+
+
+class ElasticConfig(StrictModel):
+    """The `[elastic]` section: an actor fleet sized by the prompts backlog."""
+
+    enabled: bool = False
+    """Off: the fleet is the fixed size the launcher was given."""
+    min_replicas: int = pydantic.Field(default=1, ge=1)
+    max_replicas: int | None = pydantic.Field(default=None, ge=1)
+    """None: as many as the staleness bound can keep busy (module docstring)."""
+    scale_up_after_s: float = pydantic.Field(default=30.0, ge=0)
+    """How long more work than the fleet holds must last before replicas are added."""
+    scale_down_after_s: float = pydantic.Field(default=300.0, ge=0)
+    """How long less work must last before replicas leave (each hands its episodes back
+    at their next turn: actor.drain_timeout_s)."""
+    engine_start_s: float = pydantic.Field(default=120.0, ge=0)
+    """How long a replica takes from start to its first task (engine load and weights):
+    the shortest scale-down window allowed."""
+    poll_s: float = pydantic.Field(default=5.0, gt=0)
+    """How often the launcher reads the backlog (the learner's bus poll interval)."""
+
+    @pydantic.model_validator(mode="after")
+    def _windows_and_bounds(self) -> ElasticConfig:
+        if self.max_replicas is not None and self.max_replicas < self.min_replicas:
+            raise ValueError(
+                f"elastic.max_replicas ({self.max_replicas}) is below elastic.min_replicas "
+                f"({self.min_replicas})"
+            )
+        if self.scale_down_after_s < self.engine_start_s:
+            raise ValueError(
+                f"elastic.scale_down_after_s ({self.scale_down_after_s}) is shorter than "
+                f"elastic.engine_start_s ({self.engine_start_s}): a replica would leave "
+                "before the one started for the same work was ready"
+            )
+        return self
+
+
+@dataclass(frozen=True)
+class FleetBounds:
+    """The numbers every target sizes by, derived from the run's config."""
+
+    min_replicas: int
+    max_replicas: int
+    groups_per_replica: int
+    """The groups one replica works on at once (KEDA's and HPA's per-replica target)."""
+    scale_up_after_s: float
+    scale_down_after_s: float
+
+    def replicas_for(self, work: float) -> int:
+        """The replicas `work` unfinished groups keep busy, within the bounds."""
+        wanted = math.ceil(max(work, 0) / self.groups_per_replica)
+        return min(max(wanted, self.min_replicas), self.max_replicas)
+
+
+def groups_per_replica(
+    *, max_num_seqs: int, group_size: int, max_groups_in_flight: int | None
+) -> int:
+    """The groups one replica generates at once: its engine's sequences over a group's
+    (actors/in_flight.py), or the configured cap when it is lower; at least one."""
+    room = max(max_num_seqs // group_size, 1)
+    return room if max_groups_in_flight is None else min(room, max_groups_in_flight)
+
+
+def fleet_bounds(
+    elastic: ElasticConfig,
+    *,
+    max_staleness: int,
+    prompts_per_step: int,
+    group_size: int,
+    max_num_seqs: int,
+    max_groups_in_flight: int | None,
+) -> FleetBounds:
+    """The bounds of a run whose learner and actor sections hold these numbers."""
+    per_replica = groups_per_replica(
+        max_num_seqs=max_num_seqs, group_size=group_size, max_groups_in_flight=max_groups_in_flight
+    )
+    window = (max_staleness + 1) * prompts_per_step
+    useful = max(math.ceil(window / per_replica), elastic.min_replicas)
+    ceiling = useful if elastic.max_replicas is None else min(elastic.max_replicas, useful)
+    return FleetBounds(
+        min_replicas=elastic.min_replicas,
+        max_replicas=max(ceiling, elastic.min_replicas),
+        groups_per_replica=per_replica,
+        scale_up_after_s=elastic.scale_up_after_s,
+        scale_down_after_s=elastic.scale_down_after_s,
+    )
+
+
+class FleetSizer:
+    """The fleet size over time: `observe` each reading of the backlog, get the size now.
+    A change is made only once the readings of a whole window agree on it."""
+
+    def __init__(self, bounds: FleetBounds, replicas: int, now: float) -> None:
+        self.bounds = bounds
+        self.replicas = replicas
+        self._since = now
+        self._readings: deque[tuple[float, int]] = deque()
+
+    def observe(self, now: float, work: float) -> int:
+        """The fleet size after a reading of `work` (pending + ack_pending) at `now`."""
+        b = self.bounds
+        self._readings.append((now, b.replicas_for(work)))
+        longest = max(b.scale_up_after_s, b.scale_down_after_s)
+        while self._readings and self._readings[0][0] < now - longest:
+            self._readings.popleft()
+        up = self._held(now, b.scale_up_after_s, min)
+        down = self._held(now, b.scale_down_after_s, max)
+        if up is not None and up > self.replicas:
+            self._change(now, up)
+        elif down is not None and down < self.replicas:
+            self._change(now, down)
+        return self.replicas
+
+    def _held(self, now: float, window_s: float, pick) -> int | None:
+        """`pick` of the wanted sizes read in the last `window_s`, once that window has been
+        watched whole since the last change (None before)."""
+        if now - self._since < window_s:
+            return None
+        inside = [wanted for at, wanted in self._readings if at >= now - window_s]
+        return pick(inside) if inside else None
+
+    def _change(self, now: float, replicas: int) -> None:
+        self.replicas = replicas
+        self._since = now
