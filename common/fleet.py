@@ -35,6 +35,7 @@ class ElasticConfig(StrictModel):
     enabled: bool = False
     """Off: the fleet is the fixed size the launcher was given."""
     min_replicas: int = pydantic.Field(default=1, ge=1)
+    """The fewest replicas, however little work there is."""
     max_replicas: int | None = pydantic.Field(default=None, ge=1)
     """None: as many as the staleness bound can keep busy (module docstring)."""
     scale_up_after_s: float = pydantic.Field(default=30.0, ge=0)
