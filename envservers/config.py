@@ -70,6 +70,13 @@ class CalculatorConfig(StrictModel):
     """99th percentile of the wait (log-normal through median and p99); >= the median."""
     latency_seed: int | None = None
     """Seed of the latency draws (one stream per env server); None: unseeded."""
+    load_step_factor: float = pydantic.Field(1.0, gt=0)
+    """A load step: every latency times this factor for `load_step_for_s` seconds, from
+    `load_step_after_s` past the server's first tool call; 1 (the default): none."""
+    load_step_after_s: float = pydantic.Field(0.0, ge=0)
+    """When the load step begins, seconds past the first tool call."""
+    load_step_for_s: float = pydantic.Field(0.0, ge=0)
+    """How long the load step lasts."""
 
     @pydantic.model_validator(mode="after")
     def _check(self) -> CalculatorConfig:
@@ -77,6 +84,11 @@ class CalculatorConfig(StrictModel):
             raise ValueError(
                 f"latency_p99_s ({self.latency_p99_s}) must be >= latency_median_s "
                 f"({self.latency_median_s})"
+            )
+        if self.load_step_factor != 1.0 and self.latency_median_s <= 0:
+            raise ValueError(
+                "load_step_factor multiplies the tool latency, but latency_median_s is 0 "
+                "(no latency): set both"
             )
         return self
 

@@ -8,6 +8,10 @@ quantile is exp(mu + z_q sigma), z_q the standard normal quantile (z_0.99 = 2.32
 of 50 ms and a p99 of 2 s give sigma = ln(40) / 2.326 = 1.586: the mean is 175 ms, one call
 in ten waits over 380 ms. The wait is an `asyncio.sleep`: it costs the server no CPU, like
 a tool waiting on someone else's machine.
+
+A load step (`LoadStep`) multiplies every latency by a factor for a while, counted from the
+server's first tool call: the tools of a run slowing down mid-run (a rate-limited API, a
+busy sandbox pool), the workload an elastic fleet is measured under (bench/elastic.py).
 """
 
 from __future__ import annotations
@@ -15,6 +19,9 @@ from __future__ import annotations
 import asyncio
 import math
 import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from statistics import NormalDist
 
 from common.tool_parsing import ToolCall
@@ -31,16 +38,46 @@ def lognormal_params(median_s: float, quantile_s: float, q: float = 0.99) -> tup
     return math.log(median_s), math.log(quantile_s / median_s) / z
 
 
-class ToolLatency:
-    """Draws tool-call latencies: log-normal with the given median and p99, seeded."""
+@dataclass(frozen=True)
+class LoadStep:
+    """Latencies times `factor` from `after_s` to `after_s + for_s` past the first call."""
 
-    def __init__(self, median_s: float, p99_s: float, seed: int | None = None) -> None:
+    factor: float
+    after_s: float
+    for_s: float
+
+    def factor_at(self, since_first_call_s: float) -> float:
+        inside = self.after_s <= since_first_call_s < self.after_s + self.for_s
+        return self.factor if inside else 1.0
+
+
+class ToolLatency:
+    """Draws tool-call latencies: log-normal with the given median and p99, seeded, times
+    the load step's factor while it lasts."""
+
+    def __init__(
+        self,
+        median_s: float,
+        p99_s: float,
+        seed: int | None = None,
+        step: LoadStep | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.mu, self.sigma = lognormal_params(median_s, p99_s)
         self._rng = random.Random(seed)
+        self.step = step
+        self._clock = clock
+        self._first_call: float | None = None
 
     def sample(self) -> float:
         """One latency in seconds."""
-        return self._rng.lognormvariate(self.mu, self.sigma)
+        drawn = self._rng.lognormvariate(self.mu, self.sigma)
+        if self.step is None:
+            return drawn
+        now = self._clock()
+        if self._first_call is None:
+            self._first_call = now
+        return drawn * self.step.factor_at(now - self._first_call)
 
 
 class DelayedTools(ToolGroup):

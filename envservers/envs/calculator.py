@@ -14,7 +14,7 @@ import math
 from typing import Any
 
 from envservers.config import EnvServerConfig
-from envservers.latency import DelayedTools, ToolLatency
+from envservers.latency import DelayedTools, LoadStep, ToolLatency
 from envservers.tool_env import ToolEnv
 from envservers.tools import Tool, ToolError, ToolGroup
 from envservers.types import EnvProvider
@@ -103,5 +103,10 @@ def build_provider(config: EnvServerConfig) -> CalculatorProvider:
     slow = config.calculator
     latency = None
     if slow.latency_median_s > 0:
-        latency = ToolLatency(slow.latency_median_s, slow.latency_p99_s, slow.latency_seed)
+        step = None
+        if slow.load_step_factor != 1.0:
+            step = LoadStep(slow.load_step_factor, slow.load_step_after_s, slow.load_step_for_s)
+        latency = ToolLatency(
+            slow.latency_median_s, slow.latency_p99_s, slow.latency_seed, step=step
+        )
     return CalculatorProvider(config.tool_rules, latency)

@@ -7,7 +7,7 @@ import pytest
 
 from envservers import latency as latency_module
 from envservers.config import CalculatorConfig, EnvServerConfig
-from envservers.latency import ToolLatency, lognormal_params
+from envservers.latency import LoadStep, ToolLatency, lognormal_params
 from envservers.registry import build_providers
 from tests.envservers.conftest import calculator_task
 
@@ -73,3 +73,19 @@ async def test_the_calculator_has_no_latency_unless_configured(monkeypatch):
 def test_config_refuses_a_p99_below_the_median():
     with pytest.raises(ValueError, match="latency_p99_s"):
         CalculatorConfig(latency_median_s=0.5, latency_p99_s=0.1)
+
+
+def test_a_load_step_multiplies_latencies_while_it_lasts_from_the_first_call():
+    now = [100.0]
+    plain = ToolLatency(0.05, 2.0, seed=5)
+    stepped = ToolLatency(0.05, 2.0, seed=5, step=LoadStep(10.0, 30.0, 60.0), clock=lambda: now[0])
+    ratios = []
+    for t in (100.0, 129.0, 130.0, 189.0, 190.0):  # the first call at 100: the step is [130, 190)
+        now[0] = t
+        ratios.append(round(stepped.sample() / plain.sample(), 6))
+    assert ratios == [1.0, 1.0, 10.0, 10.0, 1.0]
+
+
+def test_a_load_step_without_a_latency_is_refused():
+    with pytest.raises(ValueError, match="latency_median_s is 0"):
+        CalculatorConfig(load_step_factor=10)
