@@ -118,7 +118,8 @@ observe: install-test
 	$(PY) -m deploy.observability --run runs/latest --start $(ARGS)
 
 # A run on a cluster engine (docs/deploy.md): TARGET=k8s|ray|local (default: k8s with a kube
-# context, ray with RAY_ADDRESS), OVERLAY=dev|gpu for k8s, PURGE=1 to delete volumes on down.
+# context, ray with RAY_ADDRESS), OVERLAY=dev|gpu|elastic for k8s, PURGE=1 to delete volumes
+# on down.
 cluster-up cluster-down: install
 	$(PY) -m deploy.cluster $(@:cluster-%=%) $(if $(TARGET),--target=$(TARGET)) \
 	  $(if $(OVERLAY),--overlay=$(OVERLAY)) $(if $(PURGE),--purge) -- $(ARGS)

@@ -1,8 +1,8 @@
 """`make cluster-up` / `make cluster-down`: bring a Tether run up (or down) on the engine at
 hand, which then does placement, restarts and rendezvous.
 
-    python -m deploy.cluster up|down [--target k8s|ray|local] [--overlay dev|gpu] [--purge]
-                                     [-- ARGS for the local launcher]
+    python -m deploy.cluster up|down [--target k8s|ray|local] [--overlay dev|gpu|elastic]
+                                     [--purge] [-- ARGS for the local launcher]
 
 Targets:
 - `k8s`: the kustomize overlay `deploy/k8s/<overlay>` on the current kube context (namespace
@@ -35,7 +35,7 @@ from broker.security import new_secret
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 OVERLAYS_DIR = REPO_ROOT / "deploy" / "k8s"
-OVERLAYS = ("dev", "gpu")
+OVERLAYS = ("dev", "gpu", "elastic")
 TARGETS = ("k8s", "ray", "local")
 NAMESPACE = "tether"
 NATS_SECRET = "tether-nats"
@@ -56,8 +56,9 @@ def choose_target(explicit: str | None, *, kube_context: bool, ray_address: str 
         return "ray"
     raise ValueError(
         "no cluster found: no kube context is set (kubectl config current-context) and "
-        "RAY_ADDRESS is not set. Say where with TARGET=k8s (kustomize overlay, OVERLAY=dev|gpu), "
-        "TARGET=ray (a Ray cluster) or TARGET=local (this machine, like make run)."
+        "RAY_ADDRESS is not set. Say where with TARGET=k8s (kustomize overlay, "
+        "OVERLAY=dev|gpu|elastic), TARGET=ray (a Ray cluster) or TARGET=local (this machine, "
+        "like make run)."
     )
 
 
