@@ -9,6 +9,7 @@ overlay's run config so that every number has one source, common/fleet.py's rule
 
     python -m deploy.k8s_elastic            write them
     python -m deploy.k8s_elastic --check    exit 1 if any is out of date
+    ... --overlay DIR                       your copy of the overlay instead (e.g. on ../gpu)
 
 Both autoscalers ask for `ceil(work / groups_per_replica)` replicas within the fleet's bounds
 (an `AverageValue` target of `groups_per_replica` on `work` = pending + ack_pending of the
@@ -219,8 +220,11 @@ def _shown(path: Path) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m deploy.k8s_elastic", description=__doc__)
     parser.add_argument("--check", action="store_true", help="only report files out of date")
+    parser.add_argument(
+        "--overlay", type=Path, default=OVERLAY, help="an overlay laid out like deploy/k8s/elastic"
+    )
     args = parser.parse_args(argv)
-    files = generated()
+    files = generated(args.overlay.resolve())
     stale = [path for path, text in files.items() if _read(path) != text]
     if args.check:
         for path in stale:
