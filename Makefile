@@ -72,6 +72,8 @@ lint: install
 # Every benchmark script in bench/ (not the modules they share: common, *_support, *_worker,
 # and the helpers named in BENCH_HELPERS), in name order; `make bench` prints each one's time.
 # lora_parity trains a LoRA demo run first, then checks its adapter (docs/lora.md).
+# elastic_sim is a simulation (deploy/fleet_sim.py, ~20 s) calibrated from actor.json and
+# agentic.json: it plans a 64-replica elastic fleet (docs/benchmarks.md, "elastic_sim").
 # Each script's wall seconds and the 1-minute load before and after it go to a log that
 # bench/make_bench.py turns into bench/results/make_bench.json; bench/render_docs.py then
 # rewrites docs/benchmarks.md's figures from bench/results/.
