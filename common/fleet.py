@@ -28,6 +28,17 @@ import pydantic
 
 from common.config import StrictModel
 
+LEAVE_MARGIN_S = 60
+"""A leaving replica's time past actor.drain_timeout_s: its last pulls expire, its engine
+stops and frees its memory, the process exits (Kubernetes' default 90 s grace is the
+default 30 s drain plus this)."""
+
+
+def leave_grace_s(drain_timeout_s: float) -> int:
+    """How long a replica told to leave gets before it is killed: its drain, then its exit
+    (the actor pod's terminationGracePeriodSeconds; Ray's stop of a leaving replica)."""
+    return math.ceil(drain_timeout_s) + LEAVE_MARGIN_S
+
 
 class ElasticConfig(StrictModel):
     """The `[elastic]` section: an actor fleet sized by the prompts backlog."""

@@ -1,5 +1,5 @@
-"""Process plumbing every launcher and test needs: a free loopback port, and children that
-die with their parent.
+"""Process plumbing every launcher and test needs: a free loopback port, a wait for a port
+to listen, and children that die with their parent.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ import signal
 import socket
 import sys
 import threading
+import time
 from pathlib import Path
 
 PR_SET_PDEATHSIG = 1
@@ -47,6 +48,18 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:  # all taken (unlikely): let the kernel pick
         s.bind((host, 0))
         return s.getsockname()[1]
+
+
+def wait_for_port(host: str, port: int, timeout_s: float, what: str) -> None:
+    """Until something listens on host:port; RuntimeError naming `what` after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with socket.socket() as s:
+            s.settimeout(1)
+            if s.connect_ex((host, port)) == 0:
+                return
+        time.sleep(0.2)
+    raise RuntimeError(f"{what} did not listen on {host}:{port} in {timeout_s:.0f}s")
 
 
 def ephemeral_range() -> tuple[int, int]:

@@ -27,7 +27,7 @@ import math
 import sys
 from pathlib import Path
 
-from common.fleet import FleetBounds
+from common.fleet import FleetBounds, leave_grace_s
 from deploy.cluster import NAMESPACE
 from deploy.config import RunConfig, load_run_config
 from deploy.k8s_monitoring import dump_yaml
@@ -35,9 +35,6 @@ from deploy.k8s_monitoring import dump_yaml
 DEPLOY = Path(__file__).resolve().parent
 OVERLAY = DEPLOY / "k8s" / "elastic"
 ACTOR = "tether-actor"
-LEAVE_MARGIN_S = 60
-"""A leaving pod's time past actor.drain_timeout_s: its last pulls expire, the engine stops
-and frees its memory, the process exits (the base's 90 s is the default 30 s plus this)."""
 PROMETHEUS_HOST, PROMETHEUS_PORT = "http://kube-prometheus-stack-prometheus.monitoring.svc", 9090
 """kube-prometheus-stack's Prometheus Service (the chart the PodMonitor is labelled for)."""
 EXTERNAL_METRIC = "tether_prompts_work"
@@ -60,7 +57,7 @@ def work_query(label_matchers: str) -> str:
 def termination_grace_s(run: RunConfig) -> int:
     """The actor pod's terminationGracePeriodSeconds: the replica's drain, then its exit."""
     assert run.actor is not None, "load_run_config of an elastic overlay: [actor] is required"
-    return math.ceil(run.actor.drain_timeout_s) + LEAVE_MARGIN_S
+    return leave_grace_s(run.actor.drain_timeout_s)
 
 
 def _window_s(seconds: float, key: str) -> int:
@@ -201,7 +198,7 @@ def generated(overlay: Path = OVERLAY) -> dict[Path, str]:
 
 
 ACTOR_NOTE = """\
-# terminationGracePeriodSeconds: actor.drain_timeout_s + LEAVE_MARGIN_S (deploy/k8s_elastic.py).
+# terminationGracePeriodSeconds: actor.drain_timeout_s + LEAVE_MARGIN_S (common/fleet.py).
 # `replicas: null` removes the base's count: the autoscaler owns it.
 """
 ADAPTER_NOTE = """\

@@ -160,25 +160,37 @@ def commands(
             f"learner.metrics_port={ports[group_first.name]['learner_metrics']}",
             f"learner.weight_sync.store_host={rank0.ip}",
             f"learner.weight_sync.store_port={ports[rank0.name]['weight_store']}",
-            *_gpu_device(slot, "learner.device"),
+            *_gpu_device(slot.bundle, "learner.device"),
         ]  # fmt: skip
+    head = actor_head(config_path, args)
     for slot in plan.actors:
-        out[slot.name] = [
-            PYTHON, "-m", "actors.cli", *cfg, "--replicas", "1", *args,
-            f"actor.metrics_host={bind_host or slot.ip}",
-            f"actor.metrics_port={ports[slot.name]['actor_metrics']}",
-            # Agent workflows run on the env server nodes and call this node's endpoint.
-            f"actor.agent_endpoint.host={bind_host or slot.ip}",
-            f"actor.agent_endpoint.advertise_host={slot.ip}",
-            *_gpu_device(slot, "actor.engine.device"),
-        ]  # fmt: skip
+        own = actor_own(slot.ip, ports[slot.name]["actor_metrics"], bind_host, slot.bundle)
+        out[slot.name] = head + own
     return out
 
 
-def _gpu_device(slot, key: str) -> list[str]:
+def actor_head(config_path: Path, args: Sequence[str]) -> list[str]:
+    """An actor replica's command line up to its own host and ports: the same for every
+    replica, those of an elastic fleet included (deploy/ray_fleet.py)."""
+    return [PYTHON, "-m", "actors.cli", "--config", str(config_path), "--replicas", "1", *args]
+
+
+def actor_own(ip: str, metrics_port: int, bind_host: str, bundle: Mapping[str, float]) -> list[str]:
+    """An actor replica's own settings, last on its command line: where it listens."""
+    return [
+        f"actor.metrics_host={bind_host or ip}",
+        f"actor.metrics_port={metrics_port}",
+        # Agent workflows run on the env server nodes and call this node's endpoint.
+        f"actor.agent_endpoint.host={bind_host or ip}",
+        f"actor.agent_endpoint.advertise_host={ip}",
+        *_gpu_device(bundle, "actor.engine.device"),
+    ]
+
+
+def _gpu_device(bundle: Mapping[str, float], key: str) -> list[str]:
     """A process the plan gave GPUs must run on them: `key=cuda` makes it refuse to start
     without one (common/cuda_driver.py) instead of falling back to CPU."""
-    return [f"{key}=cuda"] if slot.bundle.get("GPU", 0) > 0 else []
+    return [f"{key}=cuda"] if bundle.get("GPU", 0) > 0 else []
 
 
 def learner_env(

@@ -173,10 +173,12 @@ def _fmt(amount: float) -> str:
 
 
 def plan_run(run: RunConfig, nodes: Sequence[Node]) -> Plan:
-    """The plan of a validated run config on these nodes."""
-    return make_plan(
-        nodes, run.ray, learner_ranks=run.learner.nproc, actor_gpus=gpus_per_actor(run)
-    )
+    """The plan of a validated run config on these nodes. An elastic fleet starts at its
+    minimum; the run's supervisor adds replicas as the backlog asks (deploy/ray_fleet.py)."""
+    ray = run.ray
+    if run.elastic.enabled:
+        ray = ray.model_copy(update={"actor_replicas": run.elastic.min_replicas})
+    return make_plan(nodes, ray, learner_ranks=run.learner.nproc, actor_gpus=gpus_per_actor(run))
 
 
 def make_plan(

@@ -88,8 +88,14 @@ class RoleProcess:
             "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
         }
 
-    def start(self, extra_env: dict[str, str]) -> int:
-        argv = list(self.spec["argv"])
+    def free_port(self) -> int:
+        """A free port on this actor's node (an elastic replica's, known once it is placed)."""
+        return free_port(self.ip)
+
+    def start(self, extra_env: dict[str, str], argv: list[str] | None = None) -> int:
+        """Start the command (the spec's, or `argv`: an elastic replica's, made once its
+        node and port are known)."""
+        argv = list(self.spec["argv"] if argv is None else argv)
         if argv[0] == PYTHON:
             argv[0] = sys.executable  # this node's interpreter, the one Ray runs
         # Not a Ray process: none of the worker's RAY_* settings, our marker instead.

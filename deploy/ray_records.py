@@ -8,13 +8,15 @@ writes them and deploy/ray_driver.py hands the spec to Ray.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from common.fleet import leave_grace_s
 from common.supervision import EVENTS_FILE
 from deploy.config import RunConfig
-from deploy.ray_commands import envserver_addresses, metrics_targets
-from deploy.ray_plan import Node, Plan
+from deploy.frozen_config import frozen_path
+from deploy.ray_commands import actor_head, envserver_addresses, metrics_targets
+from deploy.ray_plan import Node, Plan, bundle, gpus_per_actor
 
 STATE_FILE = "ray_run.json"
 PASSED_ENV_PREFIXES = (
@@ -82,6 +84,24 @@ def launch_spec(prepared: Prepared, *, environ: Mapping[str, str], cwd: Path) ->
         "restarts": run.restarts.model_dump(),
         "placement_timeout_s": run.ray.placement_timeout_s,
         "nats_port": prepared.ports["nats"]["nats"],
+        "fleet": fleet_spec(prepared) if run.elastic.enabled else None,
+    }
+
+
+def fleet_spec(prepared: Prepared) -> dict:
+    """What the supervisor sizes an elastic fleet by (deploy/ray_fleet.py): the bounds, where
+    the backlog is read (the learner's /metrics), and how a new replica is started."""
+    run, plan, ports = prepared.run, prepared.plan, prepared.ports
+    rank0 = plan.learner[0]
+    return {
+        "bounds": asdict(run.fleet_bounds()),
+        "poll_s": run.elastic.poll_s,
+        "engine_start_s": run.elastic.engine_start_s,
+        "leave_grace_s": leave_grace_s(run.actor.drain_timeout_s),
+        "work_url": f"http://{rank0.ip}:{ports[rank0.name]['learner_metrics']}/metrics",
+        "actor_head": actor_head(frozen_path(prepared.run_dir), []),
+        "bind_host": run.ray.bind_host,
+        "bundle": bundle(run.ray, "actor", gpus_per_actor(run)),
     }
 
 

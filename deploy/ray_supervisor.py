@@ -7,7 +7,8 @@
     supervise()  every second: a role whose process exited (or whose Ray actor or node is
                  gone) is restarted in its bundle after the backoff, or the run fails once
                  it spent its budget; the learner's exit 0 ends the run (every process
-                 stopped)
+                 stopped); with `[elastic]`, the actor replicas are sized by the prompts
+                 backlog (deploy/ray_elastic.py)
     stop()       every process, actors first; the placement groups (`make cluster-down`)
     status()     the run's state and each process's PID, node and return code
 
@@ -21,9 +22,9 @@ the newest checkpoint (`learner.checkpoint.resume`).
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
+import traceback
 from pathlib import Path
 
 import ray
@@ -34,8 +35,10 @@ from ray.util.scheduling_strategies import (
     PlacementGroupSchedulingStrategy,
 )
 
+from common.procs import wait_for_port
 from common.supervision import Events, RestartPolicy, Supervised
 from deploy.ray_commands import learner_env
+from deploy.ray_elastic import ElasticFleet
 from deploy.ray_plan import Plan, Slot
 from deploy.ray_process import RoleProcess
 from deploy.ray_records import actor_name, pg_name
@@ -47,7 +50,7 @@ LABEL_NODE_ID = "ray.io/node-id"
 """Ray's label of every node with its id: bundles are pinned to the planned nodes by it."""
 
 
-class RunSupervisor:
+class RunSupervisor(ElasticFleet):
     """Places the run and watches it (a named, detached actor on the head node)."""
 
     def __init__(self, launch: dict) -> None:
@@ -63,16 +66,15 @@ class RunSupervisor:
         self.state = "starting"
         self.detail = ""
         self.events = Events(launch["events"])
-        policy = RestartPolicy(**launch["restarts"])
+        self.policy = RestartPolicy(**launch["restarts"])
         self.roles: dict[str, tuple[Slot, ...]] = {
             self.plan.nats.name: (self.plan.nats,),
             **{slot.name: (slot,) for slot in self.plan.envservers},
             LEARNER: self.plan.learner,
             **{slot.name: (slot,) for slot in self.plan.actors},
         }  # in start order
-        self.supervised = {
-            role: Supervised(policy, finishes=role == LEARNER) for role in self.roles
-        }
+        self.supervised = {r: Supervised(self.policy, finishes=r == LEARNER) for r in self.roles}
+        self._init_fleet(launch.get("fleet"), len(self.plan.actors))
         self.restart_at: dict[str, float] = {}
         self.actors: dict[str, ray.actor.ActorHandle] = {}
         self.pgs: dict[str, object] = {}
@@ -92,7 +94,11 @@ class RunSupervisor:
             strategy=strategy,
             name=pg_name(self.namespace, self.run_id, what),
             lifetime="detached",
-            bundle_label_selector=[{LABEL_NODE_ID: s.node_id} for s in slots],
+            # Planned slots are pinned to their nodes; an elastic replica goes where Ray
+            # (or its autoscaler) finds room.
+            bundle_label_selector=[{LABEL_NODE_ID: s.node_id} for s in slots]
+            if all(s.node_id for s in slots)
+            else None,
         )
         self.pgs[what] = pg
         for i, slot in enumerate(slots):
@@ -131,7 +137,7 @@ class RunSupervisor:
         return {
             "name": slot.name,
             "run_id": self.run_id,
-            "argv": self.launch["argv"][slot.name],
+            "argv": self.launch["argv"].get(slot.name, []),  # an elastic replica's: at start
             "env": self.launch.get("env", {}),
             "cwd": self.launch["cwd"],
             "log": str(Path(self.launch["log_dir"]) / f"{slot.name}.log"),
@@ -147,9 +153,12 @@ class RunSupervisor:
         slots = self.roles[role]
         handles = {}
         for slot in slots:
-            spec = self._spec(slot, autostart=role != LEARNER, restart=restart)
+            planned = role != LEARNER and slot.name in self.launch["argv"]
+            spec = self._spec(slot, autostart=planned, restart=restart)
             remote = ray.remote(RoleProcess).options(**self._options(slot))
             handles[slot.name] = self.actors[slot.name] = remote.remote(spec)
+        if role not in self.launch["argv"] and role != LEARNER:
+            self._start_elastic_replica(handles[role])
         if role == LEARNER:
             placements = ray.get([h.placement.remote() for h in handles.values()], timeout=300)
             gpu_ids = {name: p["gpu_ids"] for name, p in zip(handles, placements, strict=True)}
@@ -182,7 +191,7 @@ class RunSupervisor:
                 ray.get(done)
                 self._event("placed", groups=sorted(self.pgs))
                 self._start_role(plan.nats.name)
-                self._wait_port(plan.nats.ip, self.launch["nats_port"], 60)
+                wait_for_port(plan.nats.ip, self.launch["nats_port"], 60, "nats-server")
                 for role in list(self.roles)[1:]:
                     self._start_role(role)
                 self.state = "running"
@@ -194,16 +203,6 @@ class RunSupervisor:
             self._event("failed", detail=self.detail)
             raise
 
-    def _wait_port(self, host: str, port: int, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            with socket.socket() as s:
-                s.settimeout(1)
-                if s.connect_ex((host, port)) == 0:
-                    return
-            time.sleep(0.2)
-        raise RuntimeError(f"nats-server did not listen on {host}:{port} in {timeout_s:.0f}s")
-
     # ---- watching ------------------------------------------------------------------------
 
     def supervise(self, poll_s: float = 1.0) -> str:
@@ -213,13 +212,24 @@ class RunSupervisor:
             with self._lock:
                 if self.state != "running":
                     break
-                for role in self.roles:
-                    self._watch(role, time.monotonic())
-                    if self.state != "running":
-                        break
+                try:
+                    self._watch_all()
+                except Exception as e:  # a fault of this code: end the run, never hang it
+                    self.detail = f"the run's supervisor failed: {type(e).__name__}: {e}"
+                    self._event("supervisor failed", traceback=traceback.format_exc())
+                    self._end("failed")
         return self.state
 
+    def _watch_all(self) -> None:
+        for role in list(self.roles):
+            self._watch(role, time.monotonic())
+            if self.state != "running":
+                return
+        self._size_fleet(time.monotonic())
+
     def _watch(self, role: str, now: float) -> None:
+        if not self._placed(role, now):
+            return  # an elastic replica waiting for a node
         if role in self.restart_at:
             if now >= self.restart_at[role]:
                 del self.restart_at[role]
@@ -304,13 +314,14 @@ class RunSupervisor:
         """Every process of the run, in order: actors, learner, env servers, nats-server;
         then the placement groups."""
         plan = self.plan
-        self._stop_and_kill([s.name for s in plan.actors], grace_s=40)
+        self._stop_and_kill(sorted(n for n in self.actors if n.startswith("actor-")), grace_s=40)
         self._stop_and_kill([s.name for s in plan.learner], grace_s=30)
         self._stop_and_kill([s.name for s in plan.envservers], grace_s=15)
         self._stop_and_kill([plan.nats.name], grace_s=15)
         for pg in self.pgs.values():
             remove_placement_group(pg)
         self.pgs.clear()
+        self._end_fleet()
         self._event("stopped")
 
     def stop(self) -> dict:
@@ -333,4 +344,5 @@ class RunSupervisor:
             "restarts": {role: sup.num_restarts for role, sup in self.supervised.items()},
             "processes": dict(self.last_info),
             "actors": sorted(self.actors),
+            **self._fleet_status(),
         }

@@ -17,6 +17,7 @@ busy sandbox pool), the workload an elastic fleet is measured under (bench/elast
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import random
 import time
@@ -26,6 +27,8 @@ from statistics import NormalDist
 
 from common.tool_parsing import ToolCall
 from envservers.tools import ToolGroup
+
+log = logging.getLogger(__name__)
 
 
 def lognormal_params(median_s: float, quantile_s: float, q: float = 0.99) -> tuple[float, float]:
@@ -68,6 +71,7 @@ class ToolLatency:
         self.step = step
         self._clock = clock
         self._first_call: float | None = None
+        self._factor = 1.0
 
     def sample(self) -> float:
         """One latency in seconds."""
@@ -77,7 +81,11 @@ class ToolLatency:
         now = self._clock()
         if self._first_call is None:
             self._first_call = now
-        return drawn * self.step.factor_at(now - self._first_call)
+        factor = self.step.factor_at(now - self._first_call)
+        if factor != self._factor:  # said with the wall clock, for whoever lines up the run
+            log.info("load step: tool latency x%g from unix time %.3f", factor, time.time())
+            self._factor = factor
+        return drawn * factor
 
 
 class DelayedTools(ToolGroup):

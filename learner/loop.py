@@ -295,6 +295,7 @@ class Learner:
             num_bytes=weights.get("num_bytes", 0),
             held_unacked=self.intake.num_held,
         )
+        record["time"] = time.time()  # the wall clock of the run's events.jsonl and logs
         record["filtered_groups"] = filtered  # learner.dynamic_sampling: no reward signal
         record["version_span"] = [version_span(a.versions) for g in groups for a in g.tokens]
         masked, trained = self.stale_tokens_masked, int(metrics["num_loss_tokens"])

@@ -1,7 +1,7 @@
 """What a Ray run on this machine left behind, read from /proc and its run directory: the
 processes of a run (by the `TETHER_RAY_PROCESS` marker every one of them carries, vLLM's
-renamed engines included), its events and training records; and a two-node test cluster.
-Used by tests/deploy/test_ray_cluster.py."""
+renamed engines included), its events and training records.
+Used by tests/deploy/test_ray_cluster.py (its cluster: deploy/ray_testbed.py)."""
 
 from __future__ import annotations
 
@@ -9,34 +9,8 @@ import json
 import time
 from pathlib import Path
 
-from ray.cluster_utils import Cluster
-
 from deploy.ray_process import MARKER, marked_pids
 from tests.e2e.test_make_run import _command_lines
-
-NODE = {
-    "num_cpus": 2,
-    "object_store_memory": 200 * 1024 * 1024,
-    "node_ip_address": "127.0.0.1",
-}
-
-
-def start_cluster(attempts: int = 3) -> Cluster:
-    """The two nodes; again when a raylet misses Ray's fixed 30 s start-up window (a busy
-    machine)."""
-    for attempt in range(1, attempts + 1):
-        c = Cluster()
-        try:
-            c.add_node(**NODE, include_dashboard=False, resources={"cpu_node": 1})  # the head
-            c.add_node(**NODE, resources={"gpu_node": 2})
-            c.wait_for_nodes()
-            return c
-        except Exception as e:  # Ray raises a bare Exception for a raylet that started late
-            c.shutdown()
-            if attempt == attempts:
-                raise
-            print(f"Ray cluster start-up failed ({e}); again")
-    raise AssertionError("unreachable")
 
 
 def train_records(run_dir: Path) -> list[dict]:

@@ -26,6 +26,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from common.fleet import LEAVE_MARGIN_S
 from deploy import cluster, k8s_elastic
 from deploy.config import load_run_config
 
@@ -205,7 +206,7 @@ def test_max_staleness_sets_the_largest_fleet():
 
 
 def test_the_grace_period_follows_the_drain_timeout():
-    for drain_s, expected in [(30, 30 + k8s_elastic.LEAVE_MARGIN_S), (45.5, 46 + 60)]:
+    for drain_s, expected in [(30, 30 + LEAVE_MARGIN_S), (45.5, 46 + 60)]:
         run = load_run_config(CONFIG, [f"actor.drain_timeout_s={drain_s}"])
         assert k8s_elastic.termination_grace_s(run) == expected
         patch = k8s_elastic.actor_patch(run)["spec"]["template"]["spec"]
@@ -223,7 +224,7 @@ def test_a_changed_config_renders_into_the_objects(tmp_path):
     )
     assert _one(objects, "ScaledObject", "tether-actor")["spec"]["maxReplicaCount"] == 4
     actor = _one(objects, "Deployment", "tether-actor")["spec"]["template"]["spec"]
-    assert actor["terminationGracePeriodSeconds"] == 100 + k8s_elastic.LEAVE_MARGIN_S
+    assert actor["terminationGracePeriodSeconds"] == 100 + LEAVE_MARGIN_S
 
 
 def test_the_generator_refuses_what_cannot_work():

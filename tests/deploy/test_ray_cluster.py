@@ -34,11 +34,11 @@ import pytest
 ray = pytest.importorskip("ray")
 from common.supervision import read_events  # noqa: E402
 from deploy.ray_process import marked_pids  # noqa: E402
+from deploy.ray_testbed import local_cluster  # noqa: E402
 from tests.deploy.ray_local import (  # noqa: E402
     engines,
     replica_process,
     role_process,
-    start_cluster,
     train_records,
     wait_for_no_leftovers,
 )
@@ -89,46 +89,28 @@ SHORT_RUN = [
 
 @pytest.fixture(scope="module")
 def cluster():
-    # Ray resolves 127.0.0.1 to the machine's address for drivers unless told it is alone:
-    # this keeps every Ray process and every connection on loopback.
-    saved = {k: os.environ.get(k) for k in ("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "RAY_ADDRESS")}
-    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # the driver processes we start
-    constants = ray._private.ray_constants  # this process read the variable at import
-    enabled, constants.ENABLE_RAY_CLUSTER = constants.ENABLE_RAY_CLUSTER, False
-    started = time.monotonic()
-    c = start_cluster()
-    os.environ["RAY_ADDRESS"] = c.address
-    print(f"Ray cluster of 2 nodes up in {time.monotonic() - started:.1f}s at {c.address}")
-    try:
-        yield c
-    finally:
-        # A test that failed half-way: its runs go down before the cluster does.
-        for runs_dir in RUNS_DIRS:
-            if any(runs_dir.iterdir()):
-                subprocess.run(
-                    [
-                        sys.executable,
-                        "-m",
-                        "deploy.ray_cluster",
-                        "down",
-                        f"ray.namespace={NAMESPACE}",
-                    ],
-                    cwd=REPO,
-                    env=_env(),
-                    capture_output=True,
-                    timeout=300,
-                    check=False,
-                )
-                break
-        if ray.is_initialized():
-            ray.shutdown()
-        c.shutdown()
-        constants.ENABLE_RAY_CLUSTER = enabled
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+    with local_cluster() as c:
+        try:
+            yield c
+        finally:
+            # A test that failed half-way: its runs go down before the cluster does.
+            for runs_dir in RUNS_DIRS:
+                if any(runs_dir.iterdir()):
+                    subprocess.run(
+                        [
+                            sys.executable,
+                            "-m",
+                            "deploy.ray_cluster",
+                            "down",
+                            f"ray.namespace={NAMESPACE}",
+                        ],
+                        cwd=REPO,
+                        env=_env(),
+                        capture_output=True,
+                        timeout=300,
+                        check=False,
+                    )
+                    break
 
 
 def _env() -> dict[str, str]:

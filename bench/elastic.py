@@ -1,0 +1,194 @@
+"""An elastic actor fleet against a fixed single replica, on a real Ray cluster of three
+simulated nodes on this machine (deploy/ray_testbed.py), under a load step: every tool call
+of the calculator waits ~0.1 s, twenty times that for two minutes mid-run (envservers/latency.py).
+
+    python -m bench.elastic [--steps 130]      two runs, ~15 min on 2 cores
+
+Both runs are `make cluster-up TARGET=ray` with the same steps and workload; the elastic one
+has `[elastic]` on (1 to 2 replicas: the staleness window of 8 groups over 4 per replica),
+the fixed one keeps its one replica. Per run: the fleet's size over time (the supervisor's
+`scaled` events), the learner's idle fraction (its data waits over its wall time) during
+the load step and overall, the run's length, whether its books balance
+(deploy/run_ledger.py), and the groups leaving replicas handed back at a turn boundary
+against those cut at the end of their grace (a cut group's episodes are played again; a
+handed-back one's continue from their last turn, so none cut = no token generated twice).
+
+Writes bench/results/elastic.json and prints the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from bench.common import load_average, report
+from common.supervision import read_events
+from deploy.ray_testbed import GPU_NODE, HEAD, local_cluster
+from deploy.run_ledger import RunLedger, read_jsonl
+
+REPO = Path(__file__).resolve().parents[1]
+NAMESPACE = "tether-bench"
+STEP_FACTOR, STEP_AFTER_S, STEP_FOR_S = 20.0, 30.0, 120.0
+
+WORKLOAD = [
+    "prepare.num_train_rows=512",
+    "prepare.num_eval_rows=8",
+    "learner.max_staleness=1",
+    "learner.prompts_per_step=4",
+    "learner.group_size=4",
+    "learner.eval_samples_per_prompt=1",
+    "learner.drain_timeout_s=10",
+    "learner.snapshot_interval=1",
+    # Small micro-batches make the learner's step the slower side before the load step, as
+    # a big model's would: one replica keeps up until the tools slow down.
+    "learner.micro_batch_tokens=32",  # a replica that joins starts from a recent version
+    "actor.engine.max_num_seqs=16",  # 4 groups of 4 at once: 2 replicas fill the window
+    "actor.rollout.max_generate_length=32",
+    "actor.drain_timeout_s=20",
+    "envserver.calculator.latency_median_s=0.3",
+    "envserver.calculator.latency_p99_s=0.8",
+    "envserver.calculator.latency_seed=0",
+    f"envserver.calculator.load_step_factor={STEP_FACTOR}",
+    f"envserver.calculator.load_step_after_s={STEP_AFTER_S}",
+    f"envserver.calculator.load_step_for_s={STEP_FOR_S}",
+    "broker.prompt_ack_wait_s=15",
+    "actor.heartbeat_s=3",
+    "ray.actor_replicas=1",
+    "ray.envservers=1",
+    "ray.gpu_resource=gpu_node",
+    "ray.cpus_per_learner_rank=1",
+    "ray.cpus_per_actor=1",
+    "ray.cpus_per_envserver=1",
+    "ray.cpus_nats=0.5",
+    "ray.free_ports=true",
+    "ray.bind_host=127.0.0.1",
+    f"ray.namespace={NAMESPACE}",
+]
+ELASTIC = [
+    "elastic.enabled=true",
+    "elastic.scale_up_after_s=15",
+    "elastic.scale_down_after_s=30",
+    "elastic.engine_start_s=30",
+    "elastic.poll_s=2",
+]
+_STEP_LINE = re.compile(r"load step: tool latency x([\d.]+) from unix time ([\d.]+)")
+_LEAVE_LINE = re.compile(r"leaving: (\d+) groups handed back .*?, (\d+) cut")
+
+
+def cluster_run(overrides: list[str], runs_dir: Path, timeout_s: float) -> Path:
+    """One run through the Makefile's entry point, followed to its end; then `down`."""
+    log = runs_dir / "up.log"
+    argv = [sys.executable, "-m", "deploy.cluster", "up", "--target=ray", "--"]
+    with open(log, "w") as out:
+        code = subprocess.call(
+            [*argv, *overrides, f"ray.runs_dir={runs_dir}"],
+            cwd=REPO, stdout=out, stderr=subprocess.STDOUT, timeout=timeout_s,
+        )  # fmt: skip
+    subprocess.call(
+        [sys.executable, "-m", "deploy.ray_cluster", "down", f"ray.namespace={NAMESPACE}"],
+        cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, timeout=300,
+    )  # fmt: skip
+    if code != 0:
+        raise RuntimeError(f"the run failed ({code}):\n{log.read_text()[-4000:]}")
+    return (runs_dir / "latest").resolve()
+
+
+def load_step_window(run_dir: Path) -> tuple[float, float]:
+    """The load step's (start, end) in unix time, as the env server logged it."""
+    text = (run_dir / "logs" / "envserver-0.log").read_text()
+    changes = [(float(factor), float(at)) for factor, at in _STEP_LINE.findall(text)]
+    starts = [at for factor, at in changes if factor != 1.0]
+    ends = [at for factor, at in changes if factor == 1.0 and starts and at > starts[0]]
+    if not starts:
+        raise RuntimeError(f"{run_dir}: the env server never logged its load step")
+    return starts[0], ends[0] if ends else float("inf")
+
+
+def idle_fraction(train: list[dict], start: float, end: float) -> float:
+    """The learner's data waits over its wall time, for the steps that ended in [start,
+    end] (each step's wait and wall: since the previous step ended)."""
+    waited = wall = 0.0
+    for before, step in zip(train, train[1:], strict=False):
+        if start <= step["time"] <= end:
+            waited += step["wait_data_s"]
+            wall += step["wall_s"] - before["wall_s"]
+    return waited / wall if wall else float("nan")
+
+
+def fleet_sizes(run_dir: Path) -> list[tuple[float, int]]:
+    """(unix time, replicas) at the start and at every scale event."""
+    events = read_events(run_dir)
+    sizes = [(e["time"], e["replicas"]) for e in events if e["event"] == "scaled"]
+    start = next(e["time"] for e in events if e["event"] == "running")
+    return [(start, 1), *sizes]
+
+
+def leaves(run_dir: Path) -> tuple[int, int]:
+    """(groups handed back, groups cut) over every replica that left."""
+    handed = cut = 0
+    for log in (run_dir / "logs").glob("actor-*.log"):
+        for back, lost in _LEAVE_LINE.findall(log.read_text()):
+            handed, cut = handed + int(back), cut + int(lost)
+    return handed, cut
+
+
+def run_figures(run_dir: Path, prefix: str) -> dict[str, float]:
+    train = [r for r in read_jsonl(run_dir / "metrics.jsonl") if r["kind"] == "train"]
+    start, end = load_step_window(run_dir)
+    sizes = fleet_sizes(run_dir)
+    handed, cut = leaves(run_dir)
+    events = read_events(run_dir)
+    return {
+        f"{prefix}_steps": len(train),
+        f"{prefix}_run_s": train[-1]["wall_s"],
+        f"{prefix}_idle_before_step": idle_fraction(train, 0.0, start),
+        f"{prefix}_idle_during_step": idle_fraction(train, start, end),
+        f"{prefix}_idle_after_step": idle_fraction(train, end, float("inf")),
+        f"{prefix}_idle_overall": idle_fraction(train, 0.0, float("inf")),
+        f"{prefix}_max_replicas": max(n for _, n in sizes),
+        f"{prefix}_final_replicas": sizes[-1][1],
+        f"{prefix}_scale_events": len(sizes) - 1,
+        f"{prefix}_replicas_left": sum(e["event"] == "left" for e in events),
+        f"{prefix}_groups_handed_back": handed,
+        f"{prefix}_groups_cut": cut,
+        f"{prefix}_ledger_problems": len(RunLedger.read(run_dir).problems()),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=130)
+    parser.add_argument("--only", choices=("fixed", "elastic"), default=None)
+    parser.add_argument("--keep", type=Path, help="keep the runs here (default: a temporary dir)")
+    args = parser.parse_args()
+    steps = [f"learner.total_steps={args.steps}", f"learner.eval_interval={args.steps}"]
+    figures: dict[str, float | str] = {"steps": args.steps, "load_step_factor": STEP_FACTOR}
+    with tempfile.TemporaryDirectory() as tmp, load_average() as load:
+        tmp = args.keep or tmp
+        with local_cluster([HEAD, GPU_NODE, GPU_NODE]):
+            for name, extra in (("fixed", []), ("elastic", ELASTIC)):
+                if args.only not in (None, name):
+                    continue
+                runs_dir = Path(tmp) / name
+                runs_dir.mkdir(parents=True)
+                started = time.monotonic()
+                run_dir = cluster_run(WORKLOAD + steps + extra, runs_dir, timeout_s=1800)
+                figures.update(run_figures(run_dir, name))
+                sizes = json.dumps(fleet_sizes(run_dir))
+                print(f"{name}: {time.monotonic() - started:.0f} s; fleet {sizes}", flush=True)
+        figures.update(load)
+    if args.only is None:
+        figures["idle_during_step_elastic_over_fixed"] = (
+            figures["elastic_idle_during_step"] / figures["fixed_idle_during_step"]
+        )
+    report("elastic", "Elastic fleet vs one fixed replica, load step x20 (Ray, 3 nodes)", figures)
+
+
+if __name__ == "__main__":
+    main()
