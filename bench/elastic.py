@@ -2,7 +2,7 @@
 simulated nodes on this machine (deploy/ray_testbed.py), under a load step: every tool call
 of the calculator waits ~0.1 s, twenty times that for two minutes mid-run (envservers/latency.py).
 
-    python -m bench.elastic [--steps 130]      two runs, ~15 min on 2 cores
+    python -m bench.elastic [--steps 150]      two runs, ~15 min on 2 cores
 
 Both runs are `make cluster-up TARGET=ray` with the same steps and workload; the elastic one
 has `[elastic]` on (1 to 2 replicas: the staleness window of 8 groups over 4 per replica),
@@ -73,8 +73,8 @@ WORKLOAD = [
 ELASTIC = [
     "elastic.enabled=true",
     "elastic.scale_up_after_s=15",
-    "elastic.scale_down_after_s=30",
-    "elastic.engine_start_s=30",
+    "elastic.scale_down_after_s=60",
+    "elastic.engine_start_s=60",  # an engine's start here, loaded (46 s measured)
     "elastic.poll_s=2",
 ]
 _STEP_LINE = re.compile(r"load step: tool latency x([\d.]+) from unix time ([\d.]+)")
@@ -163,7 +163,7 @@ def run_figures(run_dir: Path, prefix: str) -> dict[str, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=130)
+    parser.add_argument("--steps", type=int, default=150)
     parser.add_argument("--only", choices=("fixed", "elastic"), default=None)
     parser.add_argument("--keep", type=Path, help="keep the runs here (default: a temporary dir)")
     args = parser.parse_args()

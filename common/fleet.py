@@ -1,8 +1,11 @@
 """How many actor replicas a run wants: one rule for every target (Ray's launcher, the
-Kubernetes overlay's KEDA and HPA objects, bench/elastic_sim.py's simulator).
+Kubernetes overlay's KEDA and HPA objects, deploy/fleet_sim.py's simulator).
 
-    work  = pending + ack_pending of the prompts queue   (groups released and not finished)
-    want  = ceil(work / groups_per_replica), within [min_replicas, max_replicas]
+    work       = pending + ack_pending of the prompts queue  (groups released, not finished)
+    sustained  = the lowest work of the last scale_up_after_s
+    held       = the mean work of the last scale_down_after_s
+    want       = ceil(max(sustained, held) / groups_per_replica),
+                 within [min_replicas, max_replicas]
 
 The learner releases at most `(max_staleness + 1) * prompts_per_step` groups ahead of
 training (learner/dispatcher.py), so more replicas than `ceil` of that over one replica's
@@ -10,12 +13,15 @@ groups would only wait: that is `max_replicas` unless the config lowers it. Whil
 are the bottleneck the released window stays full of unfinished groups and the fleet grows;
 while the learner is, the window holds few and it shrinks.
 
-`want` jumps with every release (a step's prompts arrive at once), so a change must hold
-for a while before it is made, as Kubernetes' HPA does with its stabilization windows:
-scale up to the lowest `want` of the last `scale_up_after_s`, down to the highest of the
-last `scale_down_after_s`. A replica takes minutes to start its engine, so the down window
-is never shorter than `engine_start_s`: a replica that was just paid for is not dropped in
-a lull. `FleetSizer` is that, pure (time is an argument).
+Work jumps with every release (a step's prompts arrive at once), so neither reading alone
+sizes the fleet. `sustained` grows it only for work that lasted a whole window (a burst
+shorter than that adds nothing); `held` is the groups in flight on average (Little's law:
+what the fleet's room must hold), which keeps it while the mean needs it and shrinks it once
+the mean falls, not at the peak of every release. The fleet grows to `want` at once and
+shrinks only to the largest `want` of the last `scale_down_after_s` (as Kubernetes' HPA
+does with its scale-down stabilization window), never shorter than `engine_start_s`, so a
+replica just paid for is not dropped in a lull. `FleetSizer` is that, pure (time is an
+argument); deploy/k8s_elastic.py writes the same as one PromQL query and HPA behavior.
 """
 
 from __future__ import annotations
@@ -128,38 +134,39 @@ def fleet_bounds(
 
 
 class FleetSizer:
-    """The fleet size over time: `observe` each reading of the backlog, get the size now.
-    A change is made only once the readings of a whole window agree on it."""
+    """The fleet size over time: `observe` each reading of the backlog, get the size now."""
 
     def __init__(self, bounds: FleetBounds, replicas: int, now: float) -> None:
         self.bounds = bounds
         self.replicas = replicas
-        self._since = now
-        self._readings: deque[tuple[float, int]] = deque()
+        self._start = now
+        self._readings: deque[tuple[float, float]] = deque()  # (time, work)
+        self._wants: deque[tuple[float, int]] = deque()  # (time, want)
 
     def observe(self, now: float, work: float) -> int:
         """The fleet size after a reading of `work` (pending + ack_pending) at `now`."""
         b = self.bounds
-        self._readings.append((now, b.replicas_for(work)))
-        longest = max(b.scale_up_after_s, b.scale_down_after_s)
-        while self._readings and self._readings[0][0] < now - longest:
-            self._readings.popleft()
-        up = self._held(now, b.scale_up_after_s, min)
-        down = self._held(now, b.scale_down_after_s, max)
-        if up is not None and up > self.replicas:
-            self._change(now, up)
-        elif down is not None and down < self.replicas:
-            self._change(now, down)
+        _keep(self._readings, (now, max(work, 0.0)), max(b.scale_up_after_s, b.scale_down_after_s))
+        if now - self._start < b.scale_up_after_s:
+            return self.replicas  # no up window watched whole yet
+        want = b.replicas_for(self.signal(now))
+        _keep(self._wants, (now, want), b.scale_down_after_s)
+        if want > self.replicas:
+            self.replicas = want
+        else:
+            self.replicas = min(self.replicas, max(w for _, w in self._wants))
         return self.replicas
 
-    def _held(self, now: float, window_s: float, pick) -> int | None:
-        """`pick` of the wanted sizes read in the last `window_s`, once that window has been
-        watched whole since the last change (None before)."""
-        if now - self._since < window_s:
-            return None
-        inside = [wanted for at, wanted in self._readings if at >= now - window_s]
-        return pick(inside) if inside else None
+    def signal(self, now: float) -> float:
+        """max(sustained, held) of the module docstring, from the readings kept."""
+        b = self.bounds
+        recent = [w for at, w in self._readings if at >= now - b.scale_up_after_s]
+        held = [w for at, w in self._readings if at >= now - b.scale_down_after_s]
+        return max(min(recent), sum(held) / len(held))
 
-    def _change(self, now: float, replicas: int) -> None:
-        self.replicas = replicas
-        self._since = now
+
+def _keep(series: deque, item: tuple, window_s: float) -> None:
+    """Append `item` (time first) and drop what is older than `window_s` before it."""
+    series.append(item)
+    while series[0][0] < item[0] - window_s:
+        series.popleft()

@@ -11,13 +11,14 @@ overlay's run config so that every number has one source, common/fleet.py's rule
     python -m deploy.k8s_elastic --check    exit 1 if any is out of date
     ... --overlay DIR                       your copy of the overlay instead (e.g. on ../gpu)
 
-Both autoscalers ask for `ceil(work / groups_per_replica)` replicas within the fleet's bounds
-(an `AverageValue` target of `groups_per_replica` on `work` = pending + ack_pending of the
-prompts queue), and hold a change for common/fleet.py's windows: the HPA's scale-up
-stabilization window takes the lowest recommendation of its last `scale_up_after_s`, its
-scale-down window the highest of its last `scale_down_after_s`, which is `FleetSizer`. Two
-differences are the HPA's own: it ignores a change within 10% of the current size (its
-tolerance), and it reads the metric every 15 s (its sync period).
+Both autoscalers ask for `ceil(signal / groups_per_replica)` replicas within the fleet's
+bounds (an `AverageValue` target of `groups_per_replica`), where the signal is common/fleet.py's
+`max(sustained, held)` written in PromQL over `work` = pending + ack_pending of the prompts
+queue: `min_over_time` of its last `scale_up_after_s` and `avg_over_time` of its last
+`scale_down_after_s` (subqueries). The HPA grows at once (no scale-up window: the sustain is
+in the query) and shrinks to the highest recommendation of its last `scale_down_after_s`,
+which is `FleetSizer`. Two differences are the HPA's own: it ignores a change within 10% of
+the current size (its tolerance), and it reads the metric every 15 s (its sync period).
 """
 
 from __future__ import annotations
@@ -42,6 +43,8 @@ EXTERNAL_METRIC = "tether_prompts_work"
 POLICY_PERIOD_S = 15
 """The HPA's rate-limit period: every change the windows allow is made at once (below)."""
 MAX_WINDOW_S = 3600  # the API's bound on stabilizationWindowSeconds
+SUBQUERY_STEP_S = 5
+"""The signal's subquery resolution: the learner's bus poll (learner/bus_metrics.py)."""
 
 
 def work_query(label_matchers: str) -> str:
@@ -49,9 +52,20 @@ def work_query(label_matchers: str) -> str:
     (learner/metrics.py); `max`: one value however many learner series there are."""
     matchers = f'{label_matchers}, job="learner", queue="prompts"'
     return (
-        f"max(tether_bus_pending_messages{{{matchers}}})\n"
-        f"+ max(tether_bus_ack_pending_messages{{{matchers}}})"
+        f"max(tether_bus_pending_messages{{{matchers}}})"
+        f" + max(tether_bus_ack_pending_messages{{{matchers}}})"
     )
+
+
+def signal_query(label_matchers: str, bounds: FleetBounds) -> str:
+    """common/fleet.py's `max(sustained, held)`: the lowest work of the up window and its
+    mean over the down window (`(a >= b) or b` is the larger of two label-less values)."""
+    work = work_query(label_matchers)
+    up = max(_window_s(bounds.scale_up_after_s, "scale_up_after_s"), SUBQUERY_STEP_S)
+    down = max(_window_s(bounds.scale_down_after_s, "scale_down_after_s"), SUBQUERY_STEP_S)
+    sustained = f"min_over_time(({work})[{up}s:{SUBQUERY_STEP_S}s])"
+    held = f"avg_over_time(({work})[{down}s:{SUBQUERY_STEP_S}s])"
+    return f"({sustained}\n  >= {held})\nor {held}"
 
 
 def termination_grace_s(run: RunConfig) -> int:
@@ -71,11 +85,12 @@ def _window_s(seconds: float, key: str) -> int:
 
 
 def behavior(bounds: FleetBounds) -> dict:
-    """The HPA's behavior: common/fleet.py's windows, and no rate limit inside them (a
-    policy allowing the whole range per period), as FleetSizer jumps straight to its size."""
+    """The HPA's behavior: up at once (the signal's sustain is in its query), down to the
+    highest recommendation of common/fleet.py's down window, and no rate limit inside them
+    (a policy allowing the whole range per period), as FleetSizer jumps straight to its size."""
     return {
         "scaleUp": {
-            "stabilizationWindowSeconds": _window_s(bounds.scale_up_after_s, "scale_up_after_s"),
+            "stabilizationWindowSeconds": 0,
             "selectPolicy": "Max",
             "policies": [
                 {"type": "Pods", "value": bounds.max_replicas, "periodSeconds": POLICY_PERIOD_S}
@@ -105,7 +120,7 @@ def scaled_object(run: RunConfig) -> dict:
         "metricType": "AverageValue",
         "metadata": {
             "serverAddress": f"{PROMETHEUS_HOST}:{PROMETHEUS_PORT}",
-            "query": work_query(f'namespace="{NAMESPACE}"'),
+            "query": signal_query(f'namespace="{NAMESPACE}"', bounds),
             "threshold": str(bounds.groups_per_replica),
             # No learner series (not started, finished, not scraped): an error, on which the
             # HPA keeps the size it has, instead of a zero that would shrink the fleet.
@@ -152,14 +167,14 @@ def horizontal_pod_autoscaler(run: RunConfig) -> dict:
     }
 
 
-def adapter_values() -> dict:
+def adapter_values(run: RunConfig) -> dict:
     """prometheus-adapter's Helm values (`rules.external`) serving EXTERNAL_METRIC. The
     adapter adds the HPA's namespace to <<.LabelMatchers>>."""
     rule = {
         "seriesQuery": 'tether_bus_pending_messages{namespace!="", job="learner", queue="prompts"}',
         "resources": {"overrides": {"namespace": {"resource": "namespace"}}},
         "name": {"matches": "^tether_bus_pending_messages$", "as": EXTERNAL_METRIC},
-        "metricsQuery": work_query("<<.LabelMatchers>>"),
+        "metricsQuery": signal_query("<<.LabelMatchers>>", _bounds(run)),
     }
     prometheus = {"url": PROMETHEUS_HOST, "port": PROMETHEUS_PORT}
     return {"prometheus": prometheus, "rules": {"external": [rule]}}
@@ -192,7 +207,7 @@ def generated(overlay: Path = OVERLAY) -> dict[Path, str]:
         overlay / "keda" / "scaledobject.yaml": header + dump_yaml(scaled_object(run)),
         overlay / "hpa" / "hpa.yaml": header + dump_yaml(horizontal_pod_autoscaler(run)),
         overlay / "hpa" / "prometheus-adapter-values.yaml": (
-            header + ADAPTER_NOTE + dump_yaml(adapter_values())
+            header + ADAPTER_NOTE + dump_yaml(adapter_values(run))
         ),
     }
 

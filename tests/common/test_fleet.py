@@ -45,30 +45,34 @@ def test_work_maps_to_replicas_within_the_bounds():
     assert [b.replicas_for(w) for w in (0, 1, 8, 9, 16, 100, -3)] == [1, 1, 1, 2, 2, 4, 1]
 
 
-def test_a_burst_shorter_than_the_up_window_adds_nothing():
+def test_one_burst_adds_nothing_but_its_share_of_the_mean():
     sizer = FleetSizer(_bounds(), replicas=1, now=0.0)
-    assert sizer.observe(0.0, 30) == 1  # a step's release arrives at once
-    assert sizer.observe(5.0, 2) == 1
-    assert sizer.observe(12.0, 30) == 1  # the window [2, 12] saw 1 replica's worth
+    sizes = [sizer.observe(float(t), 64 if t == 55 else 0) for t in range(0, 61, 5)]
+    assert sizes == [1] * 13  # sustained 0; held 64 / 13 readings: under one replica's 8
 
 
-def test_work_held_for_the_up_window_adds_the_lowest_size_it_saw():
+def test_releases_every_step_size_the_fleet_by_their_mean_not_their_peaks():
+    sizer = FleetSizer(_bounds(), replicas=3, now=0.0)
+    for t in range(0, 181, 5):  # a step's 12 groups released, then taken and finished
+        size = sizer.observe(float(t), 12 if t % 10 == 0 else 0)
+    assert size == 1  # about 6 groups in flight on average: one replica's room (peaks want 2)
+
+
+def test_work_held_for_the_up_window_grows_the_fleet_at_once():
     sizer = FleetSizer(_bounds(), replicas=1, now=0.0)
-    for t, work in ((0, 30), (5, 20), (10, 30)):
-        size = sizer.observe(float(t), work)
-    assert size == 3  # min over the window: 20 groups = 3 replicas of 8
+    assert [sizer.observe(float(t), w) for t, w in ((0, 30), (5, 20), (10, 30))] == [1, 1, 4]
+    # sustained 20 (the lowest of the window), held 26.7 (the mean): 4 replicas of 8
 
 
-def test_the_fleet_shrinks_only_after_the_down_window_and_to_its_highest_want():
+def test_the_fleet_shrinks_to_the_largest_want_of_the_down_window():
     sizer = FleetSizer(_bounds(), replicas=1, now=0.0)
     for t in range(0, 11, 5):
         sizer.observe(float(t), 32)
     assert sizer.replicas == 4
-    sizer.observe(40.0, 0)
-    assert sizer.observe(69.0, 0) == 4  # the window is watched whole only 60 s after the change
-    sizer.observe(71.0, 9)
-    assert sizer.observe(72.0, 0) == 2  # the highest want in [12, 72]: 9 groups
-    assert sizer.observe(200.0, 0) == 1
+    sizes = {t: sizer.observe(float(t), 0) for t in range(15, 200, 5)}
+    assert sizes[70] == 4  # the want of 4 at t=10 is still inside the 60 s window
+    assert sizes[75] < 4 and sizes[195] == 1  # then the held mean falls, and the fleet with it
+    assert all(sizes[t] >= sizes[t + 5] for t in range(15, 195, 5))  # never grows back
 
 
 def test_a_zero_window_follows_every_reading():

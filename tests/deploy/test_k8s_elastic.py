@@ -26,7 +26,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from common.fleet import LEAVE_MARGIN_S
+from common.fleet import LEAVE_MARGIN_S, FleetSizer
 from deploy import cluster, k8s_elastic
 from deploy.config import load_run_config
 
@@ -165,25 +165,60 @@ def test_the_scaled_object_is_the_fleet_rule(shipped):
     spec = _one(shipped, "ScaledObject", "tether-actor")["spec"]
     (trigger,) = spec["triggers"]
     assert trigger["type"] == "prometheus" and trigger["metricType"] == "AverageValue"
-    assert trigger["metadata"]["query"] == (
-        'max(tether_bus_pending_messages{namespace="tether", job="learner", queue="prompts"})\n'
-        '+ max(tether_bus_ack_pending_messages{namespace="tether", job="learner", '
-        'queue="prompts"})'
-    )
+    bounds = load_run_config(CONFIG).fleet_bounds()
+    assert trigger["metadata"]["query"] == k8s_elastic.signal_query('namespace="tether"', bounds)
     assert trigger["metadata"]["ignoreNullValues"] == "false"
     threshold = int(trigger["metadata"]["threshold"])
     assert (threshold, spec["minReplicaCount"], spec["maxReplicaCount"]) == (8, 1, 2)
     behavior = spec["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]
-    assert behavior["scaleUp"]["stabilizationWindowSeconds"] == 60
+    assert behavior["scaleUp"]["stabilizationWindowSeconds"] == 0  # the sustain is in the query
     assert behavior["scaleDown"]["stabilizationWindowSeconds"] == 600
     assert "cooldownPeriod" not in spec  # scale to zero only, which min_replicas >= 1 refuses
 
     # The HPA's AverageValue arithmetic on an external metric, ceil(value / target) within
     # the bounds, is FleetBounds.replicas_for (worked: 9 groups need a second replica).
-    bounds = load_run_config(CONFIG).fleet_bounds()
     for work, expected in [(0, 1), (8, 1), (9, 2), (16, 2), (100, 2)]:
         hpa = min(max(math.ceil(work / threshold), spec["minReplicaCount"]), 2)
         assert hpa == bounds.replicas_for(work) == expected
+
+
+PROMTOOL = shutil.which("promtool")
+
+
+@pytest.mark.skipif(
+    PROMTOOL is None, reason="promtool not installed (`apt-get install prometheus`)"
+)
+def test_the_query_computes_the_sizers_signal_in_prometheus(tmp_path):
+    """Prometheus itself (promtool's rule tests) evaluates the trigger's query over a worked
+    series, a step's releases every 10 s for ten minutes then a stretch of full windows, and
+    gets FleetSizer.signal of the same readings: the mean where releases come and go (held),
+    the lowest of the last minute once the window stays full (sustained)."""
+    bounds = load_run_config(CONFIG).fleet_bounds()  # up 60 s, down 600 s
+    work = [12 if i % 2 == 0 else 0 for i in range(120)] + [16] * 40  # every 5 s
+    sizer = FleetSizer(bounds, replicas=1, now=0.0)
+    signal = {}
+    for i, w in enumerate(work):
+        sizer.observe(i * 5.0, w)
+        signal[i * 5] = sizer.signal(i * 5.0)
+    assert (signal[595], signal[700], signal[795]) == (6.0, 16.0, 16.0)
+
+    labels = '{namespace="tether", job="learner", queue="prompts"}'
+    query = k8s_elastic.signal_query('namespace="tether"', bounds)
+    case = {
+        "interval": "5s",
+        "input_series": [
+            {"series": f"tether_bus_pending_messages{labels}", "values": " ".join(map(str, work))},
+            {"series": f"tether_bus_ack_pending_messages{labels}", "values": f"0x{len(work) - 1}"},
+        ],
+        "promql_expr_test": [
+            {"expr": query, "eval_time": f"{at}s", "exp_samples": [{"labels": "{}", "value": v}]}
+            for at, v in ((595, signal[595]), (700, signal[700]), (795, signal[795]))
+        ],
+    }
+    path = tmp_path / "signal_test.yml"
+    path.write_text(yaml.safe_dump({"rule_files": [], "tests": [case]}))
+    out = subprocess.run([PROMTOOL, "test", "rules", str(path)], capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
 
 
 def test_generated_files_are_up_to_date():
