@@ -1,4 +1,4 @@
-"""Asynchrony where agents wait on tools (issue 36): the speedup over synchronous RL when
+"""Asynchrony where agents wait on tools: the speedup over synchronous RL when
 tool calls are slow, at staleness bounds 1, 2 and 4, with work in flight sized by each
 engine's room (actors/in_flight.py) against the fixed cap it replaced.
 

@@ -1,4 +1,4 @@
-"""Weight updates as bf16 deltas at the 0.5B shape (issue 32): bytes on the wire per update
+"""Weight updates as bf16 deltas at the 0.5B shape: bytes on the wire per update
 over the full bf16 bytes, encode and decode seconds, and bit-exactness along a chain.
 
     model:    the random-init Qwen2 of Qwen2-0.5B's shape of bench/engine_update_memory.py

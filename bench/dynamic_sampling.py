@@ -1,4 +1,4 @@
-"""Dynamic sampling against none (issue 35): `make run`'s job three times each way, one run
+"""Dynamic sampling against none: `make run`'s job three times each way, one run
 after the other, alternating (`learner.dynamic_sampling` true, then false, ...), on the same
 machine.
 

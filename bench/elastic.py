@@ -13,7 +13,8 @@ the load step and overall, the run's length, whether its books balance
 against those cut at the end of their grace (a cut group's episodes are played again; a
 handed-back one's continue from their last turn, so none cut = no token generated twice).
 
-Writes bench/results/elastic.json and prints the table.
+Writes bench/results/elastic.json and docs/images/elastic.png, and prints the table;
+`--report DIR` redoes them from runs kept with `--keep DIR`.
 """
 
 from __future__ import annotations
@@ -33,8 +34,10 @@ from deploy.ray_testbed import GPU_NODE, HEAD, local_cluster
 from deploy.run_ledger import RunLedger, read_jsonl
 
 REPO = Path(__file__).resolve().parents[1]
+IMAGE = REPO / "docs" / "images" / "elastic.png"
 NAMESPACE = "tether-bench"
 STEP_FACTOR, STEP_AFTER_S, STEP_FOR_S = 20.0, 30.0, 120.0
+TOOL_MEDIAN_S = 0.3
 
 WORKLOAD = [
     "prepare.num_train_rows=512",
@@ -49,9 +52,12 @@ WORKLOAD = [
     # a big model's would: one replica keeps up until the tools slow down.
     "learner.micro_batch_tokens=32",  # a replica that joins starts from a recent version
     "actor.engine.max_num_seqs=16",  # 4 groups of 4 at once: 2 replicas fill the window
+    # and no more while tools run, as a GPU engine's KV cache holds a replica to its room:
+    # uncapped, one replica would hold every released group while they wait on tools.
+    "actor.max_groups_in_flight=4",
     "actor.rollout.max_generate_length=32",
     "actor.drain_timeout_s=20",
-    "envserver.calculator.latency_median_s=0.3",
+    f"envserver.calculator.latency_median_s={TOOL_MEDIAN_S}",
     "envserver.calculator.latency_p99_s=0.8",
     "envserver.calculator.latency_seed=0",
     f"envserver.calculator.load_step_factor={STEP_FACTOR}",
@@ -138,12 +144,14 @@ def leaves(run_dir: Path) -> tuple[int, int]:
     return handed, cut
 
 
-def run_figures(run_dir: Path, prefix: str) -> dict[str, float]:
+def run_figures(run_dir: Path, prefix: str) -> dict[str, float | str]:
     train = [r for r in read_jsonl(run_dir / "metrics.jsonl") if r["kind"] == "train"]
     start, end = load_step_window(run_dir)
     sizes = fleet_sizes(run_dir)
     handed, cut = leaves(run_dir)
     events = read_events(run_dir)
+    broadcasts = sorted(r["broadcast_s"] for r in train)
+    began = sizes[0][0]
     return {
         f"{prefix}_steps": len(train),
         f"{prefix}_run_s": train[-1]["wall_s"],
@@ -153,12 +161,63 @@ def run_figures(run_dir: Path, prefix: str) -> dict[str, float]:
         f"{prefix}_idle_overall": idle_fraction(train, 0.0, float("inf")),
         f"{prefix}_max_replicas": max(n for _, n in sizes),
         f"{prefix}_final_replicas": sizes[-1][1],
+        f"{prefix}_fleet": " ".join(f"{t - began:.0f}s:{n}" for t, n in sizes),
+        f"{prefix}_load_step": f"{start - began:.0f}s-{end - began:.0f}s",
         f"{prefix}_scale_events": len(sizes) - 1,
         f"{prefix}_replicas_left": sum(e["event"] == "left" for e in events),
         f"{prefix}_groups_handed_back": handed,
         f"{prefix}_groups_cut": cut,
+        # A joiner or a leaver must not stall a round for the others.
+        f"{prefix}_broadcast_s_median": broadcasts[len(broadcasts) // 2],
+        f"{prefix}_broadcast_s_max": broadcasts[-1],
         f"{prefix}_ledger_problems": len(RunLedger.read(run_dir).problems()),
     }
+
+
+def plot(run_dirs: dict[str, Path], path: Path) -> None:
+    """The fleet's size and the learner's idle share per step, both runs, load step shaded."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 5), sharex=True)
+    for name, run_dir in run_dirs.items():
+        sizes = fleet_sizes(run_dir)
+        began = sizes[0][0]
+        train = [r for r in read_jsonl(run_dir / "metrics.jsonl") if r["kind"] == "train"]
+        xs = [t - began for t, _ in sizes] + [train[-1]["time"] - began]
+        top.step(xs, [n for _, n in sizes] + [sizes[-1][1]], where="post", label=name)
+        pairs = list(zip(train, train[1:], strict=False))
+        idle = [b["wait_data_s"] / max(b["wall_s"] - a["wall_s"], 1e-9) for a, b in pairs]
+        bottom.plot([b["time"] - began for _, b in pairs], idle, ".", ms=3, label=name)
+        start, end = load_step_window(run_dir)
+        for axis in (top, bottom):
+            axis.axvspan(start - began, end - began, color="0.9", zorder=0)
+    top.set_ylabel("replicas")
+    top.legend(loc="upper right", fontsize=8)
+    bottom.set_ylabel("learner idle\n(share of a step)")
+    bottom.set_xlabel(f"seconds since the run started (shaded: tool latency x{STEP_FACTOR:g})")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    print(f"wrote {path}")
+
+
+def run_both(steps: int, only: str | None, runs: Path) -> dict[str, Path]:
+    """Each run in `runs/<name>`, on one local cluster; their run directories."""
+    overrides = [f"learner.total_steps={steps}", f"learner.eval_interval={steps}"]
+    out = {}
+    with local_cluster([HEAD, GPU_NODE, GPU_NODE]):
+        for name, extra in (("fixed", []), ("elastic", ELASTIC)):
+            if only not in (None, name):
+                continue
+            runs_dir = runs / name
+            runs_dir.mkdir(parents=True)
+            started = time.monotonic()
+            out[name] = cluster_run(WORKLOAD + overrides + extra, runs_dir, timeout_s=1800)
+            sizes = json.dumps(fleet_sizes(out[name]))
+            print(f"{name}: {time.monotonic() - started:.0f} s; fleet {sizes}", flush=True)
+    return out
 
 
 def main() -> None:
@@ -166,24 +225,26 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=150)
     parser.add_argument("--only", choices=("fixed", "elastic"), default=None)
     parser.add_argument("--keep", type=Path, help="keep the runs here (default: a temporary dir)")
+    parser.add_argument("--report", type=Path, help="no runs: the figures of those kept here")
     args = parser.parse_args()
-    steps = [f"learner.total_steps={args.steps}", f"learner.eval_interval={args.steps}"]
-    figures: dict[str, float | str] = {"steps": args.steps, "load_step_factor": STEP_FACTOR}
+    figures: dict[str, float | str] = {
+        "load_step_factor": STEP_FACTOR,
+        "load_step_for_s": STEP_FOR_S,
+        "tool_median_s": TOOL_MEDIAN_S,
+        **{f"elastic_{k.split('.')[1]}": float(v) for k, v in (o.split("=") for o in ELASTIC[1:])},
+    }
     with tempfile.TemporaryDirectory() as tmp, load_average() as load:
-        tmp = args.keep or tmp
-        with local_cluster([HEAD, GPU_NODE, GPU_NODE]):
-            for name, extra in (("fixed", []), ("elastic", ELASTIC)):
-                if args.only not in (None, name):
-                    continue
-                runs_dir = Path(tmp) / name
-                runs_dir.mkdir(parents=True)
-                started = time.monotonic()
-                run_dir = cluster_run(WORKLOAD + steps + extra, runs_dir, timeout_s=1800)
-                figures.update(run_figures(run_dir, name))
-                sizes = json.dumps(fleet_sizes(run_dir))
-                print(f"{name}: {time.monotonic() - started:.0f} s; fleet {sizes}", flush=True)
+        if args.report:
+            run_dirs = {n: (args.report / n / "latest").resolve() for n in ("fixed", "elastic")}
+        else:
+            run_dirs = run_both(args.steps, args.only, args.keep or Path(tmp))
+        for name, run_dir in run_dirs.items():
+            figures.update(run_figures(run_dir, name))
+        if len(run_dirs) == 2:
+            plot(run_dirs, IMAGE)
+    if not args.report:
         figures.update(load)
-    if args.only is None:
+    if len(run_dirs) == 2:
         figures["idle_during_step_elastic_over_fixed"] = (
             figures["elastic_idle_during_step"] / figures["fixed_idle_during_step"]
         )

@@ -1,4 +1,4 @@
-"""An elastic fleet planned past this machine (issue 52): deploy/fleet_sim.py's simulator,
+"""An elastic fleet planned past this machine: deploy/fleet_sim.py's simulator,
 calibrated with what was measured here, plans a fleet of up to 64 replicas under the agentic
 workload with a load step (every tool call 10x slower for ten minutes mid-run), and compares
 the elastic fleet with fixed fleets at its bounds (64, and 1). A model, not a measurement:

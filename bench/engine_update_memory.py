@@ -1,5 +1,5 @@
-"""Engine host memory during one weight update, streamed against staged (issue 29, item 5:
-the engine receives a bucketed update with host memory growth of at most two buckets).
+"""Engine host memory during one weight update, streamed against staged (the
+target: the engine receives a bucketed update with host memory growth of at most two buckets).
 
     model:    a random-init Qwen2 of Qwen2-0.5B's shape (hidden 896, 24 layers, MLP 4864,
               14 heads, 2 KV heads, tied embeddings, vocab 151936: 494 M parameters, 1885 MB

@@ -1,5 +1,5 @@
 """What an actor replica killed mid-episode costs, with turn-level episode checkpoints and
-without them (issue 33), on the same work: bench/resume_support.py's scenario (real
+without them, on the same work: bench/resume_support.py's scenario (real
 nats-server, the calculator env server with ~1.5 s tool calls, two replicas with real vLLM
 engines on the shipped warm-start model; one prompt task of `--group-size` samples; the
 replica holding it SIGKILLed when `--kill-at` of its episodes have recorded a turn).

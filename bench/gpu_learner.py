@@ -1,5 +1,5 @@
 """The learner's training step on one GPU at real sizes: peak memory and speed, head chunked
-against plain (#28). Needs CUDA; run on a lent GPU machine, not by `make bench`.
+against plain. Needs CUDA; run on a lent GPU machine, not by `make bench`.
 
     python -m bench.gpu_learner                         # 0.5B and 1.5B shapes, 16,384 tokens
     python -m bench.gpu_learner --shapes 0.5B --tokens 8192 --steps 2

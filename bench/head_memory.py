@@ -1,4 +1,5 @@
-"""Peak memory of the learner's language-model head alone, plain against chunked (#28).
+"""Peak memory of the learner's language-model head alone, plain against chunked, at a real
+vocabulary.
 
     python -m bench.head_memory                     # U = 16,384 rows, V = 152,064, H = 896
     python -m bench.head_memory --rows 2048 --plain-rows 512 1024

@@ -1,5 +1,5 @@
 """A trained adapter in the actors' engine against transformers + PEFT, greedy, token for
-token: the acceptance check of issue 15 on a real run's adapter (the vLLM LoRA tests use
+token: LoRA's parity check on a real run's adapter (the vLLM LoRA tests use
 random adapters on a random model).
 
 The adapter is a LoRA run's snapshot (`runs/<id>/weights/v<N>/`, a PEFT directory) of the

@@ -1,4 +1,4 @@
-"""Peer benchmark (issue 16): Tether's `make run` against Hugging Face TRL's GRPOTrainer on
+"""Peer benchmark: Tether's `make run` against Hugging Face TRL's GRPOTrainer on
 the same model, task and machine, one after the other: eval pass@1 against wall time from
 launch, and the time each takes to reach a target pass@1 (0.8 by default).
 
@@ -225,8 +225,8 @@ def main() -> None:
         "--trl-threads",
         type=int,
         default=2,
-        help="TRL's torch threads: 2 as issue 16 ran it; on a busy shared machine use 1 (two "
-        "OpenMP threads there took 35-120 s per step against 6-9 s for one)",
+        help="TRL's torch threads: 2 as the first peer run had it; on a busy shared machine use "
+        "1 (two OpenMP threads there took 35-120 s per step against 6-9 s for one)",
     )
     parser.add_argument("--model", type=Path, default=REPO / "demo" / "tiny_model")
     parser.add_argument(

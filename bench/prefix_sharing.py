@@ -29,8 +29,8 @@ Memory: a fresh subprocess per variant builds the model and runs one step; repor
 peak resident set during the step (Linux `VmHWM`, reset before the step) and that peak's
 growth over the resident set before it (`measure_memory` says why not `getrusage`).
 
-Also the unshared path's tokens/s at 8,192-token micro-batches over 1,024 (issue 14 wants
->= 0.9: attention that respects boundaries has no quadratic mask).
+Also the unshared path's tokens/s at 8,192-token micro-batches over 1,024 (the target
+is >= 0.9: attention that respects boundaries has no quadratic mask).
 
 Writes bench/results/prefix_sharing.json.
 """

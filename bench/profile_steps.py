@@ -2,8 +2,8 @@
 
     python bench/profile_steps.py [--before REV] [--from-step 3] [--window-s 40] [--rate 50]
 
-For this checkout and for the revision `--before` (default 66aa702: the code as issue 16
-found it, two engines and dense attention masks; checked out in a git worktree and run
+For this checkout and for the revision `--before` (default 66aa702: the code before
+shared-prefix training, two engines and dense attention masks; checked out in a git worktree and run
 with this checkout's interpreter and packages), the script runs `python -m deploy.local`
 as `make run` does (that revision's configs/demo.toml, `--steps` 16), waits for the learner's
 step `--from-step` (start-up over), and samples every process of the run with py-spy

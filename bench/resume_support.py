@@ -1,5 +1,6 @@
-"""The scenario of issue 33's second half, on real parts only, for the fault test
-(tests/faults/test_episode_resume.py) and the benchmark (bench/episode_resume.py):
+"""The episode-resume scenario (an episode continued by another replica from its last
+turn), on real parts only, for the fault test (tests/faults/test_episode_resume.py) and
+the benchmark (bench/episode_resume.py):
 
     nats-server, the calculator env server with a slow tool (each call waits ~1.5 s),
     `actor --replicas 2` with real vLLM engines on the shipped warm-start model (it calls

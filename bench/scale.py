@@ -1,4 +1,4 @@
-"""The scale ladder (issue #28): the same short real run (`python -m deploy.local`, every role,
+"""The scale ladder: the same short real run (`python -m deploy.local`, every role,
 3 steps) at random Qwen2 models from 10M parameters to Qwen2-0.5B's shape, all over Qwen's
 real 151,643-token BPE vocabulary (demo/qwen_vocab.py), so the head, the wire and the
 checkpoints carry what our users' models carry. Per size, each cost divided by what the
@@ -66,7 +66,7 @@ bf16 with fp32 master weights (the learner refuses an engine of another dtype)."
 
 
 def run_overrides(model_dir: Path, *, bf16: bool = False) -> list[str]:
-    """The issue's probe: 3 steps of 2 prompts x 4 samples, a checkpoint after every step,
+    """The probe: 3 steps of 2 prompts x 4 samples, a checkpoint after every step,
     one small eval at the end (on a snapshot of its version)."""
     return (BF16 if bf16 else []) + [
         f"learner.total_steps={STEPS}",

@@ -1,5 +1,5 @@
 """The generation stall per weight update on the demo, streamed rounds against staged ones
-(issue 32): how many decode steps an engine loses to each update.
+how many decode steps an engine loses to each update.
 
 One vLLM engine on the demo model (`demo/tiny_model`, 0.9 M parameters), fed by the real
 weight sender in a process of its own (bench/weightsync.py's), while it decodes a batch of

@@ -1,5 +1,5 @@
 """Renderer of bench/delta_sync.py: bf16 weight updates as deltas at the 0.5B shape, bytes
-on the wire over the full bf16 bytes, and the codec's seconds (issue 32)."""
+on the wire over the full bf16 bytes, and the codec's seconds."""
 
 from __future__ import annotations
 

@@ -92,8 +92,10 @@ def _reading(f: Figures) -> str:
     if pace is not None:
         said.append(
             f"Outside the step the generation of {fixed(pace, 1)} replicas keeps pace with the"
-            f" learner; the fleet settles at {count(settled)}, sized by the backlog just after"
-            " each release and held for the scale-down window."
+            f" learner; the fleet settles at {count(settled)}, sized by the groups in flight on"
+            " average, those waiting on a tool included: they hold no engine slot, so the"
+            " rule's room per replica (engine sequences over a group's) over-counts what the"
+            " engines need when tools are slow."
         )
     said.append("Handed-back groups continue from their last turn: no token is generated twice.")
     return " ".join(said)
@@ -125,3 +127,74 @@ def _minutes(value_s: object, places: int = 0) -> str:
 
 def _sum(a: object, b: object) -> float | None:
     return a + b if isinstance(a, int | float) and isinstance(b, int | float) else None
+
+
+RUNS = (("fixed", "one fixed replica"), ("elastic", "elastic, 1-2 replicas"))
+RAY_HEADER = [
+    "fleet",
+    "replicas over time",
+    "run",
+    "learner idle before / in / after the load step",
+    "groups handed back / cut",
+    "broadcast median / max",
+    "books",
+]
+RAY_PLOT = "![replicas and learner idle per step against time, both runs](images/elastic.png)"
+
+
+def elastic(f: Figures) -> str:
+    """Renderer of bench/elastic.py: the elastic fleet on a real Ray cluster against one
+    fixed replica, the same run under a tool-latency step."""
+    rows = [_ray_row(f, key, label) for key, label in RUNS]
+    return join(_ray_setup(f), table(RAY_HEADER, rows), _ray_reading(f), RAY_PLOT,
+                _ray_provenance(f))  # fmt: skip
+
+
+def _ray_setup(f: Figures) -> str:
+    return (
+        f"Tool calls: median {fixed(f.get('tool_median_s'), 1)} s, times"
+        f" {fixed(f.get('load_step_factor'), 0)} for {fixed(f.get('load_step_for_s'), 0)} s;"
+        f" the elastic fleet read the backlog every {fixed(f.get('elastic_poll_s'), 0)} s, up"
+        f" window {fixed(f.get('elastic_scale_up_after_s'), 0)} s, down window"
+        f" {fixed(f.get('elastic_scale_down_after_s'), 0)} s, first reading"
+        f" {fixed(f.get('elastic_engine_start_s'), 0)} s after the run started."
+    )
+
+
+def _ray_row(f: Figures, key: str, label: str) -> list[str]:
+    def g(name: str) -> object:
+        return f.get(f"{key}_{name}")
+
+    idle = " / ".join(percent(g(f"idle_{when}")) for when in ("before_step", "during_step",
+                                                               "after_step"))  # fmt: skip
+    books = "balanced" if g("ledger_problems") == 0 else f"{count(g('ledger_problems'))} problems"
+    return [
+        label,
+        str(g("fleet") or MISSING).replace(" ", ", "),
+        f"{fixed(g('run_s'), 0)} s, {count(g('steps'))} steps",
+        idle,
+        f"{count(g('groups_handed_back'))} / {count(g('groups_cut'))}",
+        f"{fixed(g('broadcast_s_median'), 2)} / {fixed(g('broadcast_s_max'), 2)} s",
+        books,
+    ]
+
+
+def _ray_reading(f: Figures) -> str:
+    ratio, step = f.get("idle_during_step_elastic_over_fixed"), f.get("elastic_load_step")
+    if not isinstance(ratio, int | float):
+        return ""
+    return (
+        f"The load step (tool latency x{fixed(f.get('load_step_factor'), 0)}, at {step} of"
+        f" the elastic run) leaves the learner idle {percent(ratio)} as long with the elastic"
+        " fleet as with one fixed replica, on the same steps. Replicas leaving hand their groups"
+        " back at the next turn; a cut group would be played again, a handed-back one"
+        " continues from its last turn."
+    )
+
+
+def _ray_provenance(f: Figures) -> str:
+    return (
+        f"_Measured {f.get('measured_at', 'at an unrecorded time')} on"
+        f" {f.get('machine', MISSING)}, 1-minute load {fixed(f.get('load_avg_1m_before'), 1)}"
+        " before._"
+    )

@@ -1,5 +1,5 @@
 """Renderer of bench/head_memory.py: the language-model head's peak memory, plain against
-chunked, at a real vocabulary (issue 28)."""
+chunked, at a real vocabulary."""
 
 from __future__ import annotations
 

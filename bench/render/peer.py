@@ -1,4 +1,4 @@
-"""Renderer of bench/peer_trl.py's figures (issue 16): pass@1 of both sides' checkpoints
+"""Renderer of bench/peer_trl.py's figures: pass@1 of both sides' checkpoints
 against steps and seconds from launch, time to the target, the ratio against its target, and
 where each side's step goes (every `tether_*_per_step_s` and `trl_*_per_step_s` key)."""
 

@@ -1,4 +1,4 @@
-"""Renderer of bench/profile_steps.py's figures (issue 16): for the revision before and
+"""Renderer of bench/profile_steps.py's figures: for the revision before and
 after, the running seconds per training step of the learner, the actor replica and the vLLM
 engine, by category (keys `<label>|<role>|<category>`)."""
 

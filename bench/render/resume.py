@@ -1,5 +1,5 @@
 """Renderer of bench/episode_resume.py: an actor replica killed mid-episode, with turn-level
-episode checkpoints and as before them, on the same work (issue 33)."""
+episode checkpoints and as before them, on the same work."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Renderer of bench/scale.py: the same short run at growing model sizes over a real
-151k-token vocabulary, each cost over what the machine gives for the same work (issue 28)."""
+151k-token vocabulary, each cost over what the machine gives for the same work."""
 
 from __future__ import annotations
 

@@ -60,6 +60,7 @@ SECTIONS: dict[str, Section] = {
     "async-gpu-model": Section("async", system.async_gpu_model),
     "agentic": Section("agentic", agentic.agentic, "make bench-agentic"),
     "token_rule": Section("token_rule", rules.token_rule, "python -m bench.token_rule"),
+    "elastic": Section("elastic", fleet.elastic, "python -m bench.elastic"),
     "elastic_sim": Section("elastic_sim", fleet.elastic_sim, "python bench/elastic_sim.py"),
     "staleness": Section("staleness", system.staleness),
     "weightsync": Section("weightsync", system.weightsync),
