@@ -79,14 +79,15 @@ lint: install
 # rewrites docs/benchmarks.md's figures from bench/results/.
 # scale is its own target (bench-scale: ~11 min of real runs up to a 0.5B model), and so is
 # agentic (bench-agentic: ~20 min of runs with slow tools); dynamic_sampling runs by hand
-# (python bench/dynamic_sampling.py: six demo runs, ~10 min; docs/running.md), and so does
+# (python -m bench.dynamic_sampling: six demo runs, ~10 min; docs/running.md), and so does
 # tasks (python -m bench.tasks: RL vs SFT on 3 reasoning-gym families x 3 seeds, ~30 min),
 # agent_workflow (python -m bench.agent_workflow: the agent walkthrough's run against the
 # demo's, 3 pairs, ~15 min) and token_rule (python -m bench.token_rule: the staleness rule per
-# token against per group with 30 s tool tails, 3 seeds, ~20 min).
+# token against per group with 30 s tool tails, 3 seeds, ~20 min), and elastic (python -m
+# bench.elastic: an elastic fleet against one replica on a 3-node local Ray cluster, ~12 min).
 BENCH_HELPERS := __init__ common dense_packing make_bench pass_at_1 peer_breakdown \
 	render_docs tether_run scale agentic dynamic_sampling tasks agent_workflow \
-	token_rule
+	token_rule elastic
 bench: install
 	@mkdir -p bench/results
 	@set -e; log=$$(mktemp); trap 'rm -f $$log' EXIT; \
@@ -95,25 +96,25 @@ bench: install
 	  case " $(BENCH_HELPERS) " in *" $$name "*) continue;; esac; \
 	  case $$name in *_support|*_worker) continue;; esac; \
 	  echo "== $$script"; read load_before _ < /proc/loadavg; started=$$(date +%s); \
-	  $(PY) $$script; \
+	  $(PY) -m bench.$$name; \
 	  took=$$(( $$(date +%s) - started )); read load_after _ < /proc/loadavg; \
 	  echo "$$name $$took $$load_before $$load_after" >> $$log; \
 	  echo "== $$script took $$took s"; \
 	done; \
-	$(PY) bench/make_bench.py $$log; \
-	$(PY) bench/render_docs.py
+	$(PY) -m bench.make_bench $$log; \
+	$(PY) -m bench.render_docs
 
 # The scale ladder (docs/benchmarks.md, "Scale"): the demo's run at random models from 10M
 # parameters to Qwen2-0.5B's shape over a real 151k vocabulary; then the docs' figures.
 bench-scale: install
-	$(PY) bench/scale.py $(ARGS)
-	$(PY) bench/render_docs.py
+	$(PY) -m bench.scale $(ARGS)
+	$(PY) -m bench.render_docs
 
 # Asynchrony with slow tools (docs/benchmarks.md, "agentic"): bounds 1, 2, 4 against the
 # synchronous mode, and the fixed in-flight cap against the engine-sized default.
 bench-agentic: install
-	$(PY) bench/agentic.py $(ARGS)
-	$(PY) bench/render_docs.py
+	$(PY) -m bench.agentic $(ARGS)
+	$(PY) -m bench.render_docs
 
 # Watch the latest `make run` with Prometheus on 127.0.0.1:9090 (docs/observability.md).
 observe: install-test

@@ -48,10 +48,7 @@ import time
 import uuid
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from bench.actor_support import (  # noqa: E402
+from bench.actor_support import (
     CpuMeter,
     actor_phase,
     raw_by_turn,
@@ -61,7 +58,9 @@ from bench.actor_support import (  # noqa: E402
     start_env_server,
     wait_for_env_server,
 )
-from bench.common import print_table, write_results  # noqa: E402
+from bench.common import print_table, write_results
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 async def run(args, model_dir: Path, nats_url: str, env_address: str, meter) -> dict:

@@ -19,7 +19,7 @@ fractions, the largest staleness trained on, and pass@1 of the last eval (after 
 step: 64 prompts x 2 samples, so 128 episodes: a binomial 95% band of about +-0.09 at
 pass@1 0.5); `speedup` = the workload's synchronous seconds per step / this run's.
 
-    python bench/agentic.py [--workloads tools,agentic] [--modes sync,b2] [--steps 12]
+    python -m bench.agentic [--workloads tools,agentic] [--modes sync,b2] [--steps 12]
 
 The block in docs/benchmarks.md adds, per workload, bench/async.py's GPU model computed
 from its synchronous run (a MODEL, not a measurement: learner and engines on separate
@@ -32,15 +32,12 @@ minutes on 2 cores (`make bench-agentic`).
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from bench.async_support import mode_figures, workload_overrides  # noqa: E402
-from bench.common import load_average, report  # noqa: E402
+from bench.async_support import mode_figures, workload_overrides
+from bench.common import load_average, report
 
 EVAL_ROWS, EVAL_SAMPLES = 64, 2
 CORRECTION = ["learner.algorithm.ratio_anchor=proximal", "learner.algorithm.importance_weight=tis"]

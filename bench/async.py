@@ -32,14 +32,11 @@ asynchronous mode; targets: >= 2.5x, both under 0.10).
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from bench.async_support import gpu_model, mode_figures, workload_overrides  # noqa: E402
-from bench.common import load_average, report  # noqa: E402
+from bench.async_support import gpu_model, mode_figures, workload_overrides
+from bench.common import load_average, report
 
 
 def combine(sync: dict, asynchronous: dict, args, loads: dict[str, float]) -> dict:

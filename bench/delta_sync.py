@@ -27,14 +27,11 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from bench.common import load_average, report  # noqa: E402
-from bench.engine_update_memory import QWEN2_0_5B, SMALL, build_model  # noqa: E402
+from bench.common import load_average, report
+from bench.engine_update_memory import QWEN2_0_5B, SMALL, build_model
 
 ENCODINGS = ("xor", "sparse")
 LEARNING_RATES = {"rl": 1e-6, "demo": 1e-4}

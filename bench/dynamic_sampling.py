@@ -7,7 +7,7 @@ above 0.85 (evals every 5 versions: 100 prompts x 2 samples), the run's wall tim
 filtered share (groups filtered for no reward signal / groups taken for training). Per mode:
 the mean over its runs (a run that never reaches 0.85 counts as missing, said so).
 
-    python bench/dynamic_sampling.py [--runs 3]
+    python -m bench.dynamic_sampling [--runs 3]
 
 Writes bench/results/dynamic_sampling.json; docs/running.md quotes it ("Dynamic sampling").
 About 10 minutes on 2 cores.
@@ -17,13 +17,10 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from bench.common import load_average, report  # noqa: E402
+from bench.common import load_average, report
 
 TARGET = 0.85
 PROMPTS_PER_STEP = 8  # configs/demo.toml's learner.prompts_per_step

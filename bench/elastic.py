@@ -159,6 +159,7 @@ def run_figures(run_dir: Path, prefix: str) -> dict[str, float | str]:
         f"{prefix}_idle_during_step": idle_fraction(train, start, end),
         f"{prefix}_idle_after_step": idle_fraction(train, end, float("inf")),
         f"{prefix}_idle_overall": idle_fraction(train, 0.0, float("inf")),
+        f"{prefix}_steps_in_step": sum(start <= r["time"] <= end for r in train),
         f"{prefix}_max_replicas": max(n for _, n in sizes),
         f"{prefix}_final_replicas": sizes[-1][1],
         f"{prefix}_fleet": " ".join(f"{t - began:.0f}s:{n}" for t, n in sizes),

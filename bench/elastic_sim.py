@@ -19,7 +19,7 @@ The plan's own choices: 128 prompts a step at bound 4 (a window of 640 groups: e
 keep more than 64 replicas of 8 groups busy, so the 64 ceiling binds), 200 steps, the
 load step from minute 10 to minute 20, `[elastic]`'s defaults for its windows and poll.
 
-    python bench/elastic_sim.py            (about a minute on 2 cores; part of `make bench`)
+    python -m bench.elastic_sim            (about a minute on 2 cores; part of `make bench`)
 
 Writes bench/results/elastic_sim.json and docs/images/elastic_sim.png, prints the table.
 """
@@ -28,19 +28,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import tomllib
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from bench.common import RESULTS_DIR, print_table, write_results  # noqa: E402
-from bench.render.agentic import DEFAULT_BOUND  # noqa: E402
-from common.fleet import ElasticConfig  # noqa: E402
-from deploy.fleet_sim import compare, summary_table  # noqa: E402
-from deploy.fleet_sim_model import Learner, Result, Workload  # noqa: E402
-from envservers.config import EnvServerConfig  # noqa: E402
-from envservers.latency import LoadStep  # noqa: E402
+from bench.common import RESULTS_DIR, print_table, write_results
+from bench.render.agentic import DEFAULT_BOUND
+from common.fleet import ElasticConfig
+from deploy.fleet_sim import compare, summary_table
+from deploy.fleet_sim_model import Learner, Result, Workload
+from envservers.config import EnvServerConfig
+from envservers.latency import LoadStep
 
 REPO = Path(__file__).resolve().parents[1]
 PLOT = REPO / "docs" / "images" / "elastic_sim.png"

@@ -37,15 +37,12 @@ import argparse
 import asyncio
 import os
 import shutil
-import sys
 import time
 from pathlib import Path
 from statistics import median
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from bench.common import load_average, report  # noqa: E402
-from common.environ import environ_set  # noqa: E402
+from bench.common import load_average, report
+from common.environ import environ_set
 
 MB = 2**20
 CACHE = Path(__file__).resolve().parents[1] / ".cache" / "bench"

@@ -15,17 +15,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import socket
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from bench.common import load_average, print_table, write_results
+from common.procs import free_port
 
-from bench.common import load_average, print_table, write_results  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 NOOP_CALL = '<tool_call>\n{"name": "noop", "arguments": {}}\n</tool_call>'
 CONCURRENCY = (1, 16, 64)
@@ -89,16 +88,10 @@ async def load(address: str, sessions: int, seconds: float) -> tuple[float, list
         return len(latencies) / elapsed, latencies
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def measure(kind: str, seconds: float) -> dict[int, tuple[float, float, float]]:
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, __file__, "--serve", kind, "--port", str(port)],
+        [sys.executable, "-m", "bench.envserver", "--serve", kind, "--port", str(port)],
         stdout=subprocess.PIPE,
         text=True,
         cwd=REPO,

@@ -25,10 +25,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from bench.common import load_average, report  # noqa: E402
-from bench.resume_support import run_scenario  # noqa: E402
+from bench.common import load_average, report
+from bench.resume_support import run_scenario
 
 MODES = {"checkpoints": False, "before": True}  # mode -> the dead replica's checkpoints purged
 

@@ -28,15 +28,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from bench.common import load_average, print_table, write_results  # noqa: E402
+from bench.common import load_average, print_table, write_results
 
 VOCAB_LOW = 5
 

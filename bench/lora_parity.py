@@ -11,7 +11,7 @@ same snapshot (`load_snapshot`): vLLM's LoRA (the adapter in its slot) and merge
 adapter merged into the base weights). Prints how many prompts match token for token, and
 writes bench/results/lora_parity.json.
 
-    python bench/lora_parity.py [--run runs/latest] [--version 30] [--prompts 30]
+    python -m bench.lora_parity [--run runs/latest] [--version 30] [--prompts 30]
 """
 
 from __future__ import annotations
@@ -19,16 +19,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import sys
 import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from bench.common import print_table, write_results
+from demo.engine import tiny_engine_settings
+from demo.reference import hf_greedy
 
-from bench.common import print_table, write_results  # noqa: E402
-from demo.engine import tiny_engine_settings  # noqa: E402
-from demo.reference import hf_greedy  # noqa: E402
+REPO = Path(__file__).resolve().parent.parent
 
 MODEL = REPO / "demo" / "tiny_model"
 MAX_TOKENS = 48

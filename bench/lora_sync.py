@@ -8,7 +8,7 @@ adapter rounds from a learner-side `WeightSender`, on an idle engine. The figure
 per update and the median stall (pause -> resume), and each adapter stall over the same
 engine's full-weight stall.
 
-    python bench/lora_sync.py [--rounds 8] [--rank 16]
+    python -m bench.lora_sync [--rounds 8] [--rank 16]
 """
 
 from __future__ import annotations
@@ -16,14 +16,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import statistics
-import sys
 import threading
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from bench.common import load_average, print_table, write_results
 
-from bench.common import load_average, print_table, write_results  # noqa: E402
+REPO = Path(__file__).resolve().parent.parent
 
 MODEL = REPO / "demo" / "tiny_model"
 

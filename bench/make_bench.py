@@ -6,18 +6,15 @@ it), then calls this with the log's path. The figures: `scripts` (the names, in 
 `<name>_s`, `<name>_load_avg_1m_before` / `_after`, `total_s`, and the load before the first
 script and after the last (`load_avg_1m_before` / `_after`).
 
-    python bench/make_bench.py LOG
+    python -m bench.make_bench LOG
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from bench.common import write_results  # noqa: E402
+from bench.common import write_results
 
 
 def summarise(lines: list[str]) -> dict[str, float | str]:

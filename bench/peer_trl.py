@@ -41,10 +41,8 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from bench.common import load_average, print_table, write_results  # noqa: E402
-from bench.peer_breakdown import tether_breakdown, trl_breakdown  # noqa: E402
+from bench.common import load_average, print_table, write_results
+from bench.peer_breakdown import tether_breakdown, trl_breakdown
 
 REPO = Path(__file__).resolve().parents[1]
 TRL_PACKAGES = ("torch==2.13.0", "trl==1.16.0")
@@ -91,7 +89,7 @@ def run_trl(python: Path, work: Path, args) -> dict:
     out = work / "trl"
     command = [
         str(python),
-        str(REPO / "bench" / "peer_trl_worker.py"),
+        *("-m", "bench.peer_trl_worker"),  # from REPO (cwd and PYTHONPATH below)
         *("--model", str(args.model), "--train", str(train), "--out", str(out)),
         *("--steps", str(args.steps), "--save-every", str(args.save_every)),
         *("--threads", str(args.trl_threads)),

@@ -5,7 +5,7 @@ repository on PYTHONPATH for the pieces that must be the same on both sides: the
 calculator's `add` (envservers/envs/calculator.py) as the tool, the env's answer rule
 (envservers/rewards.py) as the reward. Nothing here imports torch-side Tether code.
 
-    python bench/peer_trl_worker.py --model DIR --train ROWS.jsonl --out OUT [--steps 30]
+    python -m bench.peer_trl_worker --model DIR --train ROWS.jsonl --out OUT [--steps 30]
 
 Writes OUT/progress.jsonl: one `step` record per optimizer step (generation and
 whole-step seconds), a `reward` record per step (its mean training reward), one
@@ -18,16 +18,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from common.tool_parsing import extract_tag
+from envservers import rewards
+from envservers.envs import calculator
 
-from common.tool_parsing import extract_tag  # noqa: E402
-from envservers import rewards  # noqa: E402
-from envservers.envs import calculator  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 
 def add(a: float, b: float):

@@ -42,11 +42,8 @@ import json
 import subprocess
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from bench.common import print_table, reset_peak_rss, status_mib, write_results  # noqa: E402
+from bench.common import print_table, reset_peak_rss, status_mib, write_results
 
 WORKLOADS = {  # groups x samples, prompt, suffix range
     "demo": dict(num_groups=8, group_size=8, prompt_len=148, min_suffix=30, max_suffix=150),
@@ -241,7 +238,8 @@ def measure_memory(args) -> None:
 
 
 def memory_in_subprocess(args, variant: str, name: str) -> dict[str, float]:
-    command = [sys.executable, __file__, "--memory-variant", variant, "--memory-workload", name]
+    command = [sys.executable, "-m", "bench.prefix_sharing", "--memory-variant", variant]
+    command += ["--memory-workload", name]
     command += ["--budget", str(args.budget), "--current-budget", str(args.current_budget)]
     command += ["--torch-threads", str(args.torch_threads)]
     out = subprocess.run(command, check=True, capture_output=True, text=True).stdout

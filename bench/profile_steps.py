@@ -1,6 +1,6 @@
 """Where a learner step and an actor step go, now and before: py-spy over a real `make run`.
 
-    python bench/profile_steps.py [--before REV] [--from-step 3] [--window-s 40] [--rate 50]
+    python -m bench.profile_steps [--before REV] [--from-step 3] [--window-s 40] [--rate 50]
 
 For this checkout and for the revision `--before` (default 66aa702: the code before
 shared-prefix training, two engines and dense attention masks; checked out in a git worktree and run
@@ -27,11 +27,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from bench.common import load_average, print_table, write_results  # noqa: E402
-from bench.profile_support import mean_step_s, parse_raw, per_step, profile  # noqa: E402
-from bench.tether_run import REPO, RunRecord, watch_run  # noqa: E402
+from bench.common import load_average, print_table, write_results
+from bench.profile_support import mean_step_s, parse_raw, per_step, profile
+from bench.tether_run import REPO, RunRecord, watch_run
 
 ROLES_SHOWN = ("learner", "actor", "engine")
 

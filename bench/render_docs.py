@@ -3,20 +3,17 @@
 (bench/render/sections.py) makes of its results file; everything else is left as written.
 `make bench` runs this last, so the doc always shows the latest run.
 
-    python bench/render_docs.py [--results bench/results] [--doc docs/benchmarks.md]
+    python -m bench.render_docs [--results bench/results] [--doc docs/benchmarks.md]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from bench.render.markers import replace_blocks  # noqa: E402
-from bench.render.sections import SECTIONS, render_all  # noqa: E402
+from bench.render.markers import replace_blocks
+from bench.render.sections import SECTIONS, render_all
 
 REPO = Path(__file__).resolve().parents[1]
 

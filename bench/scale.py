@@ -24,7 +24,7 @@ model grows mean nothing grows faster than the model.
     update_stall_s        how long an engine stops generating for one update (seconds)
 
     make bench-scale        (the four sizes in fp32, then 0.5B in bf16: ~14 min on 2 cores)
-    python bench/scale.py --sizes 10M,45M,45M@bf16
+    python -m bench.scale --sizes 10M,45M,45M@bf16
 
 Prints a table, writes bench/results/scale.json and bench/results/scale.png.
 """
@@ -35,15 +35,12 @@ import argparse
 import multiprocessing
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from bench.common import RESULTS_DIR, load_average, report, status_mib  # noqa: E402
-from bench.scale_support import (  # noqa: E402
+from bench.common import RESULTS_DIR, load_average, report, status_mib
+from bench.scale_support import (
     LADDER,
     RolePeaks,
     Shape,
@@ -53,8 +50,8 @@ from bench.scale_support import (  # noqa: E402
     loopback_bytes_per_s,
     resume_seconds,
 )
-from bench.tether_run import watch_run  # noqa: E402
-from learner.trainer.checkpoint import STATE_FILE  # noqa: E402
+from bench.tether_run import watch_run
+from learner.trainer.checkpoint import STATE_FILE
 
 STEPS = 3
 MICRO_TOKENS = 1024

@@ -35,15 +35,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import sys
 import tempfile
 import time
 from pathlib import Path
 from statistics import mean, pstdev
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from bench.common import print_table, write_results  # noqa: E402
+from bench.common import print_table, write_results
 
 REPO = Path(__file__).resolve().parents[1]
 CORRECTIONS = {

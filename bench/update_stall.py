@@ -17,7 +17,7 @@ takes an update, on the same engine and in the same run (the worker decides per 
 The stall is the longest gap between two tokens overlapping the update; the decode step
 the median gap before it (bench/weightsync.py `stall_of`). Also the engine's own account
 (`WeightUpdate`: pause, receive, load). Medians over rounds; writes
-bench/results/update_stall.json. Not part of `make bench` (`python bench/update_stall.py`,
+bench/results/update_stall.json. Not part of `make bench` (`python -m bench.update_stall`,
 two or three minutes).
 """
 
@@ -26,15 +26,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import multiprocessing as mp
-import sys
 import tempfile
 from pathlib import Path
 from statistics import median
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from bench.common import load_average, report  # noqa: E402
-from bench.weightsync import (  # noqa: E402
+from bench.common import load_average, report
+from bench.weightsync import (
     build_model,
     decode_arrivals,
     follow,

@@ -7,7 +7,7 @@ each version forms a fresh group, as the weight path did before (one group per v
 The figure is the median learner-side time of a round (planning + waiting for the
 receivers + forming the group when new + sending), and the saving between the two.
 
-    python bench/weight_group.py [--rounds 20]
+    python -m bench.weight_group [--rounds 20]
 """
 
 from __future__ import annotations
@@ -20,10 +20,9 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from bench.common import load_average, print_table, write_results
 
-from bench.common import load_average, print_table, write_results  # noqa: E402
+REPO = Path(__file__).resolve().parent.parent
 
 RECEIVER = REPO / "tests" / "weights" / "receiver_process.py"
 

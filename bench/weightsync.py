@@ -36,16 +36,13 @@ import asyncio
 import json
 import multiprocessing as mp
 import socket
-import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 from statistics import median
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from bench.common import load_average, report  # noqa: E402
+from bench.common import load_average, report
 
 CHUNK = 64 * 2**20
 MAX_MODEL_LEN = 4096

@@ -260,3 +260,18 @@ def test_a_cycle_added_to_a_copy_of_the_tree_is_named(tmp_path):
     assert import_cycles(import_graph(tmp_path, ("common", "broker"))) == [
         ["broker.second", "common.first", "broker.second"]
     ]
+
+
+def test_no_package_edits_sys_path():
+    """The project installs its packages (bench included), so a script runs as `python -m
+    bench.NAME` and nothing puts the repository on sys.path by hand."""
+    edits = [
+        f"{path.relative_to(REPO)}:{node.lineno}"
+        for package in PACKAGES
+        for path in _modules(package)
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Attribute)
+        and node.attr in ("insert", "append")
+        and ast.unparse(node.value) == "sys.path"
+    ]
+    assert edits == []

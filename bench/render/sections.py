@@ -53,7 +53,7 @@ SECTIONS: dict[str, Section] = {
     "head_memory": Section("head_memory", head.head_memory, "python -m bench.head_memory"),
     "scale": Section("scale", scale.scale, "make bench-scale"),
     "lora_sync": Section("lora_sync", parts.lora_sync),
-    "lora_parity": Section("lora_parity", parts.lora_parity, "python bench/lora_parity.py"),
+    "lora_parity": Section("lora_parity", parts.lora_parity, "python -m bench.lora_parity"),
     "peer_trl": Section("peer_trl", peer.peer_trl),
     "profile_steps": Section("profile_steps", profile.profile_steps),
     "async": Section("async", system.async_speedup),
@@ -61,13 +61,13 @@ SECTIONS: dict[str, Section] = {
     "agentic": Section("agentic", agentic.agentic, "make bench-agentic"),
     "token_rule": Section("token_rule", rules.token_rule, "python -m bench.token_rule"),
     "elastic": Section("elastic", fleet.elastic, "python -m bench.elastic"),
-    "elastic_sim": Section("elastic_sim", fleet.elastic_sim, "python bench/elastic_sim.py"),
+    "elastic_sim": Section("elastic_sim", fleet.elastic_sim, "python -m bench.elastic_sim"),
     "staleness": Section("staleness", system.staleness),
     "weightsync": Section("weightsync", system.weightsync),
-    "update_stall": Section("update_stall", stall.update_stall, "python bench/update_stall.py"),
-    "delta_sync": Section("delta_sync", delta.delta_sync, "python bench/delta_sync.py"),
+    "update_stall": Section("update_stall", stall.update_stall, "python -m bench.update_stall"),
+    "delta_sync": Section("delta_sync", delta.delta_sync, "python -m bench.delta_sync"),
     "episode_resume": Section(
-        "episode_resume", resume.episode_resume, "python bench/episode_resume.py"
+        "episode_resume", resume.episode_resume, "python -m bench.episode_resume"
     ),
     "agent_workflow": Section(
         "agent_workflow", agent.agent_workflow, "python -m bench.agent_workflow"
