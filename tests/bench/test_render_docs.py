@@ -40,7 +40,7 @@ ALLOWED = ("torch==2.13.0", "trl==1.16.0", "127.0.0.1")
 
 def test_the_committed_doc_is_what_the_renderer_makes_of_the_committed_results():
     doc = DOC.read_text()
-    assert render_docs.render_doc(doc, RESULTS) == doc, "run `python bench/render_docs.py`"
+    assert render_docs.render_doc(doc, RESULTS) == doc, "run `python -m bench.render_docs`"
 
 
 def test_the_hand_written_text_quotes_no_measured_number():
@@ -68,7 +68,7 @@ def test_make_bench_skips_its_helpers_and_renders_the_doc_last():
     helpers = re.search(r"BENCH_HELPERS := ((?:.*\\\n)*.*)", makefile).group(1).split()
     assert {"render_docs", "make_bench"} <= set(helpers)
     recipe = makefile[makefile.index("\nbench:") :]
-    assert recipe.index("bench/make_bench.py") < recipe.index("bench/render_docs.py")
+    assert recipe.index("-m bench.make_bench") < recipe.index("-m bench.render_docs")
 
 
 # --- every section from the committed results -----------------------------------------------
@@ -110,7 +110,7 @@ def test_committed_results_render_the_figures_they_hold():
 def test_a_missing_results_file_renders_as_not_measured():
     rendered = render_all({})
     assert rendered["transport"] == "_Not measured yet: run `make bench`._"
-    assert "python bench/lora_parity.py" in rendered["lora_parity"]
+    assert "python -m bench.lora_parity" in rendered["lora_parity"]
     assert "| 7B (7.62B parameters) |" in rendered["projection-weights"]
     assert "k needed" in rendered["projection-staleness"]  # optional: its models still show
 
