@@ -134,6 +134,7 @@ RAY_HEADER = [
     "fleet",
     "replicas over time",
     "run",
+    "steps trained in the load step",
     "learner idle before / in / after the load step",
     "groups handed back / cut",
     "broadcast median / max",
@@ -172,6 +173,7 @@ def _ray_row(f: Figures, key: str, label: str) -> list[str]:
         label,
         str(g("fleet") or MISSING).replace(" ", ", "),
         f"{fixed(g('run_s'), 0)} s, {count(g('steps'))} steps",
+        count(g("steps_in_step")),
         idle,
         f"{count(g('groups_handed_back'))} / {count(g('groups_cut'))}",
         f"{fixed(g('broadcast_s_median'), 2)} / {fixed(g('broadcast_s_max'), 2)} s",
@@ -186,7 +188,10 @@ def _ray_reading(f: Figures) -> str:
     return (
         f"The load step (tool latency x{fixed(f.get('load_step_factor'), 0)}, at {step} of"
         f" the elastic run) leaves the learner idle {percent(ratio)} as long with the elastic"
-        " fleet as with one fixed replica, on the same steps. Replicas leaving hand their groups"
+        " fleet as with one fixed replica, on the same steps, and the elastic fleet trains"
+        f" {count(f.get('elastic_steps_in_step'))} steps in it against"
+        f" {count(f.get('fixed_steps_in_step'))}: its second replica is ready only after an"
+        " engine start of its own. Replicas leaving hand their groups"
         " back at the next turn; a cut group would be played again, a handed-back one"
         " continues from its last turn."
     )
