@@ -22,11 +22,15 @@ Consumption has two granularities (`learner.staleness_rule`):
   are within the bound (too little of it left to learn from). Advantages stay per episode.
 
 Versions of -1 mark tokens no policy produced (prompt, observations); they never count.
+
+`AdaptiveBound` (below) is the controller of a bound that sets itself from the learner's
+data wait and PPO health; the learner does not use it yet (the bound is the config's).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import NamedTuple
 
 import numpy as np
 
@@ -129,3 +133,79 @@ def staleness_histogram(
             )
         counts += np.bincount(np.minimum(staleness, num_buckets - 1), minlength=num_buckets)
     return counts.tolist()
+
+
+# ---- an adaptive bound ------------------------------------------------------------------------
+#
+# The bound that suits a run depends on its tools: with slow ones the learner waits on data at
+# bound 1 and a larger bound buys throughput; with fast ones it buys little and costs
+# off-policy drift. `AdaptiveBound` moves the bound by at most one a step, between 1 and a
+# ceiling, from what the learner measures anyway: its wait for data against its train time
+# (starved: raise) and the PPO health of its last step (clip fraction, approx KL of the
+# behaviour policy to the current one: past their limits, lower at once).
+
+
+class BoundLimits(NamedTuple):
+    """When the learner counts as starved, and the off-policy health the bound stays inside."""
+
+    starved_wait_fraction: float = 0.3
+    """A step whose data wait is at least this share of its wait + train time is starved."""
+    starved_steps: int = 2
+    """Consecutive starved steps before the bound is raised (one slow step is noise)."""
+    max_clip_fraction: float = 0.2
+    """The share of loss tokens whose ratio the PPO clip cut, above which the bound falls."""
+    max_approx_kl: float = 0.05
+    """KL(behaviour || current) per token (PPO health's `approx_kl`) above which it falls."""
+
+
+DEFAULT_LIMITS = BoundLimits()
+
+
+class AdaptiveBound:
+    """The bound in force, moved once per step by `observe` (pure: the numbers in, the bound
+    out); `state` / `from_state` carry it through a checkpoint."""
+
+    def __init__(self, ceiling: int, limits: BoundLimits = DEFAULT_LIMITS, bound: int = 1) -> None:
+        if ceiling < 1:
+            raise ValueError(f"an adaptive bound needs a ceiling of at least 1, got {ceiling}")
+        check_max_staleness(bound)
+        self.ceiling = ceiling
+        self.limits = limits
+        self.bound = min(max(bound, 1), ceiling)
+        self.starved_run = 0
+
+    def observe(self, *, wait_s: float, train_s: float, health: dict[str, float]) -> int:
+        """The bound for the next step, after a step that waited `wait_s` for data, trained
+        for `train_s` and left `health` (PPO health's metrics; missing ones count healthy)."""
+        limits = self.limits
+        unhealthy = (
+            health.get("clip_fraction", 0.0) > limits.max_clip_fraction
+            or health.get("approx_kl", 0.0) > limits.max_approx_kl
+        )
+        busy = wait_s + train_s
+        starved = busy > 0 and wait_s / busy >= limits.starved_wait_fraction
+        self.starved_run = self.starved_run + 1 if starved and not unhealthy else 0
+        if unhealthy:
+            self.bound = max(self.bound - 1, 1)
+        elif self.starved_run >= limits.starved_steps:
+            self.bound = min(self.bound + 1, self.ceiling)
+            self.starved_run = 0
+        return self.bound
+
+    def needs_correction(self) -> bool:
+        """Past bound 1 the behaviour policy may be several updates old: the configured
+        off-policy correction (TIS, decoupled PPO) must be on."""
+        return self.bound > 1
+
+    def state(self) -> dict[str, int]:
+        return {"bound": self.bound, "starved_run": self.starved_run}
+
+    @classmethod
+    def from_state(
+        cls, state: dict[str, int], ceiling: int, limits: BoundLimits = DEFAULT_LIMITS
+    ) -> AdaptiveBound:
+        """The controller a checkpoint saved, under the config's `ceiling` now (a bound
+        above a lowered ceiling comes down to it)."""
+        restored = cls(ceiling, limits, state["bound"])
+        restored.starved_run = state["starved_run"]
+        return restored

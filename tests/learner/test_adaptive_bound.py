@@ -1,0 +1,63 @@
+"""The adaptive staleness bound (learner/staleness.py `AdaptiveBound`): it rises while the
+learner starves with healthy metrics, falls when health crosses a limit, keeps within
+[1, ceiling], moves by one a step at most, and comes back the same from a checkpoint."""
+
+import pytest
+
+from learner.staleness import AdaptiveBound, BoundLimits
+
+HEALTHY = {"clip_fraction": 0.05, "approx_kl": 0.01}
+STARVED = {"wait_s": 6.0, "train_s": 2.0}  # 75% of the step waiting on data
+FED = {"wait_s": 0.1, "train_s": 2.0}
+
+
+def _run(bound: AdaptiveBound, steps: list[tuple[dict, dict]]) -> list[int]:
+    return [bound.observe(**times, health=health) for times, health in steps]
+
+
+def test_it_rises_by_one_every_two_starved_healthy_steps_up_to_the_ceiling():
+    bound = AdaptiveBound(ceiling=3)
+    assert _run(bound, [(STARVED, HEALTHY)] * 7) == [1, 2, 2, 3, 3, 3, 3]
+
+
+def test_a_fed_learner_keeps_its_bound():
+    bound = AdaptiveBound(ceiling=4, bound=2)
+    assert _run(bound, [(FED, HEALTHY)] * 5) == [2] * 5
+    assert _run(bound, [(STARVED, HEALTHY), (FED, HEALTHY), (STARVED, HEALTHY)]) == [2, 2, 2]
+
+
+@pytest.mark.parametrize("sick", [{"clip_fraction": 0.3}, {"approx_kl": 0.2}])
+def test_it_falls_at_once_when_health_crosses_a_limit_but_not_below_one(sick):
+    bound = AdaptiveBound(ceiling=4, bound=3)
+    assert _run(bound, [(STARVED, {**HEALTHY, **sick})] * 3) == [2, 1, 1]
+    assert not bound.needs_correction()
+
+
+def test_off_policy_correction_is_needed_past_bound_one():
+    bound = AdaptiveBound(ceiling=4)
+    assert not bound.needs_correction()
+    _run(bound, [(STARVED, HEALTHY)] * 2)
+    assert bound.bound == 2 and bound.needs_correction()
+
+
+def test_the_limits_are_the_callers():
+    strict = BoundLimits(starved_wait_fraction=0.9, starved_steps=1, max_clip_fraction=0.01)
+    bound = AdaptiveBound(ceiling=4, limits=strict)
+    assert _run(bound, [(STARVED, {"clip_fraction": 0.0})]) == [1]  # 75% < 90%: not starved
+    assert _run(bound, [({"wait_s": 10.0, "train_s": 0.5}, {"clip_fraction": 0.0})]) == [2]
+    assert _run(bound, [(STARVED, {"clip_fraction": 0.02})]) == [1]
+
+
+def test_a_checkpointed_controller_continues_where_it_stopped():
+    bound = AdaptiveBound(ceiling=4)
+    _run(bound, [(STARVED, HEALTHY)] * 3)  # bound 2, one starved step counted
+    resumed = AdaptiveBound.from_state(bound.state(), ceiling=4)
+    assert (resumed.bound, resumed.starved_run) == (2, 1)
+    assert _run(resumed, [(STARVED, HEALTHY)]) == _run(bound, [(STARVED, HEALTHY)]) == [3]
+    lowered = AdaptiveBound.from_state(bound.state(), ceiling=2)
+    assert lowered.bound == 2
+
+
+def test_a_ceiling_under_one_is_refused():
+    with pytest.raises(ValueError, match="ceiling of at least 1"):
+        AdaptiveBound(ceiling=0)
