@@ -222,4 +222,19 @@ def event_line(event: dict) -> str | None:
         )
     if kind == "unresponsive":
         return f"supervisor: {role} missed {event['missed']} probes in a row: killed"
+    return _fleet_line(event)
+
+
+def _fleet_line(event: dict) -> str | None:
+    """An elastic fleet's changes (deploy/ray_elastic.py), as the run's supervisor wrote them."""
+    role, kind = event["role"], event["event"]
+    if kind == "scaled":
+        return (
+            f"fleet: {event['was']} -> {event['replicas']} actor replicas "
+            f"({event['work']:g} groups released and not finished)"
+        )
+    if kind == "leaving":
+        return f"fleet: {role} leaving, its episodes handed back at their next turn"
+    if kind == "left" and event.get("code") not in (None, 0):
+        return f"fleet: {role} left with code {event['code']}"
     return None

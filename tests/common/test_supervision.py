@@ -13,6 +13,7 @@ from common.supervision import (
     RestartTracker,
     Supervised,
     Verdict,
+    event_line,
     read_events,
 )
 
@@ -93,3 +94,17 @@ def test_events_are_one_line_each_and_read_back(tmp_path):
     assert set(record) == {"time", "role", "event", "pid", "restart"}
     assert Events(None).write("x", "started", pid=1)["role"] == "x"  # by hand: nowhere
     assert read_events(tmp_path / "nothing") == []
+
+
+def test_an_elastic_fleets_changes_are_shown_as_lines():
+    scaled = {"role": "run", "event": "scaled", "replicas": 2, "was": 1, "work": 8.0}
+    assert event_line(scaled) == "fleet: 1 -> 2 actor replicas (8 groups released and not finished)"
+    leaving = {"role": "actor-1", "event": "leaving", "pid": 7}
+    assert event_line(leaving) == (
+        "fleet: actor-1 leaving, its episodes handed back at their next turn"
+    )
+    assert event_line({"role": "actor-1", "event": "left", "code": 0}) is None  # as asked
+    assert event_line({"role": "actor-1", "event": "left", "code": -9}) == (
+        "fleet: actor-1 left with code -9"
+    )
+    assert event_line({"role": "actor-1", "event": "placed"}) is None
