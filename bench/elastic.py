@@ -30,7 +30,7 @@ from pathlib import Path
 
 from bench.common import load_average, report
 from common.supervision import read_events
-from deploy.ray_testbed import GPU_NODE, HEAD, local_cluster
+from deploy.ray_testbed import FITS_THE_TESTBED, GPU_NODE, HEAD, local_cluster
 from deploy.run_ledger import RunLedger, read_jsonl
 
 REPO = Path(__file__).resolve().parents[1]
@@ -67,12 +67,7 @@ WORKLOAD = [
     "actor.heartbeat_s=3",
     "ray.actor_replicas=1",
     "ray.envservers=1",
-    "ray.gpu_resource=gpu_node",
-    "ray.cpus_per_learner_rank=1",
-    "ray.cpus_per_actor=1",
-    "ray.cpus_per_envserver=1",
-    "ray.cpus_nats=0.5",
-    "ray.free_ports=true",
+    *FITS_THE_TESTBED,
     "ray.bind_host=127.0.0.1",
     f"ray.namespace={NAMESPACE}",
 ]
@@ -127,9 +122,8 @@ def idle_fraction(train: list[dict], start: float, end: float) -> float:
     return waited / wall if wall else float("nan")
 
 
-def fleet_sizes(run_dir: Path) -> list[tuple[float, int]]:
-    """(unix time, replicas) at the start and at every scale event."""
-    events = read_events(run_dir)
+def fleet_sizes(events: list[dict]) -> list[tuple[float, int]]:
+    """(unix time, replicas) at the start and at every scale event of a run's events."""
     sizes = [(e["time"], e["replicas"]) for e in events if e["event"] == "scaled"]
     start = next(e["time"] for e in events if e["event"] == "running")
     return [(start, 1), *sizes]
@@ -147,9 +141,9 @@ def leaves(run_dir: Path) -> tuple[int, int]:
 def run_figures(run_dir: Path, prefix: str) -> dict[str, float | str]:
     train = [r for r in read_jsonl(run_dir / "metrics.jsonl") if r["kind"] == "train"]
     start, end = load_step_window(run_dir)
-    sizes = fleet_sizes(run_dir)
-    handed, cut = leaves(run_dir)
     events = read_events(run_dir)
+    sizes = fleet_sizes(events)
+    handed, cut = leaves(run_dir)
     broadcasts = sorted(r["broadcast_s"] for r in train)
     began = sizes[0][0]
     return {
@@ -184,7 +178,7 @@ def plot(run_dirs: dict[str, Path], path: Path) -> None:
 
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 5), sharex=True)
     for name, run_dir in run_dirs.items():
-        sizes = fleet_sizes(run_dir)
+        sizes = fleet_sizes(read_events(run_dir))
         began = sizes[0][0]
         train = [r for r in read_jsonl(run_dir / "metrics.jsonl") if r["kind"] == "train"]
         xs = [t - began for t, _ in sizes] + [train[-1]["time"] - began]
@@ -216,7 +210,7 @@ def run_both(steps: int, only: str | None, runs: Path) -> dict[str, Path]:
             runs_dir.mkdir(parents=True)
             started = time.monotonic()
             out[name] = cluster_run(WORKLOAD + overrides + extra, runs_dir, timeout_s=1800)
-            sizes = json.dumps(fleet_sizes(out[name]))
+            sizes = json.dumps(fleet_sizes(read_events(out[name])))
             print(f"{name}: {time.monotonic() - started:.0f} s; fleet {sizes}", flush=True)
     return out
 

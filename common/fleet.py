@@ -58,8 +58,9 @@ class ElasticConfig(StrictModel):
     scale_up_after_s: float = pydantic.Field(default=30.0, ge=0)
     """How long more work than the fleet holds must last before replicas are added."""
     scale_down_after_s: float = pydantic.Field(default=300.0, ge=0)
-    """How long less work must last before replicas leave (each hands its episodes back
-    at their next turn: actor.drain_timeout_s)."""
+    """The down window: the mean work over it sizes the fleet, and the fleet shrinks only to
+    the largest size it wanted in it (a leaving replica hands its episodes back at their
+    next turn: actor.drain_timeout_s)."""
     engine_start_s: float = pydantic.Field(default=120.0, ge=0)
     """How long a replica takes from start to its first task (engine load and weights):
     the shortest scale-down window allowed."""
@@ -126,7 +127,7 @@ def fleet_bounds(
     ceiling = useful if elastic.max_replicas is None else min(elastic.max_replicas, useful)
     return FleetBounds(
         min_replicas=elastic.min_replicas,
-        max_replicas=max(ceiling, elastic.min_replicas),
+        max_replicas=ceiling,  # useful and max_replicas are both >= min_replicas
         groups_per_replica=per_replica,
         scale_up_after_s=elastic.scale_up_after_s,
         scale_down_after_s=elastic.scale_down_after_s,

@@ -23,7 +23,7 @@ from ray.util.placement_group import remove_placement_group
 
 from common.supervision import Supervised
 from deploy.ray_commands import actor_own
-from deploy.ray_fleet import FleetWatch, changes, read_work, replica_index
+from deploy.ray_fleet import FleetWatch, changes, is_replica, read_work, replica_index
 from deploy.ray_plan import Slot
 
 
@@ -58,7 +58,7 @@ class ElasticFleet:
 
     def _fleet_status(self) -> dict:
         return {
-            "replicas": sorted(r for r in self.roles if r.startswith("actor-")),
+            "replicas": sorted(r for r in self.roles if is_replica(r)),
             "leaving": sorted(self.leaving),
         }
 
@@ -82,7 +82,7 @@ class ElasticFleet:
         work = read_work(self.launch["fleet"]["work_url"])
         if work is None:
             return  # the learner is not answering yet (or restarting): keep the fleet
-        members = [role for role in self.roles if role.startswith("actor-")]
+        members = [role for role in self.roles if is_replica(role)]
         wanted = self.fleet.wanted(now, work)
         new, gone = changes(wanted, members)
         if not new and not gone:

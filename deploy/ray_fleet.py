@@ -54,6 +54,11 @@ def read_work(url: str, timeout_s: float = 2.0) -> float | None:
         return None
 
 
+def is_replica(name: str) -> bool:
+    """Is `name` an actor replica's role (planned or elastic)?"""
+    return _REPLICA.fullmatch(name) is not None
+
+
 def replica_name(index: int) -> str:
     return f"actor-{index}"
 

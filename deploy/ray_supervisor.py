@@ -39,6 +39,7 @@ from common.procs import wait_for_port
 from common.supervision import Events, RestartPolicy, Supervised
 from deploy.ray_commands import learner_env
 from deploy.ray_elastic import ElasticFleet
+from deploy.ray_fleet import is_replica
 from deploy.ray_plan import Plan, Slot
 from deploy.ray_process import RoleProcess
 from deploy.ray_records import actor_name, pg_name
@@ -151,13 +152,13 @@ class RunSupervisor(ElasticFleet):
         start. The learner's ranks start together, once every rank knows its GPUs."""
         restart = self.supervised[role].started(time.monotonic())
         slots = self.roles[role]
+        elastic = role != LEARNER and role not in self.launch["argv"]  # its command: once placed
         handles = {}
         for slot in slots:
-            planned = role != LEARNER and slot.name in self.launch["argv"]
-            spec = self._spec(slot, autostart=planned, restart=restart)
+            spec = self._spec(slot, autostart=role != LEARNER and not elastic, restart=restart)
             remote = ray.remote(RoleProcess).options(**self._options(slot))
             handles[slot.name] = self.actors[slot.name] = remote.remote(spec)
-        if role not in self.launch["argv"] and role != LEARNER:
+        if elastic:
             self._start_elastic_replica(handles[role])
         if role == LEARNER:
             placements = ray.get([h.placement.remote() for h in handles.values()], timeout=300)
@@ -314,7 +315,7 @@ class RunSupervisor(ElasticFleet):
         """Every process of the run, in order: actors, learner, env servers, nats-server;
         then the placement groups."""
         plan = self.plan
-        self._stop_and_kill(sorted(n for n in self.actors if n.startswith("actor-")), grace_s=40)
+        self._stop_and_kill(sorted(n for n in self.actors if is_replica(n)), grace_s=40)
         self._stop_and_kill([s.name for s in plan.learner], grace_s=30)
         self._stop_and_kill([s.name for s in plan.envservers], grace_s=15)
         self._stop_and_kill([plan.nats.name], grace_s=15)

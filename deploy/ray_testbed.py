@@ -23,6 +23,16 @@ HEAD = {**NODE, "include_dashboard": False, "resources": {"cpu_node": 1}}
 """The head: nats-server, the env servers and the run's supervisor."""
 GPU_NODE = {**NODE, "resources": {"gpu_node": 2}}
 """A node whose `gpu_node` units stand in for GPUs: the learner's and the actors'."""
+FITS_THE_TESTBED = [
+    "ray.gpu_resource=gpu_node",
+    "ray.cpus_per_learner_rank=1",
+    "ray.cpus_per_actor=1",
+    "ray.cpus_per_envserver=1",
+    "ray.cpus_nats=0.5",
+    "ray.free_ports=true",
+]
+"""A run's `[ray]` overrides for these nodes: small reservations, `gpu_node` as the GPUs,
+free loopback ports."""
 
 
 def start_cluster(nodes: Sequence[dict], attempts: int = 3):

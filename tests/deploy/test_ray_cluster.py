@@ -34,7 +34,7 @@ import pytest
 ray = pytest.importorskip("ray")
 from common.supervision import read_events  # noqa: E402
 from deploy.ray_process import marked_pids  # noqa: E402
-from deploy.ray_testbed import local_cluster  # noqa: E402
+from deploy.ray_testbed import FITS_THE_TESTBED, local_cluster  # noqa: E402
 from tests.deploy.ray_local import (  # noqa: E402
     engines,
     replica_process,
@@ -76,12 +76,7 @@ SHORT_RUN = [
     # the cluster: one replica, one env server, small reservations, free loopback ports
     "ray.actor_replicas=1",
     "ray.envservers=1",
-    "ray.gpu_resource=gpu_node",
-    "ray.cpus_per_learner_rank=1",
-    "ray.cpus_per_actor=1",
-    "ray.cpus_per_envserver=1",
-    "ray.cpus_nats=0.5",
-    "ray.free_ports=true",
+    *FITS_THE_TESTBED,
     f"ray.namespace={NAMESPACE}",
     "ray.placement_timeout_s=60",
 ]

@@ -3,7 +3,7 @@ learner's /metrics, and which replicas start or leave."""
 
 import pytest
 
-from deploy.ray_fleet import FleetWatch, changes, replica_index, work_from_metrics
+from deploy.ray_fleet import FleetWatch, changes, is_replica, replica_index, work_from_metrics
 
 METRICS = """\
 # HELP tether_bus_pending_messages Stored, not yet delivered
@@ -35,6 +35,8 @@ def test_new_replicas_fill_the_lowest_free_numbers_and_the_newest_leave_first():
 
 
 def test_only_replicas_are_sized():
+    assert is_replica("actor-0") and is_replica("actor-12")
+    assert not is_replica("learner") and not is_replica("actor-0/replica-0")
     with pytest.raises(ValueError, match="'learner' is not an actor replica's name"):
         replica_index("learner")
 
