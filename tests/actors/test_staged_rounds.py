@@ -55,10 +55,15 @@ async def test_a_staged_round_arrives_while_the_engine_generates(vllm_engine, hf
         await decoding
     paused_at = ended - update.stall_s
     while_staging = [t for t in arrivals if started < t < paused_at]
+    edges = [started, *while_staging, paused_at]
+    longest_gap = max(b - a for a, b in zip(edges, edges[1:], strict=False))
     # Before staging moved off the pause, the engine paused first and no token came for
-    # the whole receive (GATHER_S and more).
+    # the whole receive (GATHER_S and more). Tokens per second depend on how loaded the
+    # machine is; that decoding never stopped for long while staging does not.
     assert paused_at - started > GATHER_S * 0.9
-    assert len(while_staging) >= 20, (len(while_staging), paused_at - started)
+    assert len(while_staging) >= 3 and longest_gap < GATHER_S / 2, (
+        len(while_staging), longest_gap, paused_at - started
+    )  # fmt: skip
     assert update.receive_s > GATHER_S * 0.9 > update.stall_s
     assert update.version == version == vllm_engine.version
     expected, got = checksum(named), await vllm_engine.weights_checksum()

@@ -6,6 +6,7 @@ dropped while the learner carries on, and receivers that never show up."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -19,12 +20,14 @@ import torch
 
 from weights.actor_side.subscription import WeightDtypeMismatch, WeightSubscription
 from weights.config import WeightSyncConfig
-from weights.engine_side.receiver import WeightChannel, receive_round
+from weights.engine_side.receiver import WeightChannel, _why_stop, receive_round
 from weights.learner_side.sender import WeightSender
 from weights.shared.buckets import bucketize, pack_bucket, unpack_bucket
-from weights.shared.collective import BucketBuffers
+from weights.shared.collective import BucketBuffers, receive_buckets
+from weights.shared.communicator import RoundAbandoned, WeightGroup
 from weights.shared.membership import Roster, next_roster, without
 from weights.shared.protocol import RoundTicket
+from weights.shared.rendezvous import connect_store, round_key
 from weights.shared.tensors import checksum, tied_aliases, with_aliases
 
 REPO = Path(__file__).resolve().parents[2]
@@ -289,6 +292,74 @@ def test_a_receiver_lost_mid_round_fails_that_round_and_is_dropped(sender, fault
     assert versions in ([1, 3], [1, 2, 3])
     assert survivor_lines[-1]["checksum"] == checksum(_weights(4, value=3.0))
     print(f"\n{fault}: round 2 failed after {two_s:.1f}s; round 3 dropped member {lost_id}")
+
+
+def test_a_waiting_receiver_stops_within_moments_once_its_sender_gives_the_round_up():
+    """A receiver waits for a bucket its sender will never send; the sender's group stays
+    open (a peer that hung keeps it closing), so no connection error tells the receiver
+    anything. Once round 1 is marked given up in the store, the receiver stops within
+    PEER_CHECK_S, not after its 20 s timeout: in time for the next round's join window."""
+    server = connect_store("127.0.0.1", 0, is_master=True, timeout_s=20.0)
+    client = connect_store("127.0.0.1", server.port, is_master=False, timeout_s=20.0)
+    groups: dict[int, WeightGroup] = {}
+
+    def form(rank, store, why_stop=None):
+        groups[rank] = WeightGroup(store, "127.0.0.1", 0, rank, 2, "gloo", 20.0, why_stop)
+
+    sender_thread, _ = _in_thread(form, 0, server)
+    form(1, client, lambda: _why_stop(client, 1))
+    sender_thread.join(timeout=20)
+    receiving, result = _in_thread(_receive_timed, groups[1])
+    time.sleep(0.3)
+    assert receiving.is_alive()  # nothing was sent, nothing failed
+    server.set(round_key(1, "failed"), "a shard's all-gather failed")
+    receiving.join(timeout=20)
+    groups[0].abort()
+    error, waited_s = result["value"]
+    assert isinstance(error, RoundAbandoned) and "the sender failed round 1" in str(error)
+    assert waited_s < 10.0  # PEER_CHECK_S is 0.5 s; the timeout it no longer waits is 20 s
+    assert _why_stop(client, 2) is None  # a round nobody gave up
+
+
+def _receive_timed(group: WeightGroup) -> tuple[Exception | None, float]:
+    started = time.monotonic()
+    try:
+        list(receive_buckets(group))
+    except RuntimeError as e:
+        return e, time.monotonic() - started
+    return None, time.monotonic() - started
+
+
+def test_a_round_the_sender_gives_up_is_marked_and_the_receiver_takes_the_next(sender):
+    """The learner's side of round 1 fails mid-round (its tensors' source raised): the
+    round is marked given up in the store, with its error, and the receiver takes round 2
+    whole."""
+    subscription = _subscribe(sender.config)
+    channel = WeightChannel()
+
+    def failing_source():
+        yield "w0", torch.ones(256)
+        raise RuntimeError("a shard's all-gather failed")
+
+    def receive(ticket):
+        with contextlib.suppress(RuntimeError):
+            return list(channel.receive(ticket))
+
+    try:
+        thread, ticket = _in_thread(subscription.wait_round, -1, 30.0)
+        sender_thread, one = _in_thread(sender.broadcast, 1, failing_source())
+        receive(_wait(thread, ticket))
+        sender_thread.join(timeout=30)
+        marked = channel._store.get(round_key(1, "failed")).decode()  # until round 2 ends
+        thread, ticket = _in_thread(subscription.wait_round, 1, 30.0)
+        sender_thread, two = _in_thread(sender.broadcast, 2, _weights(2, value=2.0))
+        got = receive(_wait(thread, ticket))
+        sender_thread.join(timeout=30)
+    finally:
+        channel.close()
+    assert not one["value"].ok and marked == one["value"].error == "a shard's all-gather failed"
+    assert two["value"].ok and two["value"].num_receivers == 1
+    assert checksum(got) == checksum(_weights(2, value=2.0))
 
 
 def test_registered_member_that_never_gets_ready_costs_one_join_timeout(sender):

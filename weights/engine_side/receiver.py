@@ -9,6 +9,8 @@ kept from round to round.
                      round/v/done/<id> += 1
     any failure, or the consumer stopping mid-round: our group is aborted; the next round
     seats us in a fresh one
+    the sender failed the round (round/v/failed) or is gone: we stop waiting within
+    PEER_CHECK_S, in time to join its next round
 
 Tensors are views into the bucket they arrived in (weights/shared/collective.py): nothing here
 keeps a bucket once its tensors are consumed, so a consumer that loads as it goes holds
@@ -72,6 +74,8 @@ class WeightChannel:
         self._store_id: str | None = None
         self.group: WeightGroup | None = None
         self.book = ReceiverBook()
+        self.version = -1
+        """The round this channel takes part in now, or took part in last."""
         """The version this worker holds, for delta rounds (weights/shared/delta_book.py)."""
         self.wire_s = 0.0
         """The last whole round's time on the wire: waiting for its messages, the work
@@ -110,6 +114,7 @@ class WeightChannel:
         offers for it (`receive_buckets`). RoundMissed when not seated; RuntimeError when the
         round failed (our group is aborted then)."""
         store = self._connect(ticket)
+        self.version = ticket.version
         member = ticket.member_id
         store.add(round_key(ticket.version, f"ready/{member}"), 1)
         go = self._wait_go(store, ticket)
@@ -156,7 +161,7 @@ class WeightChannel:
             roster.world_size,
             roster.backend,
             ticket.transfer_timeout_s,
-            peer_alive=lambda: _answers(store),  # the sender is the store's learner
+            why_stop=lambda: _why_stop(store, self.version),  # the store's learner sends
         )
         return self.group
 
@@ -179,13 +184,14 @@ class WeightChannel:
         self.book.forget()  # deltas come from one learner's book
 
 
-def _answers(store) -> bool:
-    """Whether the learner's store still answers (one round trip)."""
+def _why_stop(store, version: int) -> str | None:
+    """Why round `version` is over for us though our collective has not finished: its sender
+    failed it, or is gone (its store stopped answering). One store round trip."""
     try:
-        store.check([key(INFO_KEY)])
+        failed = store.check([round_key(version, "failed")])
     except RuntimeError:  # DistNetworkError, DistStoreError: the server went away
-        return False
-    return True
+        return "the sender is gone (its store stopped answering)"
+    return f"the sender failed round {version}" if failed else None
 
 
 def _refuse_silent_store(host: str, port: int, version: int) -> None:

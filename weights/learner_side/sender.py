@@ -268,6 +268,9 @@ class WeightSender:
             # RuntimeErrors): this round is lost for everyone in it, the group goes, and the
             # next round forms a fresh one of whoever is alive. The learner goes on.
             log.warning("weight round %d failed: %s", version, e)
+            # Said first: a receiver still waiting on this round stops at once (rather than
+            # after its own timeout) and is ready in time for the next.
+            self._store.set(round_key(version, "failed"), str(e))
             self._discard_group()
             if self._book is not None:
                 self._book.forget()

@@ -87,29 +87,30 @@ def buffer_device(backend: str) -> torch.device:
     return torch.device("cpu")
 
 
-PEER_CHECK_S = 1.0
-"""How often a wait asks `peer_alive` (one store round trip)."""
+PEER_CHECK_S = 0.5
+"""How often a wait asks `why_stop` (one store round trip)."""
 
 
-class PeerGone(RuntimeError):
-    """The peer this group waits on is known dead (its store stopped answering); the
+class RoundAbandoned(RuntimeError):
+    """The sender this group waits on is gone or gave the round up (`why_stop` said so); the
     communicator was aborted without waiting out the timeout."""
 
 
 class WeightGroup:
     """The communicator of group `group_id` at `rank` (0: the learner). Forming it blocks
     (gloo: until every rank connected, at most `timeout_s`; NCCL: lazily, at the first
-    collective). `peer_alive`, when given, is asked every PEER_CHECK_S while a collective
-    is unfinished: a receiver's sender that died ends the wait at once (gloo notices a
-    closed connection itself; NCCL would wait out the timeout)."""
+    collective). `why_stop`, when given, is asked every PEER_CHECK_S while a collective is
+    unfinished; a reason it returns ends the wait at once: a receiver whose sender died
+    (NCCL would wait out the timeout) or failed the round (another receiver broke it) is
+    free for the next round within moments, not after its own timeout."""
 
     def __init__(self, store, host: str, group_id: int, rank: int, world_size: int,
                  backend: str, timeout_s: float,
-                 peer_alive: Callable[[], bool] | None = None) -> None:  # fmt: skip
+                 why_stop: Callable[[], str | None] | None = None) -> None:  # fmt: skip
         self.group_id, self.rank, self.world_size = group_id, rank, world_size
         self.backend = backend
         self.timeout_s = timeout_s
-        self.peer_alive = peer_alive
+        self.why_stop = why_stop
         self.device = buffer_device(backend)
         self._pending: list = []
         self.waited_s = 0.0
@@ -141,13 +142,14 @@ class WeightGroup:
                     f"weight group {self.group_id}: {what} made no progress in "
                     f"{timeout_s:.0f}s (a peer died or hung); communicator aborted"
                 )
-            if self.peer_alive is not None and now >= next_check:
+            if self.why_stop is not None and now >= next_check:
                 next_check = now + PEER_CHECK_S
-                if not self.peer_alive():
+                reason = self.why_stop()
+                if reason:
                     self.abort()
-                    raise PeerGone(
-                        f"weight group {self.group_id}: the sender is gone (its store stopped "
-                        f"answering) while waiting for {what}; communicator aborted"
+                    raise RoundAbandoned(
+                        f"weight group {self.group_id}: {reason} while waiting for {what}; "
+                        "communicator aborted"
                     )
             if completed is not None:
                 completed.wait(min(PEER_CHECK_S, max(deadline - now, 0.0)))

@@ -16,6 +16,7 @@ disturb anyone's default group.
     tether/weights/round/<v>/ready/<id>   the member's workers that are ready to receive
     tether/weights/round/<v>/go           the group round v is sent on, or "skip"
     tether/weights/round/<v>/done/<id>    the member's workers that received all of round v
+    tether/weights/round/<v>/failed       set when the sender gave round v up (its error)
 
 torch is imported inside functions so that configs importing this package stay fast.
 """
