@@ -13,7 +13,7 @@ def trajectory_id(task_id: str, sample_index: int) -> str:
     return f"{task_id}/{sample_index}"
 
 
-_FROM_TASK = ("group_size", "step", "env_class", "data_source", "is_eval")
+_FROM_TASK = ("group_size", "step", "max_staleness", "env_class", "data_source", "is_eval")
 """The prompt task's fields that every trajectory of its group carries as they are."""
 _FROM_RESULT = (
     "prompt_len",

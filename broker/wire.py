@@ -26,6 +26,10 @@ class PromptTask(msgspec.Struct, frozen=True, kw_only=True):
     min_version: int = 0
     """Oldest policy version allowed to generate it (step - max_staleness): an actor whose
     weights are older waits for newer ones first. This makes max_staleness=0 synchronous."""
+    max_staleness: int = -1
+    """The staleness bound in force when it was released (it may change as a run goes:
+    learner.max_staleness = "auto"); the learner trains its group by that bound. -1: not
+    said (the learner's own bound applies)."""
     group_size: int
     """Number of samples to generate for this prompt (GRPO group size)."""
     env_class: str
@@ -54,6 +58,8 @@ class Trajectory(msgspec.Struct, frozen=True, kw_only=True):
     sample_index: int
     step: int
     """PromptTask.step, copied so the learner can group without a lookup."""
+    max_staleness: int = -1
+    """PromptTask.max_staleness, copied: the bound its group is trained by."""
     env_class: str
     data_source: str = ""
     actor_id: str = ""

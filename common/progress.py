@@ -45,10 +45,15 @@ def progress_line(
     return (
         f"step {step:>3}/{total_steps} | v {record['version']:>3} | "
         f"reward {record['reward_mean']:.2f}{_filtered(record)} | {eval_text} | "
-        f"staleness max {record['max_staleness_seen']} | "
+        f"staleness max {record['max_staleness_seen']}{_bound(record)} | "
         f"{record['tokens_per_s']:,.0f} tok/s{_sharing(record)} | "
         f"{fmt_duration(wall)} elapsed, ~{left} left"
     )
+
+
+def _bound(record: dict) -> str:
+    """The bound in force for this step (it moves under learner.max_staleness = "auto")."""
+    return f" of {record['max_staleness']}" if "max_staleness" in record else ""
 
 
 def _filtered(record: dict) -> str:

@@ -156,7 +156,7 @@ class RunConfig(StrictModel):
             raise ValueError("an elastic fleet needs the config's [learner] and [actor] sections")
         return fleet_bounds(
             self.elastic,
-            max_staleness=self.learner.max_staleness,
+            max_staleness=self.learner.staleness_ceiling,  # "auto": sized for its limit
             prompts_per_step=self.learner.prompts_per_step,
             group_size=self.learner.group_size,
             max_num_seqs=self.actor.engine.max_num_seqs,

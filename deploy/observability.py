@@ -49,6 +49,18 @@ def default_max_staleness() -> int:
     return LearnerConfig.model_fields["max_staleness"].default
 
 
+def staleness_ceiling_of(learner: dict) -> int:
+    """The largest bound a config's [learner] table allows: its max_staleness, or an
+    "auto" bound's limit."""
+    from learner.config import LearnerConfig
+
+    fields = LearnerConfig.model_fields
+    bound = learner.get("max_staleness", fields["max_staleness"].default)
+    if bound == "auto":
+        return learner.get("max_staleness_limit", fields["max_staleness_limit"].default)
+    return bound
+
+
 def default_actor_replicas() -> int:
     from deploy.local import LocalRunConfig
 

@@ -55,6 +55,13 @@ class Group:
     def trajectory_ids(self) -> list[str]:
         return [t.trajectory_id for t in self.trajectories]
 
+    @property
+    def max_staleness(self) -> int | None:
+        """The bound in force when its prompt was released; None when its actor did not say
+        (the learner's own bound applies)."""
+        said = self.trajectories[0].max_staleness if self.trajectories else -1
+        return said if said >= 0 else None
+
 
 @dataclass
 class GroupAssembler:

@@ -9,7 +9,7 @@ what to change.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 import pydantic
 
@@ -31,6 +31,20 @@ class CheckpointConfig(StrictModel):
     """Number of newest checkpoints kept on disk."""
     resume: bool = True
     """Continue from the newest complete checkpoint in `dir` if there is one."""
+
+
+class BoundLimits(StrictModel):
+    """An "auto" staleness bound's limits (learner/staleness.py, `AdaptiveBound`): when the
+    learner counts as starved of data, and the off-policy health the bound stays inside."""
+
+    starved_wait_fraction: float = pydantic.Field(default=0.3, gt=0, le=1)
+    """A step whose data wait is at least this share of its wait + train time is starved."""
+    starved_steps: int = pydantic.Field(default=2, ge=1)
+    """Consecutive starved steps before the bound is raised (one slow step is noise)."""
+    max_clip_fraction: float = pydantic.Field(default=0.2, gt=0)
+    """The share of loss tokens whose ratio the PPO clip cut, above which the bound falls."""
+    max_approx_kl: float = pydantic.Field(default=0.05, gt=0)
+    """KL(behaviour || current) per token (PPO health's `approx_kl`) above which it falls."""
 
 
 class LearnerConfig(TrainerConfig):
@@ -59,8 +73,16 @@ class LearnerConfig(TrainerConfig):
     """torch intra-op threads per rank; None keeps torch's default (one per core). On a
     machine shared with other busy processes 1 is often faster: an OpenMP team spins
     waiting for a member that the OS has descheduled."""
-    max_staleness: int = pydantic.Field(default=1, ge=0)
-    """Bound on policy lag in optimizer steps; 0 is the synchronous baseline."""
+    max_staleness: Annotated[int, pydantic.Field(ge=0)] | Literal["auto"] = 1
+    """Bound on policy lag in optimizer steps; 0 is the synchronous baseline. "auto": a
+    bound that sets itself (learner/staleness.py, `AdaptiveBound`), starting at 1, raised
+    while the learner waits on data and its PPO health holds, lowered when that health
+    degrades, never above `max_staleness_limit`; the off-policy correction is on for the
+    steps it is above 1 (`staleness_correction`)."""
+    max_staleness_limit: int = pydantic.Field(default=4, ge=1)
+    """The ceiling of an "auto" bound (what sizes the broker's buffers and the fleet then)."""
+    max_staleness_auto: BoundLimits = BoundLimits()
+    """When an "auto" bound rises and falls."""
     staleness_rule: Literal["group", "token"] = "group"
     """How a completed group older than the bound is treated (learner/staleness.py):
     `group` drops it whole; `token` clears the loss of each policy token older than the bound
@@ -130,6 +152,16 @@ class LearnerConfig(TrainerConfig):
     """The weight broadcast group (the learner serves its TCPStore)."""
     checkpoint: CheckpointConfig = CheckpointConfig()
     """Checkpointing."""
+
+    @property
+    def adaptive_staleness(self) -> bool:
+        return self.max_staleness == "auto"
+
+    @property
+    def staleness_ceiling(self) -> int:
+        """The largest bound this run may use: a fixed bound, or an "auto" bound's limit.
+        What is sized for the worst case (buffers, fleets, alert rules) is sized for it."""
+        return self.max_staleness_limit if self.max_staleness == "auto" else self.max_staleness
 
     @pydantic.model_validator(mode="after")
     def _check_learner(self) -> LearnerConfig:

@@ -82,6 +82,8 @@ class PromptStream:
     group_size: int
     prompts_per_step: int
     max_staleness: int
+    """The bound in force: what the next releases are admitted by and carry (it changes
+    between steps under learner.max_staleness = "auto")."""
     seed: int = 0
     difficulty: DifficultyFilter | None = None
     """Online difficulty filtering; None visits every row of every epoch."""
@@ -168,6 +170,7 @@ class PromptStream:
             task_id=f"{self.run_id}-{index}",
             step=step,
             min_version=oldest_allowed_version(step, self.max_staleness),
+            max_staleness=self.max_staleness,
             group_size=self.group_size,
         )
 
@@ -196,12 +199,20 @@ def eval_tasks(
 
 
 def task_from_row(
-    row: dict, *, task_id: str, step: int, min_version: int, group_size: int, is_eval=False
+    row: dict,
+    *,
+    task_id: str,
+    step: int,
+    min_version: int,
+    group_size: int,
+    max_staleness: int = -1,
+    is_eval: bool = False,
 ) -> PromptTask:
     return PromptTask(
         task_id=task_id,
         step=step,
         min_version=min_version,
+        max_staleness=max_staleness,
         group_size=group_size,
         env_class=row["env_class"],
         data_source=row.get("data_source", ""),

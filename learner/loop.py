@@ -1,14 +1,14 @@
 """The learner's main loop on rank 0: the only place where bus, dispatcher, trainer and
 weight broadcast meet.
 
-    dispatcher ──prompts (step s released once v >= s - max_staleness)──► actors
+    dispatcher ──prompts (step s released once v >= s - bound)──────────► actors
         ▲                                                                  │
         │ v                                              trajectories      ▼
     ┌───┴───────────────────────── learner rank 0 ──────────────────────────────────┐
     │ intake (background task): fetch → decode → assemble groups → queue (held)     │
-    │ step: take P groups (drop stale / future / errors, count, replace)             │
+    │ step: take P groups (drop stale / future / errors, count, replace)            │
     │       → train (all ranks, in a thread) → v += 1 → weights → announce v (KV)   │
-    │       → release the prompts v now admits                                       │
+    │       → the next step's bound (learner/bound.py) → release what v now admits  │
     │ every `checkpoint.interval` versions: DCP save beside the next wait for data   │
     │   (learner/checkpoints.py), joined before the next train; then ack its ids     │
     │ every `eval_interval` versions: release the eval set pinned to v, record it    │
@@ -39,6 +39,7 @@ from broker.retry import until_done
 from common.tasks import cancel_and_wait
 from learner.announce import PolicyAnnouncer
 from learner.batching import Group, samples_from_groups
+from learner.bound import StalenessBound
 from learner.bus_metrics import poll as poll_queue_depths
 from learner.checkpoints import Checkpoints
 from learner.config import LearnerConfig
@@ -47,8 +48,7 @@ from learner.evals import Evals
 from learner.intake import Intake
 from learner.ledger import FILTERED, Ledger
 from learner.releases import open_releases
-from learner.reporting import Reporter, done_record, train_record
-from learner.staleness import version_span
+from learner.reporting import Reporter, done_record, staleness_fields, train_record
 from learner.steps import decide_group, empty_step_warning, staleness_of
 from learner.trainer.ranks import RankCommands
 
@@ -117,6 +117,8 @@ class Learner:
     def _cursor(self) -> dict:
         self.ledger.num_malformed = self.malformed_before + self.intake.num_malformed
         stream = {"difficulty": state} if (state := self.releases.stream.state()) else {}
+        if (bound := self.bound.state()) is not None:
+            stream["staleness_bound"] = bound
         return {**self.ledger.to_cursor(), **self.reporter.position(), "run_id": self.run_id,
                 **stream}  # fmt: skip
 
@@ -138,8 +140,10 @@ class Learner:
             ),
         )
         self.version = self.commands.version
+        self.bound = StalenessBound(cfg, (self.resumed_cursor or {}).get("staleness_bound"))
+        self.releases.stream.max_staleness = self.bound.current
         self.group_rules = dict(
-            max_staleness=cfg.max_staleness,
+            max_staleness=self.bound.current,  # for a group that does not say its own
             vocab_size=self.commands.vocab_size,
             staleness_rule=cfg.staleness_rule,
             min_fresh_fraction=cfg.min_fresh_fraction,
@@ -246,7 +250,8 @@ class Learner:
         staleness = [staleness_of(g, step) for g in groups]
         checkpoint_wait_s = await self.checkpoints.saved()  # it reads what training changes
         started = time.monotonic()
-        metrics = await asyncio.to_thread(self.commands.train, samples)
+        bound = self.bound.current
+        metrics = await asyncio.to_thread(self.commands.train, samples, self.bound.algorithm())
         train_s = time.monotonic() - started
         if metrics["skipped"]:
             # A non-finite loss or gradient: no update, so these taught nothing. They are
@@ -268,6 +273,7 @@ class Learner:
         if not self.ledger.train(episodes, staleness, int(metrics["num_loss_tokens"])):
             log.warning(empty_step_warning(step, groups))
         self.version = self.commands.version
+        self._next_bound(waited_s, train_s, metrics)
         started = time.monotonic()
         # Evals run pinned to their version: a replica that missed the broadcast (restarted
         # meanwhile) must be able to load exactly that version from disk.
@@ -296,16 +302,19 @@ class Learner:
             held_unacked=self.intake.num_held,
         )
         record["time"] = time.time()  # the wall clock of the run's events.jsonl and logs
+        record["max_staleness"] = bound  # in force for this step's releases and consumption
         record["filtered_groups"] = filtered  # learner.dynamic_sampling: no reward signal
-        record["version_span"] = [version_span(a.versions) for g in groups for a in g.tokens]
-        masked, trained = self.stale_tokens_masked, int(metrics["num_loss_tokens"])
-        record["stale_tokens_masked"] = masked  # learner.staleness_rule = "token"
-        record["stale_token_fraction"] = masked / (masked + trained) if masked + trained else 0.0
+        record.update(staleness_fields(groups, self.stale_tokens_masked, metrics))
         record.update(broadcast_raw_bytes=weights.get("raw_bytes", 0),  # weight_sync.delta
                       broadcast_keyframe=weights.get("keyframe", True),
                       weights_log_bytes=weights.get("log_bytes", 0))  # snapshot_deltas  # fmt: skip
         record.update(self.releases.stream.report())  # learner.difficulty: prompts passed over
         self.reporter.record_train(record, step=step, groups=groups)
+
+    def _next_bound(self, waited_s: float, train_s: float, metrics: dict) -> None:
+        """Move the bound after a step (fixed: it stays); the next releases carry it."""
+        bound = self.bound.after_step(wait_s=waited_s, train_s=train_s, metrics=metrics)
+        self.releases.stream.max_staleness = self.group_rules["max_staleness"] = bound
 
     async def _checkpoint(self) -> None:
         await self.checkpoints.save(version=self.version, intake=self.intake,

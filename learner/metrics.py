@@ -25,6 +25,8 @@
                                                        filtered (learner.dynamic_sampling; gauge)
     tether_learner_stale_token_fraction                last step's loss tokens cleared as older
                                                        than the bound (staleness_rule token)
+    tether_learner_staleness_bound                     the bound in force for the last step
+                                                       (moves under max_staleness = "auto")
     tether_learner_eval_pass_at_1{env}                 last eval's pass@1 (env="all": overall)
 
 The bus's work queues, as the learner reads them from JetStream (learner/bus_metrics.py;
@@ -50,6 +52,7 @@ Keys read (each optional; a missing key leaves its metric alone):
     tokens_per_s        -> tokens_per_second
     staleness           -> staleness: a list of per-group staleness values (or one int)
     version_span        -> version_span: a list of per-episode version spans
+    max_staleness       -> staleness_bound
     wait_data_s         -> data_wait_seconds
     train_s             -> step_seconds
     broadcast_s         -> broadcast_seconds
@@ -98,6 +101,10 @@ _GAUGES = {  # record key -> the gauge that shows its last value
     "filtered_groups": prometheus_client.Gauge(
         "tether_learner_filtered_groups",
         "Groups the last step filtered for no reward signal (learner.dynamic_sampling)",
+    ),
+    "max_staleness": prometheus_client.Gauge(
+        "tether_learner_staleness_bound",
+        'The staleness bound in force for the last step (moves under max_staleness = "auto")',
     ),
     "stale_token_fraction": prometheus_client.Gauge(
         "tether_learner_stale_token_fraction",

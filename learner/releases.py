@@ -113,7 +113,7 @@ async def open_releases(
         run_id=start.run_id,
         group_size=config.group_size,
         prompts_per_step=config.prompts_per_step,
-        max_staleness=config.max_staleness,
+        max_staleness=1 if config.adaptive_staleness else config.max_staleness,  # "auto" starts at 1
         seed=config.seed,
         difficulty=DifficultyFilter(difficulty, config.seed) if difficulty.enabled else None,
     )
@@ -179,7 +179,7 @@ class Releases:
             num_released=self.ledger.num_released,
             num_dropped_groups=self.ledger.num_dropped_groups,
             prompts_per_step=cfg.prompts_per_step,
-            max_staleness=cfg.max_staleness,
+            max_staleness=self.stream.max_staleness,  # the bound in force
             total_steps=cfg.total_steps,
         )
         if count > 0:

@@ -35,7 +35,7 @@ from learner.env_metrics import rollout_metrics
 from learner.eval_dump import write_aggregated_results, write_eval_dump
 from learner.metrics import record_step
 from learner.sinks import DONE_FILE, METRICS_FILE, MetricsSink
-from learner.staleness import oldest_version
+from learner.staleness import oldest_version, version_span
 
 TRAINED_FILE = "trained.jsonl"
 DROPPED_FILE = "dropped.jsonl"
@@ -110,6 +110,17 @@ def train_record(
         "dropped_by_reason": dict(ledger.dropped),
         "held_unacked": held_unacked,
         **{f"train/{k}": v for k, v in metrics.items()},
+    }
+
+
+def staleness_fields(groups: list[Group], masked: int, metrics: dict) -> dict:
+    """A step record's staleness fields beyond the histogram: each trained episode's version
+    span, and the loss tokens the `token` rule cleared (learner.staleness_rule)."""
+    trained = int(metrics["num_loss_tokens"])
+    return {
+        "version_span": [version_span(a.versions) for g in groups for a in g.tokens],
+        "stale_tokens_masked": masked,
+        "stale_token_fraction": masked / (masked + trained) if masked + trained else 0.0,
     }
 
 

@@ -24,15 +24,16 @@ Consumption has two granularities (`learner.staleness_rule`):
 Versions of -1 mark tokens no policy produced (prompt, observations); they never count.
 
 `AdaptiveBound` (below) is the controller of a bound that sets itself from the learner's
-data wait and PPO health; the learner does not use it yet (the bound is the config's).
+data wait and PPO health (`learner.max_staleness = "auto"`; learner/bound.py runs it). Its
+groups are consumed by the bound in force when each was released, which they carry.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import NamedTuple
-
 import numpy as np
+
+from learner.config import BoundLimits
 
 
 def check_max_staleness(max_staleness: int) -> None:
@@ -145,32 +146,16 @@ def staleness_histogram(
 # behaviour policy to the current one: past their limits, lower at once).
 
 
-class BoundLimits(NamedTuple):
-    """When the learner counts as starved, and the off-policy health the bound stays inside."""
-
-    starved_wait_fraction: float = 0.3
-    """A step whose data wait is at least this share of its wait + train time is starved."""
-    starved_steps: int = 2
-    """Consecutive starved steps before the bound is raised (one slow step is noise)."""
-    max_clip_fraction: float = 0.2
-    """The share of loss tokens whose ratio the PPO clip cut, above which the bound falls."""
-    max_approx_kl: float = 0.05
-    """KL(behaviour || current) per token (PPO health's `approx_kl`) above which it falls."""
-
-
-DEFAULT_LIMITS = BoundLimits()
-
-
 class AdaptiveBound:
     """The bound in force, moved once per step by `observe` (pure: the numbers in, the bound
     out); `state` / `from_state` carry it through a checkpoint."""
 
-    def __init__(self, ceiling: int, limits: BoundLimits = DEFAULT_LIMITS, bound: int = 1) -> None:
+    def __init__(self, ceiling: int, limits: BoundLimits | None = None, bound: int = 1) -> None:
         if ceiling < 1:
             raise ValueError(f"an adaptive bound needs a ceiling of at least 1, got {ceiling}")
         check_max_staleness(bound)
         self.ceiling = ceiling
-        self.limits = limits
+        self.limits = limits if limits is not None else BoundLimits()
         self.bound = min(max(bound, 1), ceiling)
         self.starved_run = 0
 
@@ -202,7 +187,7 @@ class AdaptiveBound:
 
     @classmethod
     def from_state(
-        cls, state: dict[str, int], ceiling: int, limits: BoundLimits = DEFAULT_LIMITS
+        cls, state: dict[str, int], ceiling: int, limits: BoundLimits | None = None
     ) -> AdaptiveBound:
         """The controller a checkpoint saved, under the config's `ceiling` now (a bound
         above a lowered ceiling comes down to it)."""

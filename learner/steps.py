@@ -18,7 +18,9 @@ A group is dropped whole, and counted, when it cannot teach anything honestly:
 - `future`: a token carries a version newer than the learner's. After a resume from a
   checkpoint older than the last announced version, actors still hold weights of the lost
   branch; what they generated comes from a policy this learner never had;
-- `stale`: its oldest policy token is older than `version - max_staleness` (the bound);
+- `stale`: its oldest policy token is older than `version - max_staleness`, the bound in
+  force when its prompt was released (the group says it; an actor that does not, the
+  learner's own);
   under the `token` rule (learner/staleness.py), only when fewer than `min_fresh_fraction`
   of its loss tokens are within the bound: otherwise the stale tokens' loss mask is cleared
   (`GroupDecision.masked_stale_tokens`) and the rest is trained;
@@ -107,6 +109,8 @@ def decide_group(
     if len(valid) < 2:
         found = Counter(p for p in problems if p is not None)
         return GroupDecision(None, found.most_common(1)[0][0] if found else "errors")
+    if group.max_staleness is not None:  # the bound it was released under
+        max_staleness = group.max_staleness
     versions = [group.tokens[i].versions for i in valid]
     newest = newest_version(versions)
     if newest is not None and newest > version:

@@ -20,6 +20,7 @@ def test_prompt_task_fields():
         ("task_id", "StrType"),
         ("step", "IntType"),
         ("min_version", "IntType"),
+        ("max_staleness", "IntType"),  # the bound its group is trained by (-1: not said)
         ("group_size", "IntType"),
         ("env_class", "StrType"),
         ("data_source", "StrType"),
@@ -37,6 +38,7 @@ def test_trajectory_fields():
         ("group_size", "IntType"),
         ("sample_index", "IntType"),
         ("step", "IntType"),
+        ("max_staleness", "IntType"),
         ("env_class", "StrType"),
         ("data_source", "StrType"),
         ("actor_id", "StrType"),

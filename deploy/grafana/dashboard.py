@@ -153,12 +153,14 @@ def learner_panels() -> list[dict]:
         timeseries(
             "Staleness: mean, bound, share at the bound",
             "Mean staleness of the groups trained in the last 5 min; the run's max_staleness "
-            "and the share of groups (last 15 min) at exactly the bound — both recorded by "
-            "run_rules.yml from deploy/observability.py; with learner.staleness_rule = token, "
-            "the share of the last step's loss tokens cleared as older than the bound.",
+            "(an \"auto\" bound's limit) and the share of groups (last 15 min) at exactly "
+            "it — both recorded by run_rules.yml from deploy/observability.py; the bound in "
+            "force step by step (an \"auto\" bound moves it); with learner.staleness_rule = "
+            "token, the share of the last step's loss tokens cleared as older than the bound.",
             [
                 target(mean_of(staleness, "5m"), "mean staleness"),
                 target("tether:learner_max_staleness", "bound (max_staleness)"),
+                target("max(tether_learner_staleness_bound)", "bound in force"),
                 target("tether:learner_staleness_at_bound:ratio_rate15m", "share at bound"),
                 target(
                     "max(tether_learner_stale_token_fraction)", "loss tokens cleared (token rule)"

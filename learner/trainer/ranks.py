@@ -111,9 +111,9 @@ class RankCommands:
             return ""
         return f"{self.sender.config.store_host}:{self.sender.config.store_port}"
 
-    def train(self, samples) -> dict[str, float]:
-        self._command("train", samples)
-        return self.trainer.train_step(samples)
+    def train(self, samples, algorithm=None) -> dict[str, float]:
+        self._command("train", (samples, algorithm))
+        return self.trainer.train_step(samples, algorithm)
 
     def save(self, state: TrainingState) -> Future[Path]:
         """Start saving a checkpoint of the current weights and return at once: the caller
@@ -263,7 +263,7 @@ def follow(trainer: Trainer, *, checkpoint_dir: str, group=None) -> None:
     while True:
         command, payload = _broadcast_command("?", group=group)
         if command == "train":
-            trainer.train_step(payload)
+            trainer.train_step(*payload)
         elif command == "weights":
             for _ in trainer.full_weights(dtype=trainer.weights_dtype):
                 pass

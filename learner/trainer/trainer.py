@@ -36,7 +36,7 @@ import torch.distributed as dist
 
 from learner.trainer.checkpoint import TrainingState, load_checkpoint, save_checkpoint
 from learner.trainer.chunked_head import chunk_budget_mb
-from learner.trainer.config import TrainerConfig
+from learner.trainer.config import AlgorithmConfig, TrainerConfig
 from learner.trainer.lora import adapter_files, with_adapter, with_adapter_config
 from learner.trainer.losses import policy_loss
 from learner.trainer.model_init import compute_dtype, default_device, is_sharded, shard
@@ -183,10 +183,16 @@ class Trainer:
 
     # ---- the step ------------------------------------------------------------------------
 
-    def train_step(self, samples: list[Sample]) -> dict[str, float]:
-        """One optimizer step on `samples` (the whole batch; identical on every rank)."""
+    def train_step(
+        self, samples: list[Sample], algorithm: AlgorithmConfig | None = None
+    ) -> dict[str, float]:
+        """One optimizer step on `samples` (the whole batch; identical on every rank).
+        `algorithm`, when given, is the algorithm from this step on: an "auto" staleness
+        bound turns the off-policy correction on and off with the bound."""
         if not samples:
             raise ValueError("train_step needs at least one sample")
+        if algorithm is not None:
+            self.algorithm = algorithm
         start = time.perf_counter()
         micro_batches, num_trained_tokens = self.micro_batches(samples)
         proximal = [None] * len(micro_batches)

@@ -4,7 +4,8 @@ learner starves with healthy metrics, falls when health crosses a limit, keeps w
 
 import pytest
 
-from learner.staleness import AdaptiveBound, BoundLimits
+from learner.config import BoundLimits
+from learner.staleness import AdaptiveBound
 
 HEALTHY = {"clip_fraction": 0.05, "approx_kl": 0.01}
 STARVED = {"wait_s": 6.0, "train_s": 2.0}  # 75% of the step waiting on data

@@ -67,6 +67,8 @@ class PublishedGroup:
     """time.monotonic() when the stream had stored all of it."""
     flat: bool = False
     """Every sample got the same reward (no signal)."""
+    max_staleness: int = -1
+    """The bound its task was released under (the learner trains it by that)."""
 
 
 RESUMABLE = {"patience_s": 2.0}
@@ -197,6 +199,7 @@ class ScriptedActor:
                     trajectory_ids=tuple(t.trajectory_id for t in group),
                     published_at=time.monotonic(),
                     flat=flat,
+                    max_staleness=task.max_staleness,
                 )
             )
             with contextlib.suppress(nats.errors.Error, TimeoutError):

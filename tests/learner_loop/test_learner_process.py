@@ -15,7 +15,7 @@ from collections import Counter
 from deploy.run_ledger import RunLedger
 from learner.trainer.checkpoint import latest_checkpoint, read_training_state
 from tests.learner_loop.conftest import bus, running
-from tests.learner_loop.scripted_actor import ScriptedActor, resumable_pair
+from tests.learner_loop.scripted_actor import RESUMABLE, ScriptedActor, resumable_pair
 
 TIMEOUT_S = 150
 
@@ -53,12 +53,16 @@ def _assert_every_trajectory_accounted_for(run, actors) -> tuple[list[dict], lis
     return trained_lines, dropped_lines
 
 
-def _assert_trained_within_bound(trained_lines, actors, max_staleness: int) -> None:
-    """Step s trains on tokens of version >= s - max_staleness, never newer than s."""
-    version_of = {i: g.version for g in _training_groups(actors).values() for i in g.trajectory_ids}
+def _assert_trained_within_bound(trained_lines, actors, max_staleness: int | None) -> None:
+    """Step s trains on tokens of version >= s - max_staleness, never newer than s; None:
+    the bound each group was released under."""
+    groups = _training_groups(actors).values()
+    version_of = {i: g.version for g in groups for i in g.trajectory_ids}
+    bound_of = {i: g.max_staleness for g in groups for i in g.trajectory_ids}
     for line in trained_lines:
         for i in line["trajectory_ids"]:
-            assert line["step"] - max_staleness <= version_of[i] <= line["step"], (line, i)
+            bound = bound_of[i] if max_staleness is None else max_staleness
+            assert line["step"] - bound <= version_of[i] <= line["step"], (line, i, bound)
 
 
 async def _scrape_policy_version(run) -> str:
@@ -156,6 +160,38 @@ async def test_staleness_bound_holds_with_a_lagging_actor(learner_run, nats_serv
     (done,) = run.records("done")
     assert done["dropped_by_reason"]["stale"] == sum(len(g.trajectory_ids) for g in late.values())
     assert done["max_staleness_seen"] <= 1
+
+
+async def test_an_auto_bound_rises_while_the_learner_starves_and_each_group_keeps_its_own(
+    learner_run, nats_server, bus_names
+):
+    # One slow actor: the learner waits on data far longer than it trains, so the bound
+    # rises by one every two steps to its limit. The scripted actor's logprobs are no
+    # model's, so its PPO health is always off: these limits let the rise be seen. The
+    # learner is killed at version 5 and resumes from its checkpoint at 4, bound and all.
+    run = learner_run(total_steps=8, max_staleness="auto", max_staleness_limit=3,
+                      max_staleness_auto={"max_clip_fraction": 1.0, "max_approx_kl": 1e9},
+                      eval_interval=None)  # fmt: skip
+    actor = ScriptedActor(nats_server.url, bus_names, actor_id="slow", delay_s=0.4, seed=5,
+                          **RESUMABLE)  # fmt: skip
+    async with bus(nats_server.url, bus_names) as (js, versions), running([actor]):
+        await run.start()
+        await run.kill_at(versions, 5)
+        saved = read_training_state(latest_checkpoint(run.run_dir / "checkpoints"))
+        await run.start()
+        code = await run.wait(TIMEOUT_S)
+    assert code == 0, run.log_tail()
+    trained_lines, _ = _assert_every_trajectory_accounted_for(run, [actor])
+    records = run.records("train")
+    assert [r["version"] for r in records] == list(range(1, 9))
+    bounds = [r["max_staleness"] for r in records]
+    assert bounds[0] == 1 and max(bounds) == 3, bounds
+    assert all(b - a in (0, 1) for a, b in zip(bounds, bounds[1:], strict=False)), bounds
+    # The resumed learner's first step ran under the bound the checkpoint saved.
+    assert saved.version == 4 and bounds[4] == saved.dataset_cursor["staleness_bound"]["bound"]
+    released_under = {g.max_staleness for g in actor.published if not g.is_eval}
+    assert released_under >= {1, 2}, released_under  # releases carried the bound of their time
+    _assert_trained_within_bound(trained_lines, [actor], max_staleness=None)
 
 
 async def test_the_token_rule_trains_the_fresh_turns_of_episodes_that_spanned_updates(
