@@ -113,7 +113,7 @@ async def open_releases(
         run_id=start.run_id,
         group_size=config.group_size,
         prompts_per_step=config.prompts_per_step,
-        max_staleness=1 if config.adaptive_staleness else config.max_staleness,  # "auto" starts at 1
+        max_staleness=1 if config.adaptive_staleness else config.max_staleness,  # "auto": 1
         seed=config.seed,
         difficulty=DifficultyFilter(difficulty, config.seed) if difficulty.enabled else None,
     )

@@ -31,6 +31,7 @@ groups are consumed by the bound in force when each was released, which they car
 from __future__ import annotations
 
 from collections.abc import Iterable
+
 import numpy as np
 
 from learner.config import BoundLimits

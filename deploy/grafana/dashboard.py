@@ -153,9 +153,9 @@ def learner_panels() -> list[dict]:
         timeseries(
             "Staleness: mean, bound, share at the bound",
             "Mean staleness of the groups trained in the last 5 min; the run's max_staleness "
-            "(an \"auto\" bound's limit) and the share of groups (last 15 min) at exactly "
+            '(an "auto" bound\'s limit) and the share of groups (last 15 min) at exactly '
             "it — both recorded by run_rules.yml from deploy/observability.py; the bound in "
-            "force step by step (an \"auto\" bound moves it); with learner.staleness_rule = "
+            'force step by step (an "auto" bound moves it); with learner.staleness_rule = '
             "token, the share of the last step's loss tokens cleared as older than the bound.",
             [
                 target(mean_of(staleness, "5m"), "mean staleness"),
