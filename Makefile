@@ -84,10 +84,12 @@ lint: install
 # agent_workflow (python -m bench.agent_workflow: the agent walkthrough's run against the
 # demo's, 3 pairs, ~15 min) and token_rule (python -m bench.token_rule: the staleness rule per
 # token against per group with 30 s tool tails, 3 seeds, ~20 min), and elastic (python -m
-# bench.elastic: an elastic fleet against one replica on a 3-node local Ray cluster, ~12 min).
+# bench.elastic: an elastic fleet against one replica on a 3-node local Ray cluster, ~12 min),
+# and auto_bound (python -m bench.auto_bound: an "auto" staleness bound against fixed ones,
+# ~2 min a run; docs/benchmarks.md says the invocations measured).
 BENCH_HELPERS := __init__ common dense_packing make_bench pass_at_1 peer_breakdown \
 	render_docs tether_run scale agentic dynamic_sampling tasks agent_workflow \
-	token_rule elastic
+	token_rule elastic auto_bound
 bench: install
 	@mkdir -p bench/results
 	@set -e; log=$$(mktemp); trap 'rm -f $$log' EXIT; \

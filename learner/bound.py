@@ -40,6 +40,7 @@ class StalenessBound:
 
     def __init__(self, config: LearnerConfig, state: dict | None = None) -> None:
         self.configured = config.algorithm
+        self.first_step = True
         self.controller: AdaptiveBound | None = None
         self.fixed = 0
         if config.adaptive_staleness:
@@ -64,8 +65,11 @@ class StalenessBound:
 
     def after_step(self, *, wait_s: float, train_s: float, metrics: dict[str, float]) -> int:
         """The bound for the next step, after one that waited `wait_s` for its data, trained
-        for `train_s` and reported `metrics` (its PPO health among them)."""
-        if self.controller is not None:
+        for `train_s` and reported `metrics` (its PPO health among them). The first step of
+        a learner process is no sign of slow tools: it waited for the engines to start (or,
+        resumed, for the actors to catch up)."""
+        first, self.first_step = self.first_step, False
+        if self.controller is not None and not first:
             self.controller.observe(wait_s=wait_s, train_s=train_s, health=metrics)
         return self.current
 

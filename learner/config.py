@@ -38,9 +38,12 @@ class BoundLimits(StrictModel):
     learner counts as starved of data, and the off-policy health the bound stays inside."""
 
     starved_wait_fraction: float = pydantic.Field(default=0.3, gt=0, le=1)
-    """A step whose data wait is at least this share of its wait + train time is starved."""
+    """The learner is starved when its data waits are at least this share of its wait +
+    train time over the last `starved_steps` steps."""
     starved_steps: int = pydantic.Field(default=2, ge=1)
-    """Consecutive starved steps before the bound is raised (one slow step is noise)."""
+    """The steps that window spans; after a rise it fills anew before the next (one slow
+    step is noise, and data arrives in bursts: a step that waited is often followed by one
+    whose groups were all there)."""
     max_clip_fraction: float = pydantic.Field(default=0.2, gt=0)
     """The share of loss tokens whose ratio the PPO clip cut, above which the bound falls."""
     max_approx_kl: float = pydantic.Field(default=0.05, gt=0)

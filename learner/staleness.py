@@ -142,9 +142,9 @@ def staleness_histogram(
 # The bound that suits a run depends on its tools: with slow ones the learner waits on data at
 # bound 1 and a larger bound buys throughput; with fast ones it buys little and costs
 # off-policy drift. `AdaptiveBound` moves the bound by at most one a step, between 1 and a
-# ceiling, from what the learner measures anyway: its wait for data against its train time
-# (starved: raise) and the PPO health of its last step (clip fraction, approx KL of the
-# behaviour policy to the current one: past their limits, lower at once).
+# ceiling, from what the learner measures anyway: its wait for data against its train time over
+# the last few steps (starved: raise) and the PPO health of its last step (clip fraction, approx
+# KL of the behaviour policy to the current one: past their limits, lower at once).
 
 
 class AdaptiveBound:
@@ -158,24 +158,25 @@ class AdaptiveBound:
         self.ceiling = ceiling
         self.limits = limits if limits is not None else BoundLimits()
         self.bound = min(max(bound, 1), ceiling)
-        self.starved_run = 0
+        self.window: list[tuple[float, float]] = []
+        """(wait s, train s) of the last healthy steps since the bound last moved."""
 
     def observe(self, *, wait_s: float, train_s: float, health: dict[str, float]) -> int:
         """The bound for the next step, after a step that waited `wait_s` for data, trained
         for `train_s` and left `health` (PPO health's metrics; missing ones count healthy)."""
         limits = self.limits
-        unhealthy = (
+        if (
             health.get("clip_fraction", 0.0) > limits.max_clip_fraction
             or health.get("approx_kl", 0.0) > limits.max_approx_kl
-        )
-        busy = wait_s + train_s
-        starved = busy > 0 and wait_s / busy >= limits.starved_wait_fraction
-        self.starved_run = self.starved_run + 1 if starved and not unhealthy else 0
-        if unhealthy:
-            self.bound = max(self.bound - 1, 1)
-        elif self.starved_run >= limits.starved_steps:
-            self.bound = min(self.bound + 1, self.ceiling)
-            self.starved_run = 0
+        ):
+            self.bound, self.window = max(self.bound - 1, 1), []
+            return self.bound
+        self.window = [*self.window, (wait_s, train_s)][-limits.starved_steps :]
+        waited = sum(wait for wait, _ in self.window)
+        busy = waited + sum(train for _, train in self.window)
+        full = len(self.window) == limits.starved_steps
+        if full and busy > 0 and waited / busy >= limits.starved_wait_fraction:
+            self.bound, self.window = min(self.bound + 1, self.ceiling), []
         return self.bound
 
     def needs_correction(self) -> bool:
@@ -183,15 +184,15 @@ class AdaptiveBound:
         off-policy correction (TIS, decoupled PPO) must be on."""
         return self.bound > 1
 
-    def state(self) -> dict[str, int]:
-        return {"bound": self.bound, "starved_run": self.starved_run}
+    def state(self) -> dict:
+        return {"bound": self.bound, "window": [list(step) for step in self.window]}
 
     @classmethod
     def from_state(
-        cls, state: dict[str, int], ceiling: int, limits: BoundLimits | None = None
+        cls, state: dict, ceiling: int, limits: BoundLimits | None = None
     ) -> AdaptiveBound:
         """The controller a checkpoint saved, under the config's `ceiling` now (a bound
         above a lowered ceiling comes down to it)."""
         restored = cls(ceiling, limits, state["bound"])
-        restored.starved_run = state["starved_run"]
+        restored.window = [(wait, train) for wait, train in state["window"]]
         return restored

@@ -24,7 +24,16 @@ def test_it_rises_by_one_every_two_starved_healthy_steps_up_to_the_ceiling():
 def test_a_fed_learner_keeps_its_bound():
     bound = AdaptiveBound(ceiling=4, bound=2)
     assert _run(bound, [(FED, HEALTHY)] * 5) == [2] * 5
-    assert _run(bound, [(STARVED, HEALTHY), (FED, HEALTHY), (STARVED, HEALTHY)]) == [2, 2, 2]
+    short_wait = {"wait_s": 1.0, "train_s": 2.0}  # 33% alone, 1.1 / 5.1 = 22% with a fed step
+    assert _run(bound, [(short_wait, HEALTHY), (FED, HEALTHY), (short_wait, HEALTHY)]) == [2] * 3
+
+
+def test_data_that_arrives_in_bursts_counts_over_the_window():
+    # A step that waited 2 s, then one whose groups were all there: neither alone says
+    # much, together the learner waited half its time.
+    bound = AdaptiveBound(ceiling=4)
+    burst = [({"wait_s": 2.0, "train_s": 1.0}, HEALTHY), ({"wait_s": 0.0, "train_s": 1.0}, HEALTHY)]
+    assert _run(bound, burst * 3) == [1, 2, 2, 3, 3, 4]
 
 
 @pytest.mark.parametrize("sick", [{"clip_fraction": 0.3}, {"approx_kl": 0.2}])
@@ -51,9 +60,9 @@ def test_the_limits_are_the_callers():
 
 def test_a_checkpointed_controller_continues_where_it_stopped():
     bound = AdaptiveBound(ceiling=4)
-    _run(bound, [(STARVED, HEALTHY)] * 3)  # bound 2, one starved step counted
+    _run(bound, [(STARVED, HEALTHY)] * 3)  # bound 2, one starved step in its window
     resumed = AdaptiveBound.from_state(bound.state(), ceiling=4)
-    assert (resumed.bound, resumed.starved_run) == (2, 1)
+    assert (resumed.bound, resumed.window) == (2, [(6.0, 2.0)])
     assert _run(resumed, [(STARVED, HEALTHY)]) == _run(bound, [(STARVED, HEALTHY)]) == [3]
     lowered = AdaptiveBound.from_state(bound.state(), ceiling=2)
     assert lowered.bound == 2

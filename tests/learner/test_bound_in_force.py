@@ -90,11 +90,13 @@ def test_an_auto_bound_rises_when_starved_and_resumes_from_its_state():
     config = _config(max_staleness="auto", max_staleness_limit=3)
     bound = StalenessBound(config)
     assert bound.current == 1 and bound.algorithm().ratio_anchor == "behaviour"
-    assert [bound.after_step(**STARVED, metrics=HEALTHY) for _ in range(3)] == [1, 2, 2]
+    # The first step waited for the engines to start: not counted.
+    assert [bound.after_step(**STARVED, metrics=HEALTHY) for _ in range(4)] == [1, 1, 2, 2]
     assert bound.algorithm().importance_weight == "tis"
     resumed = StalenessBound(config, bound.state())
     assert resumed.current == 2
-    assert resumed.after_step(**STARVED, metrics=HEALTHY) == 3  # its starved run went on
+    assert resumed.after_step(**STARVED, metrics=HEALTHY) == 2  # its first step: not counted
+    assert resumed.after_step(**STARVED, metrics=HEALTHY) == 3  # its window went on
     assert resumed.after_step(**STARVED, metrics={"clip_fraction": 0.5}) == 2  # unhealthy
 
 

@@ -169,7 +169,7 @@ async def test_an_auto_bound_rises_while_the_learner_starves_and_each_group_keep
     # rises by one every two steps to its limit. The scripted actor's logprobs are no
     # model's, so its PPO health is always off: these limits let the rise be seen. The
     # learner is killed at version 5 and resumes from its checkpoint at 4, bound and all.
-    run = learner_run(total_steps=8, max_staleness="auto", max_staleness_limit=3,
+    run = learner_run(total_steps=10, max_staleness="auto", max_staleness_limit=3,
                       max_staleness_auto={"max_clip_fraction": 1.0, "max_approx_kl": 1e9},
                       eval_interval=None)  # fmt: skip
     actor = ScriptedActor(nats_server.url, bus_names, actor_id="slow", delay_s=0.4, seed=5,
@@ -183,7 +183,7 @@ async def test_an_auto_bound_rises_while_the_learner_starves_and_each_group_keep
     assert code == 0, run.log_tail()
     trained_lines, _ = _assert_every_trajectory_accounted_for(run, [actor])
     records = run.records("train")
-    assert [r["version"] for r in records] == list(range(1, 9))
+    assert [r["version"] for r in records] == list(range(1, 11))
     bounds = [r["max_staleness"] for r in records]
     assert bounds[0] == 1 and max(bounds) == 3, bounds
     assert all(b - a in (0, 1) for a, b in zip(bounds, bounds[1:], strict=False)), bounds
