@@ -81,9 +81,9 @@ class LearnerConfig(TrainerConfig):
     bound that sets itself (learner/staleness.py, `AdaptiveBound`), starting at 1, raised
     while the learner waits on data and its PPO health holds, lowered when that health
     degrades, never above `max_staleness_limit`; the off-policy correction is on for the
-    steps it is above 1 (`staleness_correction`)."""
+    steps it is above 1 (learner/bound.py)."""
     max_staleness_limit: int = pydantic.Field(default=4, ge=1)
-    """The ceiling of an "auto" bound (what sizes the broker's buffers and the fleet then)."""
+    """The ceiling of an "auto" bound (what an elastic fleet and the alert rules are sized for)."""
     max_staleness_auto: BoundLimits = BoundLimits()
     """When an "auto" bound rises and falls."""
     staleness_rule: Literal["group", "token"] = "group"
