@@ -75,10 +75,10 @@ def prometheus_rule(rules_text: str, name: str = "tether-alerts") -> dict:
 
 def overlay_run_rules(overlay: str) -> dict:
     """The overlay's run rules, for the staleness bound of its own config."""
-    from deploy.observability import run_rules, staleness_ceiling_of
+    from deploy.observability import bound_of, run_rules
 
     config = tomllib.loads((DEPLOY / "k8s" / overlay / "tether.toml").read_text())
-    rules = yaml.safe_dump(run_rules(staleness_ceiling_of(config["learner"])), sort_keys=False)
+    rules = yaml.safe_dump(run_rules(*bound_of(config["learner"])), sort_keys=False)
     return prometheus_rule(rules, name="tether-run-rules")
 
 

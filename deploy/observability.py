@@ -9,11 +9,12 @@ hosts (the Ray driver) `{"targets": {"learner": ["host:port"], "actor": [...], "
 on `actor + i` (actors/actor.py), so the actor job gets one target per replica, labelled
 `replica="i"`; "actor" may also be a list of ports, one per replica, and an optional
 `"actor_replicas"` key gives the replica count. The alert rules (deploy/prometheus/alerts.yml)
-are static; the one number of the run they need, the learner's `max_staleness`, goes into a
-recording rule `tether:learner_max_staleness` in `run_rules.yml`.
+are static; the one number of the run they need, the learner's `max_staleness` (read from the
+run's frozen config), goes into a recording rule `tether:learner_max_staleness` in
+`run_rules.yml`; an "auto" bound's rule is the learner's gauge of the bound in force.
 
     python -m deploy.observability                    # runs/latest -> runs/latest/prometheus/
-    python -m deploy.observability --run runs/X --actor-replicas 2 --max-staleness 1 --start
+    python -m deploy.observability --run runs/X --actor-replicas 2 --max-staleness auto --start
 
 `--start` then runs Prometheus (exec) with its storage in `<out>/data`. The shipped
 deploy/prometheus/prometheus.yml and run_rules.yml are this module's output for the roles'
@@ -43,22 +44,25 @@ STALENESS_BUCKETS = 9
 HEADER = "# Rendered by deploy/observability.py; edit that, not this file.\n"
 
 
-def default_max_staleness() -> int:
-    from learner.config import LearnerConfig
-
-    return LearnerConfig.model_fields["max_staleness"].default
-
-
-def staleness_ceiling_of(learner: dict) -> int:
-    """The largest bound a config's [learner] table allows: its max_staleness, or an
-    "auto" bound's limit."""
+def bound_of(learner: dict) -> tuple[int | str, int]:
+    """(max_staleness, max_staleness_limit) of a config's [learner] table, the learner's
+    defaults where it says nothing."""
     from learner.config import LearnerConfig
 
     fields = LearnerConfig.model_fields
-    bound = learner.get("max_staleness", fields["max_staleness"].default)
-    if bound == "auto":
-        return learner.get("max_staleness_limit", fields["max_staleness_limit"].default)
-    return bound
+    return (
+        learner.get("max_staleness", fields["max_staleness"].default),
+        learner.get("max_staleness_limit", fields["max_staleness_limit"].default),
+    )
+
+
+def run_bound(run_dir: Path) -> tuple[int | str, int]:
+    """The bound a run was launched with (its frozen config), else the learner's default."""
+    from deploy.frozen_config import frozen_path
+
+    path = frozen_path(run_dir)
+    sections = yaml.safe_load(path.read_text()) if path.is_file() else {}
+    return bound_of((sections or {}).get("learner") or {})
 
 
 def default_actor_replicas() -> int:
@@ -132,29 +136,46 @@ def _config(jobs: dict, scrape_interval: str, rule_files: list[str] | None) -> d
     }
 
 
-def run_rules(max_staleness: int) -> dict:
+def run_rules(max_staleness: int | str, limit: int | None = None) -> dict:
     """Recording rules that carry the run's staleness bound into the alerts and the dashboard:
 
-        tether:learner_max_staleness                     the bound (a constant series)
+        tether:learner_max_staleness                     the bound (a constant series; with
+                                                         "auto", the bound in force)
         tether:learner_staleness_at_bound:ratio_rate15m  fraction of the groups trained in
                                                          the last 15 min whose staleness
                                                          equals the bound (bound >= 1 only)
 
     Staleness is an integer, so "at the bound" is exactly 1 - P(staleness <= bound - 1), read
-    from the histogram's `le` bucket (histogram_quantile would interpolate inside a bucket)."""
+    from the histogram's `le` bucket (histogram_quantile would interpolate inside a bucket).
+    An "auto" bound (`limit`: its max_staleness_limit) moves, so its share reads the bucket
+    below the bound in force now: one term per bound it can take, each kept only while the
+    learner's gauge holds that bound."""
     from learner.staleness import check_max_staleness
 
+    if max_staleness == "auto":
+        if limit is None or limit < 1:
+            raise ValueError(f"an auto bound needs its max_staleness_limit >= 1, got {limit}")
+        in_force = "max(tether_learner_staleness_bound)"
+        terms = [f"({_at_bound(k)} and on() {in_force} == {k})"
+                 for k in range(1, min(limit, STALENESS_BUCKETS) + 1)]  # fmt: skip
+        return _rules(in_force, " or ".join(terms))
+    if not isinstance(max_staleness, int):
+        raise ValueError(f'max_staleness must be an integer or "auto", got {max_staleness!r}')
     check_max_staleness(max_staleness)
-    bound = {"record": "tether:learner_max_staleness", "expr": f"vector({max_staleness})"}
-    rules: list[dict] = [bound]
-    if 1 <= max_staleness <= STALENESS_BUCKETS:
-        below = f'tether_learner_staleness_bucket{{le="{max_staleness - 1:.1f}"}}'
+    in_range = 1 <= max_staleness <= STALENESS_BUCKETS
+    return _rules(f"vector({max_staleness})", _at_bound(max_staleness) if in_range else None)
+
+
+def _at_bound(bound: int) -> str:
+    below = f'tether_learner_staleness_bucket{{le="{bound - 1:.1f}"}}'
+    return f"1 - sum(rate({below}[15m])) / sum(rate(tether_learner_staleness_count[15m]))"
+
+
+def _rules(bound_expr: str, at_bound_expr: str | None) -> dict:
+    rules = [{"record": "tether:learner_max_staleness", "expr": bound_expr}]
+    if at_bound_expr is not None:
         rules.append(
-            {
-                "record": "tether:learner_staleness_at_bound:ratio_rate15m",
-                "expr": f"1 - sum(rate({below}[15m]))"
-                " / sum(rate(tether_learner_staleness_count[15m]))",
-            }
+            {"record": "tether:learner_staleness_at_bound:ratio_rate15m", "expr": at_bound_expr}
         )
     return {"groups": [{"name": "tether_run", "rules": rules}]}
 
@@ -168,13 +189,17 @@ def render(
     out_dir: Path,
     *,
     actor_replicas: int | None = None,
-    max_staleness: int | None = None,
+    max_staleness: int | str | None = None,
+    limit: int | None = None,
     scrape_interval: str = "5s",
 ) -> Path:
-    """Write out_dir/prometheus.yml and out_dir/run_rules.yml; return the former's path."""
+    """Write out_dir/prometheus.yml and out_dir/run_rules.yml; return the former's path.
+    `max_staleness` and `limit`: the run's bound (default: the learner's defaults)."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    bound = default_max_staleness() if max_staleness is None else max_staleness
-    (out_dir / RUN_RULES_NAME).write_text(to_yaml(run_rules(bound)))
+    default_bound, default_limit = bound_of({})
+    bound = default_bound if max_staleness is None else max_staleness
+    limit = default_limit if limit is None else limit
+    (out_dir / RUN_RULES_NAME).write_text(to_yaml(run_rules(bound, limit)))
     config = scrape_config(
         ports,
         actor_replicas=actor_replicas,
@@ -192,7 +217,7 @@ def shipped_files() -> dict[Path, str]:
     config = scrape_config(DEFAULT_PORTS, actor_replicas=1)
     return {
         PROMETHEUS_DIR / "prometheus.yml": to_yaml(config),
-        PROMETHEUS_DIR / RUN_RULES_NAME: to_yaml(run_rules(default_max_staleness())),
+        PROMETHEUS_DIR / RUN_RULES_NAME: to_yaml(run_rules(*bound_of({}))),
     }
 
 
@@ -204,6 +229,15 @@ def prometheus_command(config_path: Path, *, listen: str = "127.0.0.1:9090") -> 
         f"--storage.tsdb.path={config_path.parent / 'data'}",
         f"--web.listen-address={listen}",
     ]
+
+
+def _bound_argument(text: str) -> int | str:
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f'an integer or "auto", not {text!r}') from None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -221,9 +255,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--max-staleness",
-        type=int,
+        type=_bound_argument,
         default=None,
-        help="the run's learner.max_staleness (default: the default)",
+        help="the run's learner.max_staleness, an integer or \"auto\" (default: the run's frozen"
+        " config.yaml, else the learner's default)",
     )
     parser.add_argument("--scrape-interval", default="5s")
     parser.add_argument("--listen", default="127.0.0.1:9090", help="Prometheus web address")
@@ -254,12 +289,14 @@ def main(argv: list[str] | None = None) -> int:
     ):
         replicas = default_actor_replicas()
     out_dir = Path(args.out) if args.out else Path(args.run).resolve() / "prometheus"
+    bound, limit = run_bound(Path(args.run))
     try:
         path = render(
             ports,
             out_dir,
             actor_replicas=replicas,
-            max_staleness=args.max_staleness,
+            max_staleness=bound if args.max_staleness is None else args.max_staleness,
+            limit=limit,
             scrape_interval=args.scrape_interval,
         )
     except ValueError as e:

@@ -80,6 +80,23 @@ def test_run_rules_without_a_share_when_the_bound_is_0_or_past_the_buckets():
         observability.run_rules(-1)
 
 
+def test_an_auto_bound_is_the_learners_gauge_with_one_share_term_per_bound_it_can_take():
+    rules = observability.run_rules("auto", 3)["groups"][0]["rules"]
+    assert rules[0] == {
+        "record": "tether:learner_max_staleness",
+        "expr": "max(tether_learner_staleness_bound)",
+    }
+    share = rules[1]["expr"]
+    for bound in (1, 2, 3):
+        assert f'le="{bound - 1:.1f}"' in share
+        assert f"max(tether_learner_staleness_bound) == {bound})" in share
+    assert 'le="3.0"' not in share  # the limit: no term for a bound of 4
+    with pytest.raises(ValueError, match="max_staleness_limit"):
+        observability.run_rules("auto")
+    with pytest.raises(ValueError, match='integer or "auto"'):
+        observability.run_rules("sometimes")
+
+
 def test_bucket_labels_match_what_prometheus_client_exposes():
     from prometheus_client import generate_latest
 
@@ -104,6 +121,29 @@ def test_cli_renders_a_run_directory(tmp_path, capsys):
     rules = yaml.safe_load((run / "prometheus" / "run_rules.yml").read_text())
     assert rules["groups"][0]["rules"][0]["expr"] == "vector(1)"  # the learner's default
     assert "--storage.tsdb.path=" in capsys.readouterr().out
+
+
+def test_cli_reads_the_bound_the_run_was_launched_with(tmp_path, capsys):
+    from deploy.frozen_config import freeze
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics_ports.json").write_text(json.dumps(PORTS))
+    freeze(run, {"learner": {"max_staleness": "auto", "max_staleness_limit": 2}})
+
+    def rules() -> list[dict]:
+        return yaml.safe_load((run / "prometheus" / "run_rules.yml").read_text())["groups"][0][
+            "rules"
+        ]
+
+    assert observability.main(["--run", str(run)]) == 0
+    assert rules()[0]["expr"] == "max(tether_learner_staleness_bound)"
+    assert "== 2)" in rules()[1]["expr"] and "== 3)" not in rules()[1]["expr"]
+    assert observability.main(["--run", str(run), "--max-staleness", "3"]) == 0
+    assert rules()[0]["expr"] == "vector(3)"  # said on the command line: it wins
+    with pytest.raises(SystemExit):
+        observability.main(["--run", str(run), "--max-staleness", "often"])
+    assert 'an integer or "auto"' in capsys.readouterr().err
 
 
 def test_cli_defaults_to_the_launchers_replica_count(tmp_path):

@@ -53,6 +53,43 @@ def test_alerts_fire_as_worked_out_by_hand():
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+@needs_promtool
+def test_an_auto_bounds_share_reads_the_bucket_below_the_bound_in_force(tmp_path):
+    """An "auto" run's rules on hand-worked series: 20 groups/min trained, 2/min at
+    staleness 0, 8/min at 1, 5/min at 2, 5/min at 3; the learner's bound is 2 for the first
+    30 minutes, then 3. At 20m: 1 - (2 + 8)/20 = 0.5 at bound 2; at 50m (the rates are
+    steady, so the window straddling the change does not matter): 1 - 15/20 = 0.25."""
+    rules = tmp_path / observability.RUN_RULES_NAME
+    rules.write_text(observability.to_yaml(observability.run_rules("auto", 4)))
+    learner = 'job="learner", instance="l:1"'
+    cumulative = (("0.0", 2), ("1.0", 10), ("2.0", 15), ("3.0", 20), ("+Inf", 20))
+    series = {f'tether_learner_staleness_bucket{{{learner}, le="{le}"}}': f"0+{per_min}x60"
+              for le, per_min in cumulative}  # fmt: skip
+    series[f"tether_learner_staleness_count{{{learner}}}"] = "0+20x60"
+    series[f"tether_learner_staleness_bound{{{learner}}}"] = "2x30 3x30"
+
+    def sample(record: str, minute: int, value: float) -> dict:
+        return {"expr": record, "eval_time": f"{minute}m",
+                "exp_samples": [{"labels": record, "value": value}]}  # fmt: skip
+
+    share = "tether:learner_staleness_at_bound:ratio_rate15m"
+    bound = "tether:learner_max_staleness"
+    case = {
+        "interval": "1m",
+        "input_series": [{"series": name, "values": values} for name, values in series.items()],
+        "promql_expr_test": [
+            sample(share, 20, 0.5),
+            sample(bound, 20, 2),
+            sample(share, 50, 0.25),
+            sample(bound, 50, 3),
+        ],  # fmt: skip
+    }
+    tests = {"rule_files": [rules.name], "evaluation_interval": "1m", "tests": [case]}
+    (tmp_path / "auto_test.yml").write_text(yaml.safe_dump(tests))
+    result = _promtool("test", "rules", "auto_test.yml", cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
 def test_every_alert_has_a_test_case_and_a_severity():
     alerts = yaml.safe_load(observability.ALERTS_FILE.read_text())["groups"][0]["rules"]
     cases = yaml.safe_load((HERE / "alerts_test.yml").read_text())["tests"]
