@@ -1,6 +1,7 @@
 """The staleness bound a run trains under, step by step: the config's fixed number, or
 (`learner.max_staleness = "auto"`) an `AdaptiveBound` (learner/staleness.py) moved after
-every step from the step's data wait, train time and PPO health.
+every step from the step's data wait, train time, PPO health and the share of its episodes'
+time spent in tools.
 
 An "auto" bound also switches the off-policy correction: above 1 the behaviour policy may
 be several updates old, and each step trains with the configured correction (the proximal
@@ -12,11 +13,14 @@ algorithm alone. GSPO has no such correction: its algorithm is never changed.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
+from learner.env_metrics import time_in_tools
 from learner.staleness import AdaptiveBound
 
 if TYPE_CHECKING:
+    from learner.batching import Group
     from learner.config import LearnerConfig
     from learner.trainer.config import AlgorithmConfig
 
@@ -63,14 +67,18 @@ class StalenessBound:
             return None
         return algorithm_for(self.configured, self.controller.bound)
 
-    def after_step(self, *, wait_s: float, train_s: float, metrics: dict[str, float]) -> int:
+    def after_step(
+        self, wait_s: float, train_s: float, metrics: dict[str, float], groups: Iterable[Group] = ()
+    ) -> int:
         """The bound for the next step, after one that waited `wait_s` for its data, trained
-        for `train_s` and reported `metrics` (its PPO health among them). The first step of
-        a learner process is no sign of slow tools: it waited for the engines to start (or,
-        resumed, for the actors to catch up)."""
+        for `train_s` on `groups` and reported `metrics` (its PPO health among them). The
+        first step of a learner process is no sign of slow tools: it waited for the engines
+        to start (or, resumed, for the actors to catch up)."""
         first, self.first_step = self.first_step, False
         if self.controller is not None and not first:
-            self.controller.observe(wait_s=wait_s, train_s=train_s, health=metrics)
+            episodes = [t for g in groups for t in g.trajectories]
+            self.controller.observe(wait_s=wait_s, train_s=train_s, health=metrics,
+                                    tool_fraction=time_in_tools(episodes))  # fmt: skip
         return self.current
 
     def state(self) -> dict | None:

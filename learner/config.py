@@ -44,6 +44,11 @@ class BoundLimits(StrictModel):
     """The steps that window spans; after a rise it fills anew before the next (one slow
     step is noise, and data arrives in bursts: a step that waited is often followed by one
     whose groups were all there)."""
+    min_tool_fraction: float = pydantic.Field(default=0.35, ge=0, le=1)
+    """A starved learner raises the bound only while its episodes spend at least this share
+    of their time in env steps (tools) rather than generating (`rollout/all/
+    tool_time_fraction`). Below it the engines are the bottleneck: more episodes in flight
+    would queue in them, and the older data would cost the correction's extra forward."""
     max_clip_fraction: float = pydantic.Field(default=0.2, gt=0)
     """The share of loss tokens whose ratio the PPO clip cut, above which the bound falls."""
     max_approx_kl: float = pydantic.Field(default=0.05, gt=0)

@@ -22,6 +22,8 @@ Keys, for each environment `<e>` under `env/<e>/` and over all environments unde
     mean_turns              assistant turns per valid sample
     mean_tool_calls         `num_tool_calls` per valid sample
     mean_response_tokens    policy-generated tokens (loss-mask sum) per valid sample
+    tool_time_fraction      the share of the valid samples' time spent in env steps (tools)
+                            rather than in the engine: `time_in_tools`
     error_fraction          error episodes / all samples
     samples_per_prompt      mean group size (the n of pass_at_n)
     stop_reason/<r>         fraction of samples (errors included) that stopped with `<r>`
@@ -127,7 +129,19 @@ def _scope_metrics(groups: list[list[Trajectory]], threshold: float) -> dict[str
         mean_tool_calls=float(np.mean([t.num_tool_calls for t in valid])),
         mean_response_tokens=float(np.mean([response_tokens(t) for t in valid])),
     )
+    if (in_tools := time_in_tools(valid)) is not None:
+        metrics["tool_time_fraction"] = in_tools
     return metrics
+
+
+def time_in_tools(trajectories: list[Trajectory]) -> float | None:
+    """The share of these episodes' time spent in env steps (tools, the env server) rather
+    than generating: sum of `env_s` / sum of `env_s + generate_s`, from each trajectory's
+    timing. None when none of them was timed. An agent workflow's calls are all inside its
+    one env call, so its episodes count as all tool time."""
+    env_s = sum(t.timing.get("env_s", 0.0) for t in trajectories)
+    generate_s = sum(t.timing.get("generate_s", 0.0) for t in trajectories)
+    return env_s / (env_s + generate_s) if env_s + generate_s > 0 else None
 
 
 def _stop_reason_fractions(groups: list[list[Trajectory]]) -> dict[str, float]:

@@ -273,7 +273,7 @@ class Learner:
         if not self.ledger.train(episodes, staleness, int(metrics["num_loss_tokens"])):
             log.warning(empty_step_warning(step, groups))
         self.version = self.commands.version
-        self._next_bound(waited_s, train_s, metrics)
+        self._next_bound(waited_s, train_s, metrics, groups)
         started = time.monotonic()
         # Evals run pinned to their version: a replica that missed the broadcast (restarted
         # meanwhile) must be able to load exactly that version from disk.
@@ -311,9 +311,9 @@ class Learner:
         record.update(self.releases.stream.report())  # learner.difficulty: prompts passed over
         self.reporter.record_train(record, step=step, groups=groups)
 
-    def _next_bound(self, waited_s: float, train_s: float, metrics: dict) -> None:
+    def _next_bound(self, waited_s: float, train_s: float, metrics: dict, groups: list) -> None:
         """Move the bound after a step (fixed: it stays); the next releases carry it."""
-        bound = self.bound.after_step(wait_s=waited_s, train_s=train_s, metrics=metrics)
+        bound = self.bound.after_step(waited_s, train_s, metrics, groups)
         self.releases.stream.max_staleness = self.group_rules["max_staleness"] = bound
 
     async def _checkpoint(self) -> None:

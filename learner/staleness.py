@@ -161,9 +161,18 @@ class AdaptiveBound:
         self.window: list[tuple[float, float]] = []
         """(wait s, train s) of the last healthy steps since the bound last moved."""
 
-    def observe(self, *, wait_s: float, train_s: float, health: dict[str, float]) -> int:
+    def observe(
+        self,
+        *,
+        wait_s: float,
+        train_s: float,
+        health: dict[str, float],
+        tool_fraction: float | None = None,
+    ) -> int:
         """The bound for the next step, after a step that waited `wait_s` for data, trained
-        for `train_s` and left `health` (PPO health's metrics; missing ones count healthy)."""
+        for `train_s` and left `health` (PPO health's metrics; missing ones count healthy),
+        on episodes that spent `tool_fraction` of their time in tools (None: not known, the
+        data wait alone decides)."""
         limits = self.limits
         if (
             health.get("clip_fraction", 0.0) > limits.max_clip_fraction
@@ -175,7 +184,9 @@ class AdaptiveBound:
         waited = sum(wait for wait, _ in self.window)
         busy = waited + sum(train for _, train in self.window)
         full = len(self.window) == limits.starved_steps
-        if full and busy > 0 and waited / busy >= limits.starved_wait_fraction:
+        starved = full and busy > 0 and waited / busy >= limits.starved_wait_fraction
+        tool_bound = tool_fraction is None or tool_fraction >= limits.min_tool_fraction
+        if starved and tool_bound:
             self.bound, self.window = min(self.bound + 1, self.ceiling), []
         return self.bound
 

@@ -36,6 +36,21 @@ def test_data_that_arrives_in_bursts_counts_over_the_window():
     assert _run(bound, burst * 3) == [1, 2, 2, 3, 3, 4]
 
 
+def test_a_starved_learner_raises_the_bound_only_while_its_episodes_wait_on_tools():
+    # Generation the bottleneck (5% of the episodes' time in tools): more episodes in flight
+    # would only queue in the engines, so the bound stays however long the learner waits.
+    def starved(tool_fraction: float | None, steps: int, bound: AdaptiveBound) -> list[int]:
+        return [bound.observe(**STARVED, health=HEALTHY, tool_fraction=tool_fraction)
+                for _ in range(steps)]  # fmt: skip
+
+    limits = BoundLimits(min_tool_fraction=0.2)
+    engine_bound = AdaptiveBound(ceiling=4, limits=limits)
+    assert starved(0.05, 6, engine_bound) == [1] * 6
+    assert starved(0.6, 3, engine_bound) == [2, 2, 3]  # tools took over: the window was full
+    assert starved(0.2, 2, AdaptiveBound(ceiling=4, limits=limits)) == [1, 2]  # at the limit
+    assert starved(None, 2, AdaptiveBound(ceiling=4, limits=limits)) == [1, 2]  # not known
+
+
 @pytest.mark.parametrize("sick", [{"clip_fraction": 0.3}, {"approx_kl": 0.2}])
 def test_it_falls_at_once_when_health_crosses_a_limit_but_not_below_one(sick):
     bound = AdaptiveBound(ceiling=4, bound=3)

@@ -6,6 +6,7 @@ dispatcher admits and tags releases by the bound in force."""
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
 from learner.batching import Group
@@ -98,6 +99,22 @@ def test_an_auto_bound_rises_when_starved_and_resumes_from_its_state():
     assert resumed.after_step(**STARVED, metrics=HEALTHY) == 2  # its first step: not counted
     assert resumed.after_step(**STARVED, metrics=HEALTHY) == 3  # its window went on
     assert resumed.after_step(**STARVED, metrics={"clip_fraction": 0.5}) == 2  # unhealthy
+
+
+def test_an_auto_bound_reads_the_time_in_tools_from_the_steps_groups():
+    def groups(env_s: float, generate_s: float) -> list[Group]:
+        timing = {"env_s": env_s, "generate_s": generate_s}
+        timed = [msgspec.structs.replace(t, timing=timing) for t in _group(3, 1).trajectories]
+        return [Group("g", 0, "calculator", timed)]
+
+    engine_bound = StalenessBound(_config(max_staleness="auto"))
+    steps = [engine_bound.after_step(**STARVED, metrics=HEALTHY, groups=groups(0.1, 4.0))
+             for _ in range(5)]  # fmt: skip
+    assert steps == [1] * 5  # starved, but on generation: the bound stays
+    tool_bound = StalenessBound(_config(max_staleness="auto"))
+    steps = [tool_bound.after_step(**STARVED, metrics=HEALTHY, groups=groups(3.0, 1.0))
+             for _ in range(3)]  # fmt: skip
+    assert steps == [1, 1, 2]  # the first step is not counted
 
 
 def test_an_auto_bound_is_sized_for_its_limit():

@@ -22,6 +22,7 @@ def trajectory(
     versions: tuple[int, int] = (0, 0),
     env_metrics: dict[str, float] | None = None,
     data_source: str = "",
+    timing: dict[str, float] | None = None,
 ) -> Trajectory:
     """Prompt then response tokens. Response tokens get loss mask 1 and policy versions
     rising from `versions[0]` to `versions[1]`, except at `observation_positions` (indices
@@ -54,6 +55,7 @@ def trajectory(
         num_turns=num_turns,
         num_tool_calls=num_tool_calls,
         env_metrics=env_metrics or {},
+        timing=timing or {},
         **pack_tokens(
             token_ids=token_ids,
             logprobs=[-0.5 if m else 0.0 for m in mask],

@@ -2,7 +2,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from learner.env_metrics import rollout_metrics
+from learner.env_metrics import rollout_metrics, time_in_tools
 from tests.learner_metrics.builders import group, trajectory
 
 LONG = (20, 21, 22)  # 3 response tokens
@@ -171,3 +171,19 @@ def test_bad_groups_are_rejected():
     mixed = [trajectory(reward=1.0), trajectory(reward=0.0, env_class="sql", sample_index=1)]
     with pytest.raises(ValueError, match="mixes environments"):
         rollout_metrics([mixed])
+
+
+def test_the_time_in_tools_is_the_env_share_of_the_episodes_timed_seconds():
+    # 3 s in tools and 1 s generating, then 1 s and 3 s: 4 of 8 timed seconds in tools; an
+    # untimed episode adds nothing; an error episode is left out of the rollout metrics.
+    g = group(
+        "g",
+        dict(reward=1.0, timing={"env_s": 3.0, "generate_s": 1.0}),
+        dict(reward=0.0, timing={"env_s": 1.0, "generate_s": 3.0}),
+        dict(reward=0.0),
+        dict(reward=0.0, stop_reason="error:env_step", timing={"env_s": 30.0}),
+    )
+    assert time_in_tools(g[:3]) == pytest.approx(0.5)
+    assert rollout_metrics([g])["all/tool_time_fraction"] == pytest.approx(0.5)
+    assert time_in_tools(g[2:3]) is None  # nothing timed: not known, not 0
+    assert "all/tool_time_fraction" not in rollout_metrics([g[2:3]])
