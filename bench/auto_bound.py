@@ -7,6 +7,8 @@ log-normal latency) plus `instant`, a calculator that answers at once.
     instant    b1, auto                 the bound stays low where tools cost nothing
     tools      b1, auto                 50 ms / 2 s: no slower than bound 1
     agentic    sync, auto (+ b4)        0.5 s / 8 s: the speedup over synchronous RL
+    demo       b1, auto                 `make run` as shipped (30 steps, its evals): auto
+                                        ends in bound 1's pass@1 band
 
 Per run: bench/agentic.py's figures (seconds per step, idle fractions, last pass@1) and
 the bound step by step (`bounds`, its mean and last); `speedup` = the compared baseline's
@@ -25,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import tempfile
+import tomllib
 from pathlib import Path
 
 from bench.agentic import CORRECTION, EVAL_ROWS, EVAL_SAMPLES, WORKLOADS, run_figures
@@ -35,9 +38,12 @@ PLAN = {  # workload -> (modes, baseline)
     "instant": (("b1", "auto"), "b1"),
     "tools": (("b1", "auto"), "b1"),
     "agentic": (("sync", "auto", "b4"), "sync"),
+    "demo": (("b1", "auto"), "b1"),
 }
 BOUNDS = {"sync": 0, "b1": 1, "b4": 4, "auto": "auto"}
-IMAGE = Path(__file__).resolve().parents[1] / "docs" / "images" / "auto_bound.png"
+REPO = Path(__file__).resolve().parents[1]
+DEMO_STEPS = tomllib.loads((REPO / "configs" / "demo.toml").read_text())["learner"]["total_steps"]
+IMAGE = REPO / "docs" / "images" / "auto_bound.png"
 
 
 def latency(workload: str) -> tuple[float, float]:
@@ -47,16 +53,25 @@ def latency(workload: str) -> tuple[float, float]:
     return WORKLOADS[workload].median_ms, WORKLOADS[workload].p99_s
 
 
-def one_run(workload: str, mode: str, seed: int, steps: int, work: Path) -> dict[str, float]:
-    from bench.tether_run import watch_run
-
-    median_ms, p99_s = latency(workload)
+def overrides_of(workload: str, mode: str, seed: int, steps: int) -> list[str]:
+    """The run's overrides of configs/demo.toml; `demo` is the shipped run, its bound aside."""
     bound = BOUNDS[mode]
+    if workload == "demo":
+        return [f"learner.max_staleness={bound}"]
+    median_ms, p99_s = latency(workload)
     overrides = workload_overrides(steps=steps, bound=bound, median_ms=median_ms, p99_s=p99_s,
                                    eval_rows=EVAL_ROWS, eval_samples=EVAL_SAMPLES)  # fmt: skip
     overrides += [f"envserver.calculator.latency_seed={seed}"]
     if isinstance(bound, int) and bound > 1:
         overrides += CORRECTION  # as bench/agentic.py runs its fixed bounds
+    return overrides
+
+
+def one_run(workload: str, mode: str, seed: int, steps: int, work: Path) -> dict[str, float]:
+    from bench.tether_run import watch_run
+
+    bound = BOUNDS[mode]
+    overrides = overrides_of(workload, mode, seed, steps)
     run_dir = work / f"{workload}-{mode}-{seed}"
     run_dir.mkdir(parents=True)
     run = watch_run(overrides, run_dir)
@@ -114,13 +129,14 @@ def main(argv: list[str] | None = None) -> None:
     with load_average() as loads, tempfile.TemporaryDirectory(prefix="bench-auto-") as tmp:
         work = args.work_dir or Path(tmp)
         for workload in workloads:
-            out.update({f"{workload}_steps": args.steps, f"{workload}_seeds": len(seeds)})
+            steps = DEMO_STEPS if workload == "demo" else args.steps
+            out.update({f"{workload}_steps": steps, f"{workload}_seeds": len(seeds)})
             modes, baseline = PLAN[workload]
             modes = [m for m in modes if not args.modes or m in args.modes.split(",")]
             for seed in seeds:
                 runs = {}
                 for mode in modes:
-                    runs[mode] = one_run(workload, mode, seed, args.steps, work)
+                    runs[mode] = one_run(workload, mode, seed, steps, work)
                     print(f"{workload} {mode} seed {seed}: {runs[mode]}", flush=True)
                 for mode, figures in runs.items():
                     if baseline in runs:

@@ -15,6 +15,7 @@ started (`t` in seconds from launch):
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import shutil
@@ -140,8 +141,9 @@ class _Watcher:
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
                     samples.append(parse_counters(r.read().decode()))
-            # Network boundary: a replica not serving yet (engine starting) or already gone.
-            except (urllib.error.URLError, OSError):
+            # Network boundary: a replica not serving yet (engine starting) or already gone,
+            # or one that exits while answering (its page cut short).
+            except (urllib.error.URLError, OSError, http.client.HTTPException):
                 return
             if "tether_actor_generated_tokens_total" not in samples[-1]:
                 return  # not a replica's page: one exiting, or another process on its port

@@ -1,35 +1,41 @@
 """The staleness rule per token against per group (learner.staleness_rule), where episodes
 outlast weight updates: `make run`'s job with every calculator call first waiting a
-log-normal latency with a 30 s tail (bench/agentic.py's `agentic-30s` workload), at one
-staleness bound, the `group` rule against the `token` rule, each over several seeds (the
-seed draws the tool latencies; sampling is unseeded as in `make run`). Runs alternate rule
-by rule within a seed, so both rules meet the same machine load.
+log-normal latency with a 30 s tail (bench/agentic.py's `agentic-30s` workload), at each
+staleness bound asked for, the `group` rule against the `token` rule, each over several
+seeds (the seed draws the tool latencies; sampling is unseeded as in `make run`). Runs
+alternate rule by rule within a seed, so both rules meet the same machine load.
 
 Per run: groups dropped as stale, policy tokens generated per policy token trained (what
 the generation that was thrown away costs), seconds per step (steady state,
 bench/async_support.py), loss tokens the token rule cleared, and the last eval's pass@1
-(64 prompts x 2 samples after the last step). Per rule: the mean and the range over seeds.
+(64 prompts x 2 samples after the last step). Per bound and rule: the mean and the range
+over seeds, as `b<bound>_<rule>_<figure>_{mean,min,max}`.
 
-    python -m bench.token_rule [--bound 2] [--seeds 0,1,2] [--steps 12]
+    python -m bench.token_rule [--bounds 1,2,4] [--seeds 0,1,2] [--steps 12]
 
-Writes bench/results/token_rule.json and prints the table. About 3 minutes a run on 2 cores.
+Writes bench/results/token_rule.json (keeping the figures of bounds not run this time: each
+bound's two rules compare within one invocation) and docs/images/token_rule.png, and prints
+the table. About 3 minutes a run on 2 cores.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import tempfile
+import time
 from pathlib import Path
 
 from bench.agentic import CORRECTION, EVAL_ROWS, EVAL_SAMPLES, WORKLOADS
 from bench.async_support import GENERATED, mode_figures, workload_overrides
-from bench.common import load_average, report
+from bench.common import RESULTS_DIR, load_average, report
 from bench.tether_run import RunRecord, actor_counter_at, watch_run
 
 RULES = ("group", "token")
 WORKLOAD = "agentic-30s"
 FIGURES = ("stale_groups", "generated_per_trained", "s_per_step", "masked_fraction", "pass_at_1")
+IMAGE = Path(__file__).resolve().parents[1] / "docs" / "images" / "token_rule.png"
 
 
 def run_figures(run: RunRecord, group_size: int) -> dict[str, float]:
@@ -48,40 +54,90 @@ def run_figures(run: RunRecord, group_size: int) -> dict[str, float]:
     }
 
 
+def one_bound(bound: int, seeds: list[int], steps: int, work: Path) -> dict[str, float]:
+    """Both rules at `bound`, over `seeds`: `b<bound>_<rule>_<figure>_{mean,min,max}`."""
+    workload = WORKLOADS[WORKLOAD]
+    base = workload_overrides(steps=steps, bound=bound, median_ms=workload.median_ms,
+                              p99_s=workload.p99_s, eval_rows=EVAL_ROWS,
+                              eval_samples=EVAL_SAMPLES)  # fmt: skip
+    base += CORRECTION if bound > 1 else []
+    group_size = 8  # configs/demo.toml's learner.group_size
+    measured: dict[str, list[dict[str, float]]] = {rule: [] for rule in RULES}
+    for seed in seeds:
+        order = RULES if seed % 2 == 0 else RULES[::-1]
+        for rule in order:
+            overrides = [*base, f"learner.staleness_rule={rule}",
+                         f"envserver.calculator.latency_seed={seed}"]  # fmt: skip
+            run = watch_run(overrides, work / f"b{bound}-{rule}{seed}")
+            measured[rule].append(run_figures(run, group_size))
+            print(f"bound {bound} seed {seed} {rule}: {measured[rule][-1]}", flush=True)
+    out: dict[str, float] = {}
+    for rule, runs in measured.items():
+        for name in FIGURES:
+            values = [r[name] for r in runs]
+            key = f"b{bound}_{rule}_{name}"
+            out[f"{key}_mean"] = statistics.fmean(values)
+            out[f"{key}_min"], out[f"{key}_max"] = min(values), max(values)
+    return out
+
+
+def kept_figures(rerun: list[int]) -> dict[str, float | int | str]:
+    """The figures of the bounds not run this time, from the results file."""
+    path = RESULTS_DIR / "token_rule.json"
+    kept = json.loads(path.read_text()) if path.exists() else {}
+    rerun_keys = {f"b{bound}" for bound in rerun}
+    return {k: v for k, v in kept.items()
+            if k.startswith("b") and k.split("_")[0] not in rerun_keys}  # fmt: skip
+
+
+def plot(figures: dict, path: Path) -> None:
+    """Groups dropped as stale and tokens generated per token trained, by bound, per rule."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    bounds = sorted({int(k.split("_")[0][1:]) for k in figures if k.startswith("b")})
+    fig, axes = plt.subplots(1, 2, figsize=(8, 3))
+    for axis, (name, label) in zip(axes, (("stale_groups", "groups dropped as stale"),
+                                          ("generated_per_trained", "generated per trained")),
+                                   strict=True):  # fmt: skip
+        for rule in RULES:
+            means = [figures.get(f"b{b}_{rule}_{name}_mean") for b in bounds]
+            lows = [figures.get(f"b{b}_{rule}_{name}_min") for b in bounds]
+            highs = [figures.get(f"b{b}_{rule}_{name}_max") for b in bounds]
+            errors = [[m - lo for m, lo in zip(means, lows, strict=True)],
+                      [hi - m for m, hi in zip(means, highs, strict=True)]]  # fmt: skip
+            axis.errorbar(bounds, means, yerr=errors, marker="o", capsize=3, label=rule)
+        axis.set_xlabel("staleness bound")
+        axis.set_ylabel(label)
+        axis.set_xticks(bounds)
+    axes[0].legend(title="rule")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    print(f"wrote {path}")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--bound", type=int, default=2)
+    parser.add_argument("--bounds", default="1,2,4")
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--steps", type=int, default=12)
     args = parser.parse_args(argv)
     seeds = [int(s) for s in args.seeds.split(",")]
+    bounds = [int(b) for b in args.bounds.split(",")]
     workload = WORKLOADS[WORKLOAD]
-    base = workload_overrides(steps=args.steps, bound=args.bound, median_ms=workload.median_ms,
-                              p99_s=workload.p99_s, eval_rows=EVAL_ROWS,
-                              eval_samples=EVAL_SAMPLES)  # fmt: skip
-    base += CORRECTION if args.bound > 1 else []
-    group_size = 8  # configs/demo.toml's learner.group_size
-    measured: dict[str, list[dict[str, float]]] = {rule: [] for rule in RULES}
-    out: dict[str, float | int | str] = {
-        "bound": args.bound, "steps": args.steps, "seeds": len(seeds),
-        "tool_median_ms": workload.median_ms, "tool_p99_s": workload.p99_s,
-    }  # fmt: skip
-    with load_average() as loads, tempfile.TemporaryDirectory(prefix="bench-token-") as tmp:
-        for seed in seeds:
-            order = RULES if seed % 2 == 0 else RULES[::-1]
-            for rule in order:
-                overrides = [*base, f"learner.staleness_rule={rule}",
-                             f"envserver.calculator.latency_seed={seed}"]  # fmt: skip
-                run = watch_run(overrides, Path(tmp) / f"{rule}{seed}")
-                measured[rule].append(run_figures(run, group_size))
-                print(f"seed {seed} {rule}: {measured[rule][-1]}", flush=True)
-    for rule, runs in measured.items():
-        for name in FIGURES:
-            values = [r[name] for r in runs]
-            out[f"{rule}_{name}_mean"] = statistics.fmean(values)
-            out[f"{rule}_{name}_min"], out[f"{rule}_{name}_max"] = min(values), max(values)
-    out.update(loads)
-    report("token_rule", f"staleness rule per token vs per group, bound {args.bound}", out)
+    out = kept_figures(bounds)
+    out.update(steps=args.steps, seeds=len(seeds), tool_median_ms=workload.median_ms,
+               tool_p99_s=workload.p99_s)  # fmt: skip
+    with tempfile.TemporaryDirectory(prefix="bench-token-") as tmp:
+        for bound in bounds:  # each bound's own provenance: kept bounds were measured apart
+            with load_average() as loads:
+                out.update(one_bound(bound, seeds, args.steps, Path(tmp)))
+            out.update({f"b{bound}_{k}": v for k, v in loads.items()})
+            out[f"b{bound}_measured_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    report("token_rule", "staleness rule per token vs per group, by bound", out)
+    plot(out, IMAGE)
 
 
 if __name__ == "__main__":

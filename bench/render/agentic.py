@@ -1,5 +1,6 @@
 """The "agentic" block of docs/benchmarks.md: bench/agentic.py's runs, one row each, and
-the issue-36 targets read from them."""
+the targets read from them: the speedup at the recommended bound, the staleness it trained
+on, the engine-sized work in flight against the fixed cap, the pass@1 band."""
 
 from __future__ import annotations
 

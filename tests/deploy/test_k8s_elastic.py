@@ -160,8 +160,9 @@ def test_kedas_schema_catches_a_broken_scaled_object(shipped, keda_schema):
 
 
 def test_the_scaled_object_is_the_fleet_rule(shipped):
-    """dev's numbers: (max_staleness 1 + 1) * 8 prompts = 16 groups released at most; an
-    engine of 64 sequences holds 64 // 8 = 8 groups; so 1 to ceil(16 / 8) = 2 replicas."""
+    """dev's numbers: an "auto" bound up to its limit 4, so (4 + 1) * 8 prompts = 40 groups
+    released at most; an engine of 64 sequences holds 64 // 8 = 8 groups; so 1 to
+    ceil(40 / 8) = 5 replicas."""
     spec = _one(shipped, "ScaledObject", "tether-actor")["spec"]
     (trigger,) = spec["triggers"]
     assert trigger["type"] == "prometheus" and trigger["metricType"] == "AverageValue"
@@ -169,7 +170,7 @@ def test_the_scaled_object_is_the_fleet_rule(shipped):
     assert trigger["metadata"]["query"] == k8s_elastic.signal_query('namespace="tether"', bounds)
     assert trigger["metadata"]["ignoreNullValues"] == "false"
     threshold = int(trigger["metadata"]["threshold"])
-    assert (threshold, spec["minReplicaCount"], spec["maxReplicaCount"]) == (8, 1, 2)
+    assert (threshold, spec["minReplicaCount"], spec["maxReplicaCount"]) == (8, 1, 5)
     behavior = spec["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]
     assert behavior["scaleUp"]["stabilizationWindowSeconds"] == 0  # the sustain is in the query
     assert behavior["scaleDown"]["stabilizationWindowSeconds"] == 600
@@ -177,8 +178,8 @@ def test_the_scaled_object_is_the_fleet_rule(shipped):
 
     # The HPA's AverageValue arithmetic on an external metric, ceil(value / target) within
     # the bounds, is FleetBounds.replicas_for (worked: 9 groups need a second replica).
-    for work, expected in [(0, 1), (8, 1), (9, 2), (16, 2), (100, 2)]:
-        hpa = min(max(math.ceil(work / threshold), spec["minReplicaCount"]), 2)
+    for work, expected in [(0, 1), (8, 1), (9, 2), (16, 2), (33, 5), (100, 5)]:
+        hpa = min(max(math.ceil(work / threshold), spec["minReplicaCount"]), 5)
         assert hpa == bounds.replicas_for(work) == expected
 
 
@@ -231,8 +232,11 @@ def test_generated_files_are_up_to_date():
 
 
 def test_max_staleness_sets_the_largest_fleet():
-    """max_staleness 3: (3 + 1) * 8 = 32 groups released, over 8 per replica: 4 replicas."""
-    for overrides, expected in [([], 2), (["learner.max_staleness=3"], 4)]:
+    """max_staleness 3: (3 + 1) * 8 = 32 groups released, over 8 per replica: 4 replicas;
+    "auto" is sized for its limit (4 as shipped: 5 replicas; 2: 3 replicas)."""
+    cases = [([], 5), (["learner.max_staleness=3"], 4), (["learner.max_staleness=1"], 2),
+             (["learner.max_staleness_limit=2"], 3)]  # fmt: skip
+    for overrides, expected in cases:
         run = load_run_config(CONFIG, overrides)
         assert k8s_elastic.scaled_object(run)["spec"]["maxReplicaCount"] == expected
         assert k8s_elastic.horizontal_pod_autoscaler(run)["spec"]["maxReplicas"] == expected
@@ -253,7 +257,7 @@ def test_a_changed_config_renders_into_the_objects(tmp_path):
         tmp_path,
         components=["keda"],
         config_edits=[
-            ("max_staleness = 1", "max_staleness = 3"),
+            ('max_staleness = "auto"', "max_staleness = 3"),
             ("[actor]\n", "[actor]\ndrain_timeout_s = 100\n"),
         ],
     )

@@ -374,8 +374,8 @@ def test_rendered_rules_and_dashboard_are_the_plain_files(rendered):
     assert rule["spec"]["groups"] == alerts["groups"]
     # The staleness bound the alert and the dashboard read is the overlay's own.
     run_rules = _one(objects, "PrometheusRule", "tether-run-rules")["spec"]["groups"]
-    max_staleness = _run_config(objects)["learner"]["max_staleness"]
-    assert run_rules == observability.run_rules(max_staleness)["groups"]
+    bound = observability.bound_of(_run_config(objects)["learner"])
+    assert run_rules == observability.run_rules(*bound)["groups"]
     dashboard = _one(objects, "ConfigMap", "tether-grafana-dashboard")
     assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
     assert dashboard["data"]["tether.json"] == (REPO / "deploy/grafana/tether.json").read_text()
