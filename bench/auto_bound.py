@@ -89,7 +89,7 @@ def plot(figures: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axis = plt.subplots(figsize=(8, 3.2))
+    fig, axis = plt.subplots(figsize=(9.5, 3.2))
     for key, value in sorted(figures.items()):
         if "_auto_" in key and key.endswith("_bounds"):
             bounds = [int(b) for b in value.split(",")]
@@ -98,7 +98,7 @@ def plot(figures: dict, path: Path) -> None:
     axis.set_xlabel("training step")
     axis.set_ylabel("staleness bound in force")
     axis.set_yticks(range(0, 5))
-    axis.legend(loc="lower right", fontsize=8)
+    axis.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)  # beside the lines
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     print(f"wrote {path}")
