@@ -27,6 +27,8 @@
                                                        than the bound (staleness_rule token)
     tether_learner_staleness_bound                     the bound in force for the last step
                                                        (moves under max_staleness = "auto")
+    tether_learner_tool_time_fraction                  share of the last step's episode time
+                                                       spent in env steps (tools), not generating
     tether_learner_eval_pass_at_1{env}                 last eval's pass@1 (env="all": overall)
 
 The bus's work queues, as the learner reads them from JetStream (learner/bus_metrics.py;
@@ -53,6 +55,7 @@ Keys read (each optional; a missing key leaves its metric alone):
     staleness           -> staleness: a list of per-group staleness values (or one int)
     version_span        -> version_span: a list of per-episode version spans
     max_staleness       -> staleness_bound
+    rollout/all/tool_time_fraction -> tool_time_fraction
     wait_data_s         -> data_wait_seconds
     train_s             -> step_seconds
     broadcast_s         -> broadcast_seconds
@@ -105,6 +108,10 @@ _GAUGES = {  # record key -> the gauge that shows its last value
     "max_staleness": prometheus_client.Gauge(
         "tether_learner_staleness_bound",
         'The staleness bound in force for the last step (moves under max_staleness = "auto")',
+    ),
+    "rollout/all/tool_time_fraction": prometheus_client.Gauge(
+        "tether_learner_tool_time_fraction",
+        "Share of the last step's episode time spent in env steps (tools), not generating",
     ),
     "stale_token_fraction": prometheus_client.Gauge(
         "tether_learner_stale_token_fraction",

@@ -153,15 +153,18 @@ def learner_panels() -> list[dict]:
         timeseries(
             "Staleness: mean, bound, share at the bound",
             "Mean staleness of the groups trained in the last 5 min; the run's max_staleness "
-            '(an "auto" bound\'s limit) and the share of groups (last 15 min) at exactly '
-            "it — both recorded by run_rules.yml from deploy/observability.py; the bound in "
-            'force step by step (an "auto" bound moves it); with learner.staleness_rule = '
+            "and the share of groups (last 15 min) at exactly it — both recorded by "
+            'run_rules.yml from deploy/observability.py (for an "auto" bound, the bound in '
+            'force); the bound in force step by step (an "auto" bound moves it), and the '
+            'share of the last step\'s episode time spent in tools (an "auto" bound rises '
+            "only while it is at least min_tool_fraction); with learner.staleness_rule = "
             "token, the share of the last step's loss tokens cleared as older than the bound.",
             [
                 target(mean_of(staleness, "5m"), "mean staleness"),
                 target("tether:learner_max_staleness", "bound (max_staleness)"),
                 target("max(tether_learner_staleness_bound)", "bound in force"),
                 target("tether:learner_staleness_at_bound:ratio_rate15m", "share at bound"),
+                target("max(tether_learner_tool_time_fraction)", "episode time in tools"),
                 target(
                     "max(tether_learner_stale_token_fraction)", "loss tokens cleared (token rule)"
                 ),
