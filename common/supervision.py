@@ -64,6 +64,10 @@ class RestartPolicy(StrictModel):
     healthy_after_s: float = pydantic.Field(default=60.0, ge=0)
     """A process that ran this long before it died starts a new crash streak (the first
     backoff again): it was healthy, not crash-looping."""
+    startup_timeout_s: float = pydantic.Field(default=900.0, gt=0)
+    """A process with a liveness probe that has not answered it once this long after it
+    started is hung in its start-up (stopped, deadlocked): from then on its missed probes
+    count, and it is killed and restarted as a hung one. Long enough for a big model's load."""
 
 
 @dataclass

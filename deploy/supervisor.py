@@ -6,8 +6,9 @@
       exited?      ─► clear its session (grandchildren: vLLM engines, replicas), then what
                       `common.supervision.Supervised` decides: finished, given up (the run
                       fails), or restarted after the policy's backoff
-      liveness?    ─► GET its /healthz; `probe_failures` misses in a row once it has answered:
-                      SIGKILL (a hung process is a dead one), then the exit path above
+      liveness?    ─► GET its /healthz; `probe_failures` misses in a row once it has answered
+                      (or once its start-up ran past `startup_timeout_s`): SIGKILL (a hung
+                      process is a dead one), then the exit path above
     every start, exit, kill and give-up ─► one event in the run's events.jsonl
 
 The decisions and the event format are common/supervision.py's, shared with the actor's
@@ -69,6 +70,7 @@ class _State:
     restart_at: float | None = None
     answered: bool = False
     """Its probe has succeeded since the last start (probes before that are start-up)."""
+    started_at: float = 0.0
     probe_failures: int = 0
     next_probe_at: float = 0.0
     done: bool = False
@@ -120,6 +122,7 @@ class Supervisor:
         child = self.processes.start(service.name, service.argv, env=env, cwd=service.cwd)
         state.child, state.restart_at = child, None
         state.answered, state.probe_failures, state.next_probe_at = False, 0, self.clock()
+        state.started_at = state.next_probe_at
         restart = state.supervised.started(self.clock())
         self.events.write(service.name, "started", pid=child.process.pid, restart=restart)
         self._write_pids()
@@ -176,7 +179,7 @@ class Supervisor:
         if self.probe(url, self.probe_timeout_s):
             state.answered, state.probe_failures = True, 0
             return
-        if not state.answered:
+        if not state.answered and now - state.started_at < self.policy.startup_timeout_s:
             return  # still starting up
         state.probe_failures += 1
         if state.probe_failures >= self.probe_failures:

@@ -150,6 +150,26 @@ def test_probes_before_the_first_answer_are_start_up_not_failures(tmp_path):
         supervisor.stop_all(grace_s=1)
 
 
+def test_a_service_hung_in_its_start_up_is_killed_once_the_start_up_time_is_up(tmp_path):
+    # Stopped (or deadlocked) before its probe ever answered: the missed probes count only
+    # after `startup_timeout_s`, then it is killed and restarted as any hung process.
+    policy = FAST.model_copy(update={"startup_timeout_s": 0.5})
+    supervisor = Supervisor(tmp_path, policy=policy, probe=lambda url, timeout_s: False,
+                            probe_period_s=0.0)  # fmt: skip
+    supervisor.start(Service("stuck", _python("import time; time.sleep(300)"), liveness_url="x"))
+    first = supervisor.pid("stuck")
+    try:
+        for _ in range(5):
+            supervisor.poll()
+        assert supervisor.num_restarts() == {"stuck": 0}  # within its start-up time
+        _poll_until(supervisor, lambda: supervisor.num_restarts()["stuck"] == 1)
+        assert supervisor.pid("stuck") not in (None, first)
+        events = [e["event"] for e in read_events(tmp_path)]
+        assert events[:4] == ["started", "unresponsive", "exited", "started"]
+    finally:
+        supervisor.stop_all(grace_s=1)
+
+
 def test_http_probe_against_a_real_health_endpoint():
     port = serve_metrics(0)
     assert http_probe(f"http://127.0.0.1:{port}/healthz", 2.0)

@@ -63,6 +63,9 @@ ARGS = [
     "learner.prompts_per_step=2",
     "learner.group_size=4",
     "learner.max_staleness=1",
+    # The hung env server may be struck before its restart answered a probe: its start-up
+    # counts as hung this soon, not after the default's big-model allowance.
+    "restarts.startup_timeout_s=30",
     "learner.eval_samples_per_prompt=2",
     "learner.checkpoint.interval=2",
     "learner.snapshot_interval=2",
