@@ -183,7 +183,7 @@ def test_the_time_in_tools_is_the_env_share_of_the_episodes_timed_seconds():
         dict(reward=0.0),
         dict(reward=0.0, stop_reason="error:env_step", timing={"env_s": 30.0}),
     )
-    assert time_in_tools(g[:3]) == pytest.approx(0.5)
+    assert time_in_tools(g) == time_in_tools(g[:3]) == pytest.approx(0.5)  # the bound's input
     assert rollout_metrics([g])["all/tool_time_fraction"] == pytest.approx(0.5)
     assert time_in_tools(g[2:3]) is None  # nothing timed: not known, not 0
     assert "all/tool_time_fraction" not in rollout_metrics([g[2:3]])
