@@ -5,17 +5,23 @@ staleness bound asked for, the `group` rule against the `token` rule, each over 
 seeds (the seed draws the tool latencies; sampling is unseeded as in `make run`). Runs
 alternate rule by rule within a seed, so both rules meet the same machine load.
 
+Two workloads: `calculator` (the demo's question, one call and the answer: two turns) and
+`chain` (demo/chain.py: four operands, three chained calls and the answer, from its own
+warm start: four turns, so an episode's last turns can be fresh while its first is stale).
+
 Per run: groups dropped as stale, policy tokens generated per policy token trained (what
 the generation that was thrown away costs), seconds per step (steady state,
 bench/async_support.py), loss tokens the token rule cleared, and the last eval's pass@1
-(64 prompts x 2 samples after the last step). Per bound and rule: the mean and the range
-over seeds, as `b<bound>_<rule>_<figure>_{mean,min,max}`.
+(64 prompts x 2 samples after the last step). Per workload, bound and rule: the mean and
+the range over seeds, as `<prefix>b<bound>_<rule>_<figure>_{mean,min,max}` (prefix empty
+for `calculator`, `chain_` for `chain`).
 
-    python -m bench.token_rule [--bounds 1,2,4] [--seeds 0,1,2] [--steps 12]
+    python -m bench.token_rule [--workload calculator|chain] [--bounds 1,2,4] [--seeds 0,1,2]
 
-Writes bench/results/token_rule.json (keeping the figures of bounds not run this time: each
-bound's two rules compare within one invocation) and docs/images/token_rule.png, and prints
-the table. About 3 minutes a run on 2 cores.
+Writes bench/results/token_rule.json (keeping the figures of workloads and bounds not run
+this time: each bound's two rules compare within one invocation) and
+docs/images/token_rule.png, and prints the table. About 3 minutes a run on 2 cores (chain:
+about 5).
 """
 
 from __future__ import annotations
@@ -33,7 +39,8 @@ from bench.common import RESULTS_DIR, load_average, report
 from bench.tether_run import RunRecord, actor_counter_at, watch_run
 
 RULES = ("group", "token")
-WORKLOAD = "agentic-30s"
+LATENCY = WORKLOADS["agentic-30s"]
+PREFIXES = {"calculator": "", "chain": "chain_"}
 FIGURES = ("stale_groups", "generated_per_trained", "s_per_step", "masked_fraction", "pass_at_1")
 IMAGE = Path(__file__).resolve().parents[1] / "docs" / "images" / "token_rule.png"
 
@@ -54,13 +61,27 @@ def run_figures(run: RunRecord, group_size: int) -> dict[str, float]:
     }
 
 
-def one_bound(bound: int, seeds: list[int], steps: int, work: Path) -> dict[str, float]:
-    """Both rules at `bound`, over `seeds`: `b<bound>_<rule>_<figure>_{mean,min,max}`."""
-    workload = WORKLOADS[WORKLOAD]
-    base = workload_overrides(steps=steps, bound=bound, median_ms=workload.median_ms,
-                              p99_s=workload.p99_s, eval_rows=EVAL_ROWS,
+def task_overrides(workload: str, work: Path) -> list[str]:
+    """The chain task's rows, warm start and turn limit (demo/chain.py); none for the demo's."""
+    if workload == "calculator":
+        return []
+    from demo.chain import ChainRecipe, write_task
+
+    recipe = ChainRecipe()
+    paths = write_task(work / "chain", recipe, num_eval=EVAL_ROWS)
+    return [f"local.train_data={paths['train']}", f"local.eval_data={paths['eval']}",
+            f"local.model_dir={paths['model']}",
+            f"actor.rollout.max_turns={recipe.terms + 1}"]  # fmt: skip
+
+
+def one_bound(
+    bound: int, seeds: list[int], steps: int, work: Path, task: list[str], prefix: str
+) -> dict[str, float]:
+    """Both rules at `bound`, over `seeds`: `<prefix>b<bound>_<rule>_<figure>_{mean,min,max}`."""
+    base = workload_overrides(steps=steps, bound=bound, median_ms=LATENCY.median_ms,
+                              p99_s=LATENCY.p99_s, eval_rows=EVAL_ROWS,
                               eval_samples=EVAL_SAMPLES)  # fmt: skip
-    base += CORRECTION if bound > 1 else []
+    base += task + (CORRECTION if bound > 1 else [])
     group_size = 8  # configs/demo.toml's learner.group_size
     measured: dict[str, list[dict[str, float]]] = {rule: [] for rule in RULES}
     for seed in seeds:
@@ -68,51 +89,62 @@ def one_bound(bound: int, seeds: list[int], steps: int, work: Path) -> dict[str,
         for rule in order:
             overrides = [*base, f"learner.staleness_rule={rule}",
                          f"envserver.calculator.latency_seed={seed}"]  # fmt: skip
-            run = watch_run(overrides, work / f"b{bound}-{rule}{seed}")
+            run = watch_run(overrides, work / f"{prefix}b{bound}-{rule}{seed}")
             measured[rule].append(run_figures(run, group_size))
-            print(f"bound {bound} seed {seed} {rule}: {measured[rule][-1]}", flush=True)
+            print(f"{prefix}bound {bound} seed {seed} {rule}: {measured[rule][-1]}", flush=True)
     out: dict[str, float] = {}
     for rule, runs in measured.items():
         for name in FIGURES:
             values = [r[name] for r in runs]
-            key = f"b{bound}_{rule}_{name}"
+            key = f"{prefix}b{bound}_{rule}_{name}"
             out[f"{key}_mean"] = statistics.fmean(values)
             out[f"{key}_min"], out[f"{key}_max"] = min(values), max(values)
     return out
 
 
-def kept_figures(rerun: list[int]) -> dict[str, float | int | str]:
-    """The figures of the bounds not run this time, from the results file."""
+def kept_figures(prefix: str, rerun: list[int]) -> dict[str, float | int | str]:
+    """The figures of the workloads and bounds not run this time, from the results file."""
     path = RESULTS_DIR / "token_rule.json"
     kept = json.loads(path.read_text()) if path.exists() else {}
-    rerun_keys = {f"b{bound}" for bound in rerun}
-    return {k: v for k, v in kept.items()
-            if k.startswith("b") and k.split("_")[0] not in rerun_keys}  # fmt: skip
+    rerun_keys = {f"{prefix}b{bound}_" for bound in rerun}
+    return {k: v for k, v in kept.items() if figure_key(k)
+            and not any(k.startswith(r) for r in rerun_keys)}  # fmt: skip
+
+
+def figure_key(key: str) -> tuple[str, int] | None:
+    """(prefix, bound) of a per-bound key like `chain_b2_token_pass_at_1_mean`, else None."""
+    for prefix in sorted(PREFIXES.values(), key=len, reverse=True):
+        head = key[len(prefix) :].split("_")[0] if key.startswith(prefix) else ""
+        if head[:1] == "b" and head[1:].isdigit():
+            return prefix, int(head[1:])
+    return None
 
 
 def plot(figures: dict, path: Path) -> None:
-    """Groups dropped as stale and tokens generated per token trained, by bound, per rule."""
+    """Groups dropped as stale and tokens generated per token trained, by bound, per
+    workload and rule."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    bounds = sorted({int(k.split("_")[0][1:]) for k in figures if k.startswith("b")})
-    fig, axes = plt.subplots(1, 2, figsize=(8, 3))
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.2))
     for axis, (name, label) in zip(axes, (("stale_groups", "groups dropped as stale"),
                                           ("generated_per_trained", "generated per trained")),
                                    strict=True):  # fmt: skip
-        for rule in RULES:
-            means = [figures.get(f"b{b}_{rule}_{name}_mean") for b in bounds]
-            lows = [figures.get(f"b{b}_{rule}_{name}_min") for b in bounds]
-            highs = [figures.get(f"b{b}_{rule}_{name}_max") for b in bounds]
-            errors = [[m - lo for m, lo in zip(means, lows, strict=True)],
-                      [hi - m for m, hi in zip(means, highs, strict=True)]]  # fmt: skip
-            axis.errorbar(bounds, means, yerr=errors, marker="o", capsize=3, label=rule)
+        for workload, prefix in PREFIXES.items():
+            bounds = sorted({b for p, b in filter(None, map(figure_key, figures)) if p == prefix})
+            for rule in RULES:
+                keys = [f"{prefix}b{b}_{rule}_{name}" for b in bounds]
+                means = [figures[k + "_mean"] for k in keys]
+                errors = [[figures[k + "_mean"] - figures[k + "_min"] for k in keys],
+                          [figures[k + "_max"] - figures[k + "_mean"] for k in keys]]  # fmt: skip
+                if bounds:
+                    axis.errorbar(bounds, means, yerr=errors, marker="o", capsize=3,
+                                  label=f"{workload}, {rule}")  # fmt: skip
         axis.set_xlabel("staleness bound")
         axis.set_ylabel(label)
-        axis.set_xticks(bounds)
-    axes[0].legend(title="rule")
+    axes[0].legend(fontsize="small")
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     print(f"wrote {path}")
@@ -120,23 +152,27 @@ def plot(figures: dict, path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workload", choices=PREFIXES, default="calculator")
     parser.add_argument("--bounds", default="1,2,4")
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--steps", type=int, default=12)
     args = parser.parse_args(argv)
     seeds = [int(s) for s in args.seeds.split(",")]
     bounds = [int(b) for b in args.bounds.split(",")]
-    workload = WORKLOADS[WORKLOAD]
-    out = kept_figures(bounds)
-    out.update(steps=args.steps, seeds=len(seeds), tool_median_ms=workload.median_ms,
-               tool_p99_s=workload.p99_s)  # fmt: skip
+    prefix = PREFIXES[args.workload]
+    out = kept_figures(prefix, bounds)
+    out.update(steps=args.steps, seeds=len(seeds), tool_median_ms=LATENCY.median_ms,
+               tool_p99_s=LATENCY.p99_s)  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="bench-token-") as tmp:
+        task = task_overrides(args.workload, Path(tmp))
         for bound in bounds:  # each bound's own provenance: kept bounds were measured apart
             with load_average() as loads:
-                out.update(one_bound(bound, seeds, args.steps, Path(tmp)))
-            out.update({f"b{bound}_{k}": v for k, v in loads.items()})
-            out[f"b{bound}_measured_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    report("token_rule", "staleness rule per token vs per group, by bound", out)
+                out.update(one_bound(bound, seeds, args.steps, Path(tmp), task, prefix))
+            out.update({f"{prefix}b{bound}_{k}": v for k, v in loads.items()})
+            out[f"{prefix}b{bound}_measured_at"] = time.strftime(
+                "%Y-%m-%dT%H:%M:%SZ", time.gmtime()
+            )
+    report("token_rule", "staleness rule per token vs per group, by workload and bound", out)
     plot(out, IMAGE)
 
 
