@@ -5,23 +5,25 @@ staleness bound asked for, the `group` rule against the `token` rule, each over 
 seeds (the seed draws the tool latencies; sampling is unseeded as in `make run`). Runs
 alternate rule by rule within a seed, so both rules meet the same machine load.
 
-Two workloads: `calculator` (the demo's question, one call and the answer: two turns) and
-`chain` (demo/chain.py: four operands, three chained calls and the answer, from its own
-warm start: four turns, so an episode's last turns can be fresh while its first is stale).
+Workloads: `calculator` (the demo's question, one call and the answer: two turns); `chain`
+(demo/chain.py: four operands, three chained calls and the answer, from its own warm start:
+four turns, so an episode's last turns can be fresher than its first); `chain-slow` and
+`chain-long`, the same with every call slow (median 4 s and 12 s, the same 30 s p99), so an
+episode lasts about one step, or several.
 
 Per run: groups dropped as stale, policy tokens generated per policy token trained (what
 the generation that was thrown away costs), seconds per step (steady state,
 bench/async_support.py), loss tokens the token rule cleared, and the last eval's pass@1
 (64 prompts x 2 samples after the last step). Per workload, bound and rule: the mean and
-the range over seeds, as `<prefix>b<bound>_<rule>_<figure>_{mean,min,max}` (prefix empty
-for `calculator`, `chain_` for `chain`).
+the range over seeds, as `<prefix>b<bound>_<rule>_<figure>_{mean,min,max}` (the prefixes:
+RULE_WORKLOADS).
 
-    python -m bench.token_rule [--workload calculator|chain] [--bounds 1,2,4] [--seeds 0,1,2]
+    python -m bench.token_rule [--workload NAME] [--bounds 1,2,4] [--seeds 0,1,2]
 
 Writes bench/results/token_rule.json (keeping the figures of workloads and bounds not run
 this time: each bound's two rules compare within one invocation) and
-docs/images/token_rule.png, and prints the table. About 3 minutes a run on 2 cores (chain:
-about 5).
+docs/images/token_rule.png, and prints the table. About 3 minutes a run on 2 cores (the
+chains: 4-6).
 """
 
 from __future__ import annotations
@@ -31,16 +33,36 @@ import json
 import statistics
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from bench.agentic import CORRECTION, EVAL_ROWS, EVAL_SAMPLES, WORKLOADS
 from bench.async_support import GENERATED, mode_figures, workload_overrides
-from bench.common import RESULTS_DIR, load_average, report
+from bench.common import RESULTS_DIR, load_average, machine, report
 from bench.tether_run import RunRecord, actor_counter_at, watch_run
 
 RULES = ("group", "token")
-LATENCY = WORKLOADS["agentic-30s"]
-PREFIXES = {"calculator": "", "chain": "chain_"}
+TAIL = WORKLOADS["agentic-30s"]
+
+
+@dataclass(frozen=True)
+class RuleWorkload:
+    prefix: str  # of its figures' keys
+    task: str  # "calculator" or "chain" (demo/chain.py)
+    median_ms: float  # every tool call's log-normal latency
+    p99_s: float
+
+
+RULE_WORKLOADS = {
+    "calculator": RuleWorkload("", "calculator", TAIL.median_ms, TAIL.p99_s),
+    "chain": RuleWorkload("chain_", "chain", TAIL.median_ms, TAIL.p99_s),
+    # Every call slow, not only the tail: each episode outlasts a step or two, so all of a
+    # group's episodes span weight updates (with fast calls most finish under one version).
+    "chain-slow": RuleWorkload("chainslow_", "chain", 4000, TAIL.p99_s),
+    # Calls slower still: an episode lasts several steps, the regime of long agentic episodes.
+    "chain-long": RuleWorkload("chainlong_", "chain", 12000, TAIL.p99_s),
+}
+PREFIXES = {name: w.prefix for name, w in RULE_WORKLOADS.items()}
 FIGURES = ("stale_groups", "generated_per_trained", "s_per_step", "masked_fraction", "pass_at_1")
 IMAGE = Path(__file__).resolve().parents[1] / "docs" / "images" / "token_rule.png"
 
@@ -61,9 +83,9 @@ def run_figures(run: RunRecord, group_size: int) -> dict[str, float]:
     }
 
 
-def task_overrides(workload: str, work: Path) -> list[str]:
+def task_overrides(task: str, work: Path) -> list[str]:
     """The chain task's rows, warm start and turn limit (demo/chain.py); none for the demo's."""
-    if workload == "calculator":
+    if task == "calculator":
         return []
     from demo.chain import ChainRecipe, write_task
 
@@ -75,11 +97,12 @@ def task_overrides(workload: str, work: Path) -> list[str]:
 
 
 def one_bound(
-    bound: int, seeds: list[int], steps: int, work: Path, task: list[str], prefix: str
+    bound: int, seeds: list[int], steps: int, work: Path, task: list[str], workload: RuleWorkload
 ) -> dict[str, float]:
     """Both rules at `bound`, over `seeds`: `<prefix>b<bound>_<rule>_<figure>_{mean,min,max}`."""
-    base = workload_overrides(steps=steps, bound=bound, median_ms=LATENCY.median_ms,
-                              p99_s=LATENCY.p99_s, eval_rows=EVAL_ROWS,
+    prefix = workload.prefix
+    base = workload_overrides(steps=steps, bound=bound, median_ms=workload.median_ms,
+                              p99_s=workload.p99_s, eval_rows=EVAL_ROWS,
                               eval_samples=EVAL_SAMPLES)  # fmt: skip
     base += task + (CORRECTION if bound > 1 else [])
     group_size = 8  # configs/demo.toml's learner.group_size
@@ -92,7 +115,8 @@ def one_bound(
             run = watch_run(overrides, work / f"{prefix}b{bound}-{rule}{seed}")
             measured[rule].append(run_figures(run, group_size))
             print(f"{prefix}bound {bound} seed {seed} {rule}: {measured[rule][-1]}", flush=True)
-    out: dict[str, float] = {}
+    out = {f"{prefix}b{bound}_tool_median_ms": workload.median_ms,
+           f"{prefix}b{bound}_tool_p99_s": workload.p99_s}  # fmt: skip
     for rule, runs in measured.items():
         for name in FIGURES:
             values = [r[name] for r in runs]
@@ -121,30 +145,35 @@ def figure_key(key: str) -> tuple[str, int] | None:
 
 
 def plot(figures: dict, path: Path) -> None:
-    """Groups dropped as stale and tokens generated per token trained, by bound, per
-    workload and rule."""
+    """Groups dropped as stale and tokens generated per token trained, by bound: a colour
+    per workload, side by side around each bound; the group rule solid, the token rule open."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(9, 3.2))
+    measured = [key for key in map(figure_key, figures) if key]
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.4))
     for axis, (name, label) in zip(axes, (("stale_groups", "groups dropped as stale"),
                                           ("generated_per_trained", "generated per trained")),
                                    strict=True):  # fmt: skip
-        for workload, prefix in PREFIXES.items():
-            bounds = sorted({b for p, b in filter(None, map(figure_key, figures)) if p == prefix})
-            for rule in RULES:
+        for w, (workload, prefix) in enumerate(PREFIXES.items()):
+            bounds = sorted({b for p, b in measured if p == prefix})
+            for r, rule in enumerate(RULES):
                 keys = [f"{prefix}b{b}_{rule}_{name}" for b in bounds]
                 means = [figures[k + "_mean"] for k in keys]
                 errors = [[figures[k + "_mean"] - figures[k + "_min"] for k in keys],
                           [figures[k + "_max"] - figures[k + "_mean"] for k in keys]]  # fmt: skip
+                x = [b + 0.12 * (w - 1.5) + 0.04 * r for b in bounds]
                 if bounds:
-                    axis.errorbar(bounds, means, yerr=errors, marker="o", capsize=3,
+                    axis.errorbar(x, means, yerr=errors, marker="o", capsize=3, color=f"C{w}",
+                                  mfc=f"C{w}" if rule == "group" else "white",
+                                  linestyle="-" if rule == "group" else ":",
                                   label=f"{workload}, {rule}")  # fmt: skip
         axis.set_xlabel("staleness bound")
         axis.set_ylabel(label)
-    axes[0].legend(fontsize="small")
+        axis.set_xticks(sorted({b for _, b in measured}))
+    axes[1].legend(fontsize="small", loc="center left", bbox_to_anchor=(1.02, 0.5))
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     print(f"wrote {path}")
@@ -159,19 +188,20 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     seeds = [int(s) for s in args.seeds.split(",")]
     bounds = [int(b) for b in args.bounds.split(",")]
-    prefix = PREFIXES[args.workload]
+    workload = RULE_WORKLOADS[args.workload]
+    prefix = workload.prefix
     out = kept_figures(prefix, bounds)
-    out.update(steps=args.steps, seeds=len(seeds), tool_median_ms=LATENCY.median_ms,
-               tool_p99_s=LATENCY.p99_s)  # fmt: skip
+    out.update(steps=args.steps, seeds=len(seeds))
     with tempfile.TemporaryDirectory(prefix="bench-token-") as tmp:
-        task = task_overrides(args.workload, Path(tmp))
+        task = task_overrides(workload.task, Path(tmp))
         for bound in bounds:  # each bound's own provenance: kept bounds were measured apart
             with load_average() as loads:
-                out.update(one_bound(bound, seeds, args.steps, Path(tmp), task, prefix))
+                out.update(one_bound(bound, seeds, args.steps, Path(tmp), task, workload))
             out.update({f"{prefix}b{bound}_{k}": v for k, v in loads.items()})
             out[f"{prefix}b{bound}_measured_at"] = time.strftime(
                 "%Y-%m-%dT%H:%M:%SZ", time.gmtime()
             )
+            out[f"{prefix}b{bound}_machine"] = machine()
     report("token_rule", "staleness rule per token vs per group, by workload and bound", out)
     plot(out, IMAGE)
 

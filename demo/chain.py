@@ -227,7 +227,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", required=True, type=Path, help="where the rows go")
     parser.add_argument("--terms", type=int, default=ChainRecipe().terms)
     args = parser.parse_args(argv)
-    for name, path in write_task(args.out, ChainRecipe(terms=args.terms)).items():
+    try:
+        recipe = ChainRecipe(terms=args.terms)
+    except pydantic.ValidationError as e:
+        parser.error(f"--terms {args.terms}: {e.errors()[0]['msg']}")
+    for name, path in write_task(args.out, recipe).items():
         print(f"{name}: {path}")
 
 

@@ -9,7 +9,12 @@ from bench.render.markdown import Figures, count, fixed, join, percent, table
 RULES = (("group", "group (drop a group with any stale token)"),
          ("token", "token (clear stale tokens' loss)"))  # fmt: skip
 # Key prefix of each workload's figures, and what its episodes are.
-WORKLOADS = (("", "calculator (1 call, 2 turns)"), ("chain_", "chain (3 calls, 4 turns)"))
+WORKLOADS = (
+    ("", "calculator (1 call, 2 turns)"),
+    ("chain_", "chain (3 calls, 4 turns)"),
+    ("chainslow_", "chain (3 calls, 4 turns)"),
+    ("chainlong_", "chain (3 calls, 4 turns)"),
+)
 HEADER = [
     "workload",
     "bound",
@@ -40,6 +45,10 @@ def _measured(f: Figures) -> list[tuple[str, str, int]]:
     return sorted(found, key=lambda m: (WORKLOADS.index((m[0], m[1])), m[2]))
 
 
+def _latency(f: Figures, prefix: str, bound: int, name: str):
+    return f.get(f"{prefix}b{bound}_tool_{name}", f.get(f"tool_{name}"))
+
+
 def _provenance(f: Figures, prefix: str, workload: str, bound: int) -> str:
     """When and under what load one bound's runs were measured (bounds are measured apart)."""
     key = f"{prefix}b{bound}"
@@ -48,7 +57,10 @@ def _provenance(f: Figures, prefix: str, workload: str, bound: int) -> str:
     if isinstance(before, int | float) and isinstance(after, int | float):
         load = f"1-minute load average {before:.1f} before and {after:.1f} after"
     when = f.get(f"{key}_measured_at", "at an unrecorded time")
-    return f"- {workload.split(' ')[0]}, bound {bound}: measured {when}, {load}"
+    where = f.get(f"{key}_machine", f.get("machine", "an unrecorded machine"))
+    median = count(_latency(f, prefix, bound, "median_ms"))
+    name = workload.split(" ")[0]
+    return f"- {name} with {median} ms tools, bound {bound}: measured {when} on {where}, {load}"
 
 
 def token_rule(f: Figures) -> str:
@@ -57,14 +69,14 @@ def token_rule(f: Figures) -> str:
         f"`make run`'s job (or the same on demo/chain.py's rows and warm start),"
         f" {count(f.get('steps'))} steps at each bound (above 1 with the"
         " proximal anchor and TIS), every calculator call first waiting a log-normal latency"
-        f" (median {count(f.get('tool_median_ms'))} ms, p99 {fixed(f.get('tool_p99_s'), 0)} s);"
+        f" (its median in the first column, p99 {fixed(_latency(f, '', 2, 'p99_s'), 0)} s);"
         f" {count(f.get('seeds'))} seeds (the tool latencies' draw), the two rules back to back"
         " per seed. Means over the seeds, the range in brackets; each bound's runs in one"
         " invocation."
     )
     rows = [
         [
-            workload,
+            f"{workload}; tool median {count(_latency(f, prefix, bound, 'median_ms'))} ms",
             str(bound),
             label,
             _range(f, f"{prefix}b{bound}_{rule}_stale_groups", lambda v: fixed(v, 1)),

@@ -15,6 +15,7 @@ from demo.chain import (
     DEFAULT_RECIPE,
     ChainRecipe,
     demonstration,
+    main,
     make_rows,
     recipe_hash,
     sample_terms,
@@ -77,3 +78,10 @@ def test_the_cache_entry_follows_the_recipe():
     with pytest.raises(ValueError):
         ChainRecipe(terms=1)
     assert all(len(t) == 3 for t in sample_terms(4, ChainRecipe(terms=3), seed=0, split="train"))
+
+
+def test_the_cli_refuses_a_chain_of_one(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        main(["--out", str(tmp_path), "--terms", "1"])
+    assert "--terms 1: Input should be greater than or equal to 2" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())  # nothing written, nothing built
