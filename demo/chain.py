@@ -81,7 +81,7 @@ def make_row(terms: list[int], *, split: str) -> dict[str, Any]:
             "split": split,
             "terms": terms,
             "tools": list(DEMO_TOOL_NAMES),
-        },  # fmt: skip
+        },
     }
 
 
@@ -109,9 +109,11 @@ def demonstration(terms: list[int], *, chain: bool, rng: random.Random) -> list[
     messages = make_row(terms, split="train")["prompt"]
     total = sum(terms)
     if not chain:
+        # A range that holds a wrong number even when every operand is the smallest.
+        low, high = len(terms) * NUMBER_LOW, max(len(terms) * max(terms), total + 1)
         guess = total
         while guess == total:
-            guess = rng.randint(len(terms) * NUMBER_LOW, len(terms) * max(terms))
+            guess = rng.randint(low, high)
         return messages + [{"role": "assistant", "content": f"<answer>{guess}</answer>"}]
     running = terms[0]
     for operand in terms[1:]:

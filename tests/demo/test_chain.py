@@ -85,3 +85,8 @@ def test_the_cli_refuses_a_chain_of_one(tmp_path, capsys):
         main(["--out", str(tmp_path), "--terms", "1"])
     assert "--terms 1: Input should be greater than or equal to 2" in capsys.readouterr().err
     assert not any(tmp_path.iterdir())  # nothing written, nothing built
+
+
+def test_a_guess_is_wrong_even_when_every_operand_is_the_smallest():
+    guess = demonstration([10, 10, 10, 10], chain=False, rng=random.Random(0))
+    assert guess[-1]["content"] != "<answer>40</answer>"
