@@ -66,6 +66,9 @@ class AgentCalls:
         self.num_calls = 0
         self.last_finish_reason = ""
         """How the newest call's turn ended (`stop` or `length`)."""
+        self.generate_s = 0.0
+        """Seconds its calls spent generating in the engine; the rest of the agent's run is
+        its own (its tools, its code, HTTP), as an env step is for a stepped episode."""
 
     def plan(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> CallPlan:
         """How to serve a call with these messages (and tools); CallRefused when it cannot."""

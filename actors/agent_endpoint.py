@@ -172,7 +172,9 @@ class AgentEndpoint:
             if turn is None:
                 room = f"max_sequence_length {self.limits.max_sequence_length}"
                 return _error(400, "invalid_request_error", f"context too long: {room} is full")
+            started = time.perf_counter()
             generation = await self.engine.generate(plan.prompt_ids, turn)
+            episode.calls.generate_s += time.perf_counter() - started
             text = self.chat.assistant_text(generation.token_ids)
             tool_calls = self._tool_calls(text) if plan.tools else []
             message = episode.calls.record(plan, generation, tool_calls)

@@ -62,7 +62,10 @@ async def play_workflow(
         raise EnvFailed("error:workflow_env", str(e)) from e
     finally:
         endpoint.close_episode(key)
-        result.timing["env_s"] += time.perf_counter() - start
+        # Time in tools is the run less its model calls, as for a stepped episode: the auto
+        # staleness bound reads it (learner/env_metrics.py, time_in_tools).
+        result.timing["generate_s"] += calls.generate_s
+        result.timing["env_s"] += time.perf_counter() - start - calls.generate_s
     if outcome.error:
         raise EnvFailed("error:workflow", outcome.error)
     if not calls.segments:

@@ -138,8 +138,7 @@ def time_in_tools(trajectories: list[Trajectory]) -> float | None:
     """The share of these episodes' time spent in env steps (tools, the env server) rather
     than generating: sum of `env_s` / sum of `env_s + generate_s`, from each trajectory's
     timing, error episodes left out (as from every rollout metric). None when none of them
-    was timed. An agent workflow's calls are all inside its one env call, so its episodes
-    count as all tool time."""
+    was timed. An agent workflow's time in tools is its run less its model calls."""
     valid = [t for t in trajectories if not _is_error(t)]
     env_s = sum(t.timing.get("env_s", 0.0) for t in valid)
     generate_s = sum(t.timing.get("generate_s", 0.0) for t in valid)

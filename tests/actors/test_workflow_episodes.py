@@ -56,9 +56,12 @@ def _task(env_class: str, group_size: int = 2) -> PromptTask:
                       reward_spec=row["reward_spec"], extra_info=row["extra_info"])  # fmt: skip
 
 
-async def _group(tokenizer, server, env_class, *replies, group_size=2, linger_s=0.0):
-    """The group's results, its engine and endpoint (left serving for `linger_s` after)."""
-    engine = ScriptedEngine(tokenizer, by_turn(*(replies or ("<answer>42</answer>",))))
+async def _group(tokenizer, server, env_class, *replies, group_size=2, linger_s=0.0,
+                 delay_s=0.0):  # fmt: skip
+    """The group's results, its engine (each call taking `delay_s`) and endpoint (left
+    serving for `linger_s` after)."""
+    script = by_turn(*(replies or ("<answer>42</answer>",)))
+    engine = ScriptedEngine(tokenizer, script, delay_s=delay_s)
     chat = ChatTemplate(tokenizer)
     endpoint = AgentEndpoint(engine, chat, LIMITS, model_name="policy",
                              parse_tool_calls=family_tool_calls("hermes"))  # fmt: skip
@@ -91,6 +94,19 @@ async def test_an_agent_loop_with_tools_is_trained_on_the_engines_own_tokens(tok
     stepped = await _stepped(tokenizer, server)
     assert results[0].token_ids == stepped.token_ids
     assert results[0].loss_mask == stepped.loss_mask
+
+
+async def test_an_agents_model_calls_are_timed_as_generating_not_as_tool_time(
+    tokenizer, server
+):
+    # The auto staleness bound rises on time in tools: an agent whose run is mostly its model
+    # calls must not read as a tool-bound episode.
+    results, _, _ = await _group(tokenizer, server, "calculator", TOOL_CALL,
+                                 "<answer>42</answer>", delay_s=0.5)  # fmt: skip
+    for result in results:
+        assert result.num_turns == 2
+        assert result.timing["generate_s"] >= 2 * 0.5
+        assert result.timing["env_s"] < result.timing["generate_s"]  # HTTP and its own add
 
 
 async def _stepped(tokenizer, server):
