@@ -1,5 +1,6 @@
 """Shared helpers of the benchmark scripts: print a table, write bench/results/<name>.json,
-note the machine's load around a measurement."""
+note the machine's load around a measurement, build a random-weight model, time the
+loopback TCP a weight transfer is measured against."""
 
 from __future__ import annotations
 
@@ -7,11 +8,20 @@ import contextlib
 import json
 import os
 import platform
+import shutil
+import socket
+import tempfile
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 RESULTS_DIR = Path(__file__).parent / "results"
+CHUNK = 16 * 2**20
+"""Bytes per socket write and read of the loopback stream."""
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                   "chat_template.jinja")  # fmt: skip
 
 
 def machine() -> str:
@@ -84,3 +94,72 @@ def reset_peak_rss() -> float:
     peak, across fork + exec) hides what the measured code adds."""
     Path("/proc/self/clear_refs").write_text("5")
     return status_mib("VmRSS")
+
+
+def random_qwen2(out: Path, config: Any, tokenizer_dir: Path | None = None) -> Path:
+    """A random-init fp32 Qwen2 of `config` (a `Qwen2Config`; seed 0) with the tokenizer of
+    `tokenizer_dir` (the demo's by default), saved once at `out`: built beside it and renamed
+    into place, so an interrupted build leaves nothing to reuse. Random weights measure
+    memory and speed, not quality."""
+    if (out / "config.json").is_file():
+        return out
+    import torch
+    from transformers import Qwen2ForCausalLM
+
+    from demo.tinymodel import shipped_model_dir
+
+    tokenizer_dir = tokenizer_dir or shipped_model_dir()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    partial = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
+    torch.manual_seed(0)
+    Qwen2ForCausalLM(config).to(torch.float32).save_pretrained(partial)
+    for name in TOKENIZER_FILES:
+        if (tokenizer_dir / name).is_file():
+            shutil.copy(tokenizer_dir / name, partial / name)
+    os.rename(partial, out)
+    return out
+
+
+def send_bytes(port: int, nbytes: int) -> int:
+    """Write `nbytes` into one TCP connection to 127.0.0.1:`port`; the bytes written."""
+    payload = memoryview(bytearray(min(nbytes, CHUNK)))
+    sent = 0
+    with socket.create_connection(("127.0.0.1", port)) as stream:
+        stream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        while sent < nbytes:
+            count = min(len(payload), nbytes - sent)
+            stream.sendall(payload[:count])
+            sent += count
+    return sent
+
+
+def loopback_bytes_per_s(
+    nbytes: int = 512 * 2**20, send: Callable[[int, int], object] = send_bytes
+) -> float:
+    """One TCP stream over 127.0.0.1 into this process, bytes per second from its accept to
+    its last byte read. `send(port, nbytes)` writes it: a thread of this process by default,
+    or another process (the weight-sync bench's sender, as the learner's rank 0 would)."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    timed: list[tuple[float, int]] = []
+
+    def receive() -> None:
+        connection, _ = listener.accept()
+        started, buffer, received = time.perf_counter(), bytearray(CHUNK), 0
+        with connection:
+            while (count := connection.recv_into(buffer)) > 0:
+                received += count
+        timed.append((time.perf_counter() - started, received))
+
+    thread = threading.Thread(target=receive)
+    thread.start()
+    try:
+        send(listener.getsockname()[1], nbytes)
+    except BaseException:
+        listener.shutdown(socket.SHUT_RDWR)  # wakes the receiver's accept
+        raise
+    finally:
+        thread.join()
+        listener.close()
+    seconds, received = timed[0]
+    assert received == nbytes, (received, nbytes)
+    return nbytes / seconds

@@ -36,12 +36,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import shutil
 import time
 from pathlib import Path
 from statistics import median
 
-from bench.common import load_average, report
+from bench.common import load_average, random_qwen2, report
 from common.environ import environ_set
 
 MB = 2**20
@@ -68,27 +67,11 @@ QWEN2_0_5B, SMALL = SHAPES
 
 def build_model(shape: str, cache: Path = CACHE) -> Path:
     """A random-init Qwen2 of `SHAPES[shape]` with the demo tokenizer, saved once under
-    `cache` (a temporary directory renamed into place)."""
-    import tempfile
+    `cache`."""
+    from transformers import Qwen2Config
 
-    import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    from demo.tinymodel import shipped_model_dir
-
-    out = cache / shape
-    if (out / "config.json").exists():
-        return out
-    tokenizer_dir = shipped_model_dir()
     config = Qwen2Config(**SHAPES[shape], max_position_embeddings=4096, tie_word_embeddings=True)
-    torch.manual_seed(0)
-    cache.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{shape}-", dir=cache))
-    Qwen2ForCausalLM(config).to(torch.float32).save_pretrained(tmp)
-    for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
-        shutil.copy(tokenizer_dir / name, tmp / name)
-    os.rename(tmp, out)
-    return out
+    return random_qwen2(cache / shape, config)
 
 
 # ---- the engine-core process's memory -----------------------------------------------------

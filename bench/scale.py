@@ -39,15 +39,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.common import RESULTS_DIR, load_average, report, status_mib
+from bench.common import RESULTS_DIR, load_average, loopback_bytes_per_s, report, status_mib
 from bench.scale_support import (
     LADDER,
     RolePeaks,
     Shape,
     bare_loop_tokens_per_s,
-    build_model,
     disk_bytes_per_s,
-    loopback_bytes_per_s,
     resume_seconds,
 )
 from bench.tether_run import watch_run
@@ -283,7 +281,7 @@ def main() -> None:
                    "disk_read": write_read["read"]}  # fmt: skip
         for name, shape, bf16 in runs:
             started = time.monotonic()
-            model_dir = build_model(shape, tokenizer_dir, cache)
+            model_dir = shape.build(tokenizer_dir, cache)
             print(f"== {name}: {shape.num_params / 1e6:.0f}M parameters, run", flush=True)
             work = Path(scratch) / name
             results[name] = measure(shape, model_dir, work, machine, bf16=bf16)

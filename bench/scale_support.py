@@ -1,21 +1,16 @@
 """What bench/scale.py measures around a run, kept apart from the run itself: the ladder of
 model shapes, random models of those shapes over a real 151k-token vocabulary, the bare
-torch loop the learner is compared with, the machine's loopback and disk bandwidth, and the
+torch loop the learner is compared with, the machine's disk bandwidth, and the
 peak resident memory of each role's processes."""
 
 from __future__ import annotations
 
 import os
-import shutil
-import socket
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.common import status_mib
-
-CHUNK = 16 * 2**20
+from bench.common import CHUNK, random_qwen2, status_mib
 
 
 @dataclass(frozen=True)
@@ -45,6 +40,17 @@ class Shape:
             **extra,
         )
 
+    def build(self, tokenizer_dir: Path, cache_root: Path) -> Path:
+        """A random model of this shape with the tokenizer in `tokenizer_dir`, built once
+        into `cache_root/<name>-<hidden>x<layers>`."""
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+        config = self.config(max_position_embeddings=4096, eos_token_id=tokenizer.eos_token_id,
+                             pad_token_id=tokenizer.pad_token_id, bos_token_id=None)  # fmt: skip
+        out = cache_root / f"{self.name}-{self.hidden}x{self.layers}"
+        return random_qwen2(out, config, tokenizer_dir)
+
     @property
     def num_params(self) -> int:
         """Parameters with tied embeddings (what `model.parameters()` counts)."""
@@ -63,31 +69,6 @@ LADDER = (
     Shape("0.5B", hidden=896, layers=24, intermediate=4864, heads=14, kv_heads=2),
 )
 """From embedding-dominated to Qwen2-0.5B's shape (494M parameters, 1.98 GB in fp32)."""
-
-
-def build_model(shape: Shape, tokenizer_dir: Path, cache_root: Path) -> Path:
-    """A random fp32 Qwen2 of `shape` with the tokenizer in `tokenizer_dir`, built once into
-    `cache_root/<name>-<hidden>x<layers>` (random init: memory and speed, not quality)."""
-    import torch
-    from transformers import AutoTokenizer, Qwen2ForCausalLM
-
-    out = cache_root / f"{shape.name}-{shape.hidden}x{shape.layers}"
-    if (out / "config.json").is_file():
-        return out
-    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
-    config = shape.config(
-        max_position_embeddings=4096,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=None,
-    )
-    torch.manual_seed(0)
-    partial = out.with_name(out.name + ".partial")
-    shutil.rmtree(partial, ignore_errors=True)
-    Qwen2ForCausalLM(config).to(torch.float32).save_pretrained(partial)
-    tokenizer.save_pretrained(partial)
-    partial.rename(out)
-    return out
 
 
 def bare_loop_tokens_per_s(model_dir: Path, *, step_tokens: int, micro_tokens: int) -> float:
@@ -117,33 +98,6 @@ def bare_loop_tokens_per_s(model_dir: Path, *, step_tokens: int, micro_tokens: i
 
     step()  # allocates the optimizer's state
     return step_tokens / min(step() for _ in range(2))
-
-
-def loopback_bytes_per_s(nbytes: int = 512 * 2**20) -> float:
-    """One TCP stream over 127.0.0.1 between two threads of this process."""
-    listener = socket.create_server(("127.0.0.1", 0))
-    received = []
-
-    def receive() -> None:
-        connection, _ = listener.accept()
-        buffer, total = bytearray(CHUNK), 0
-        with connection:
-            while (count := connection.recv_into(buffer)) > 0:
-                total += count
-        received.append(total)
-
-    thread = threading.Thread(target=receive)
-    thread.start()
-    payload = memoryview(bytearray(CHUNK))
-    started = time.perf_counter()
-    with socket.create_connection(listener.getsockname()) as sender:
-        for offset in range(0, nbytes, CHUNK):
-            sender.sendall(payload[: min(CHUNK, nbytes - offset)])
-    thread.join()
-    seconds = time.perf_counter() - started
-    listener.close()
-    assert received == [nbytes], (received, nbytes)
-    return nbytes / seconds
 
 
 def evict(path: Path) -> None:

@@ -30,14 +30,14 @@ import tempfile
 from pathlib import Path
 from statistics import median
 
-from bench.common import load_average, report
+from bench.common import load_average, random_qwen2, report
 from bench.weightsync import (
-    build_model,
     decode_arrivals,
     follow,
     max_model_len,
     one_round,
     sender_main,
+    width_config,
 )
 
 MODES = {  # the engine settings of each way to take an update
@@ -123,7 +123,7 @@ def main() -> None:
 
     figures: dict = {"rounds": args.rounds}
     with tempfile.TemporaryDirectory(prefix="update-stall-") as tmp, load_average() as loads:
-        larger = build_model(Path(tmp) / "model", hidden=768, layers=4)
+        larger = random_qwen2(Path(tmp) / "model", width_config(hidden=768, layers=4))
         for case, model_dir, batch in (("demo", shipped_model_dir(), 64), ("28m", larger, 16)):
             figures.update(run_case(case, model_dir, args.rounds, batch))
     figures.update(loads)

@@ -12,7 +12,7 @@ the engine worker, resume).
                (default 768 x 4: 28M parameters, 113 MB in fp32), so that bytes, not round
                trips, dominate; `--model` takes any HF directory instead.
     loopback:  the sender process writes the same number of bytes into one TCP connection
-               on 127.0.0.1 (sendall of 64 MiB chunks); this process reads them
+               on 127.0.0.1 (sendall of 16 MiB chunks); this process reads them
                (recv_into); bytes / seconds from accept to the last byte.
     broadcast: `--rounds` rounds to engine 0 alone (K = 1), then as many to both engines
                (K = 2); bytes / the sender's transfer time (forming the round's group and
@@ -35,16 +35,14 @@ import argparse
 import asyncio
 import json
 import multiprocessing as mp
-import socket
 import tempfile
-import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from statistics import median
 
-from bench.common import load_average, report
+from bench.common import load_average, loopback_bytes_per_s, random_qwen2, report, send_bytes
 
-CHUNK = 64 * 2**20
 MAX_MODEL_LEN = 4096
 
 
@@ -54,33 +52,18 @@ def max_model_len(model_dir: Path) -> int:
     return min(MAX_MODEL_LEN, int(config.get("max_position_embeddings", MAX_MODEL_LEN)))
 
 
-def build_model(out: Path, *, hidden: int, layers: int) -> Path:
-    """A random Qwen2 of the given width and depth with the demo's tokenizer (head_dim 64:
+def width_config(hidden: int, layers: int):
+    """A Qwen2 config of the given width and depth over the demo's vocabulary (head_dim 64:
     vLLM's CPU attention needs >= 32)."""
-    import shutil
-
-    import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from transformers import AutoConfig, Qwen2Config
 
     from demo.tinymodel import shipped_model_dir
 
-    tokenizer_dir = shipped_model_dir()
-    vocab = Qwen2ForCausalLM.from_pretrained(tokenizer_dir).config.vocab_size
-    config = Qwen2Config(
-        vocab_size=vocab,
-        hidden_size=hidden,
-        intermediate_size=hidden * 8 // 3,
-        num_hidden_layers=layers,
-        num_attention_heads=hidden // 64,
-        num_key_value_heads=hidden // 64,
-        max_position_embeddings=4096,
-        tie_word_embeddings=True,
-    )
-    torch.manual_seed(0)
-    Qwen2ForCausalLM(config).to(torch.float32).save_pretrained(out)
-    for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
-        shutil.copy(tokenizer_dir / name, out / name)
-    return out
+    vocab = AutoConfig.from_pretrained(shipped_model_dir()).vocab_size
+    return Qwen2Config(vocab_size=vocab, hidden_size=hidden, intermediate_size=hidden * 8 // 3,
+                       num_hidden_layers=layers, num_attention_heads=hidden // 64,
+                       num_key_value_heads=hidden // 64, max_position_embeddings=4096,
+                       tie_word_embeddings=True)  # fmt: skip
 
 
 # ---- the sender process (the learner's rank 0) ----------------------------------------------
@@ -108,16 +91,7 @@ def sender_main(conn, model_dir: str) -> None:
             report = sender.broadcast(rest[0], named)
             conn.send({k: getattr(report, k) for k in ("num_receivers", "num_bytes", "transfer_s")})
         elif command == "loopback":
-            port, nbytes = rest
-            payload = bytearray(min(nbytes, CHUNK))
-            with socket.create_connection(("127.0.0.1", port)) as s:
-                s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                sent = 0
-                while sent < nbytes:
-                    view = memoryview(payload)[: min(len(payload), nbytes - sent)]
-                    s.sendall(view)
-                    sent += len(view)
-            conn.send(sent)
+            conn.send(send_bytes(*rest))
         elif command == "members":
             conn.send(sender.members())
         else:
@@ -126,33 +100,14 @@ def sender_main(conn, model_dir: str) -> None:
             return
 
 
-def loopback_bytes_per_s(conn, nbytes: int) -> float:
-    """One TCP stream on 127.0.0.1 from the sender process to this one."""
-    listener = socket.create_server(("127.0.0.1", 0))
-    elapsed = []
+def sender_writes(conn) -> Callable[[int, int], object]:
+    """`send` for `loopback_bytes_per_s`: the sender process writes the stream."""
 
-    def receive() -> None:
-        connection, _ = listener.accept()
-        started = time.perf_counter()
-        buffer = bytearray(CHUNK)
-        received = 0
-        with connection:
-            while received < nbytes:
-                count = connection.recv_into(buffer)
-                if count == 0:
-                    break
-                received += count
-        elapsed.append((time.perf_counter() - started, received))
+    def send(port: int, nbytes: int) -> int:
+        conn.send(("loopback", port, nbytes))
+        return conn.recv()
 
-    thread = threading.Thread(target=receive)
-    thread.start()
-    conn.send(("loopback", listener.getsockname()[1], nbytes))
-    conn.recv()
-    thread.join()
-    listener.close()
-    seconds, received = elapsed[0]
-    assert received == nbytes, (received, nbytes)
-    return nbytes / seconds
+    return send
 
 
 # ---- the engines ------------------------------------------------------------------------------
@@ -260,7 +215,7 @@ async def measure(conn, model_dir: Path, nbytes: int, args) -> dict:
     rounds = {1: [], 2: []}
     followers = []
     try:
-        loopback = [loopback_bytes_per_s(conn, nbytes) for _ in range(args.rounds)]
+        loopback = [loopback_bytes_per_s(nbytes, sender_writes(conn)) for _ in range(args.rounds)]
         version = 0
         for k in (1, 2):
             chosen = {i: engines[i] for i in range(k)}
@@ -313,8 +268,8 @@ def main() -> None:
     from weights.formats.snapshot import safetensors_weights
 
     with tempfile.TemporaryDirectory(prefix="weightsync-") as tmp:
-        model_dir = args.model or build_model(
-            Path(tmp) / "model", hidden=args.hidden, layers=args.layers
+        model_dir = args.model or random_qwen2(
+            Path(tmp) / "model", width_config(args.hidden, args.layers)
         )
         nbytes = sum(t.numel() * t.element_size() for _, t in safetensors_weights(model_dir))
         context = mp.get_context("spawn")

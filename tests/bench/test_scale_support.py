@@ -8,13 +8,13 @@ import pytest
 import torch
 from transformers import Qwen2ForCausalLM
 
+from bench.common import loopback_bytes_per_s
 from bench.render.scale import scale
 from bench.scale import CheckpointTimes
 from bench.scale_support import (
     LADDER,
     disk_bytes_per_s,
     evict,
-    loopback_bytes_per_s,
     resume_seconds,
     role_of,
 )
@@ -26,7 +26,7 @@ from tests.learner.builders import learner_config, random_samples, tiny_qwen2
 @pytest.mark.parametrize("shape", LADDER, ids=lambda s: s.name)
 def test_each_shape_counts_the_parameters_transformers_builds(shape):
     with torch.device("meta"):
-        model = Qwen2ForCausalLM(shape.config())  # the config build_model saves
+        model = Qwen2ForCausalLM(shape.config())  # the config Shape.build saves
     assert shape.num_params == sum(p.numel() for p in model.parameters())
     assert shape.hidden // shape.heads >= 32  # vLLM's CPU attention
 
