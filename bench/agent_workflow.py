@@ -11,7 +11,9 @@ alternates), and each is read from outside (bench/tether_run.py):
 - eval pass@1 at v0 and at the last step (100 rows x 2 samples, unseeded sampling);
 - rollout tokens/s: tokens the actor generated between the first and the last train record
   over those seconds (the endpoint path's over the stepped path's, per repeat: the ratio);
-- seconds per step over the same span.
+- seconds per step over the same span;
+- the staleness bound the demo's "auto" reached and the share of episode time in tools it
+  reads (learner/bound.py): a bound above 1 trains with the correction's extra forward.
 
     python -m bench.agent_workflow [--repeats 3] [--steps 30]
 
@@ -49,7 +51,8 @@ def write_agent(home: Path) -> Path:
 
 
 def figures(run: RunRecord) -> dict[str, float]:
-    """pass@1 at the start and end, rollout tokens/s and s/step over the training steps."""
+    """pass@1 at the start and end, rollout tokens/s and s/step over the training steps, the
+    highest bound in force and the mean time in tools."""
     train, evals = run.train, run.evals
     first, last = train[0]["t"], train[-1]["t"]
     tokens = "tether_actor_generated_tokens_total"
@@ -59,6 +62,10 @@ def figures(run: RunRecord) -> dict[str, float]:
         "pass_at_1_end": evals[-1]["eval/all/pass_at_1"],
         "tokens_per_s": generated / (last - first),
         "s_per_step": (last - first) / (len(train) - 1),
+        "bound_max": max(record["max_staleness"] for record in train),
+        "tool_time_fraction": statistics.fmean(
+            record.get("rollout/all/tool_time_fraction", 0.0) for record in train
+        ),
     }
 
 

@@ -16,6 +16,8 @@ HEADER = [
     "at the end (min-max)",
     "rollout tokens/s",
     "s per step",
+    "highest bound (auto)",
+    "time in tools",
 ]
 
 
@@ -42,6 +44,8 @@ def agent_workflow(f: Figures) -> str:
             _range(f, f"{kind}_pass_at_1_end"),
             count(f.get(f"{kind}_tokens_per_s_mean")),
             fixed(f.get(f"{kind}_s_per_step_mean"), 2),
+            fixed(f.get(f"{kind}_bound_max_mean"), 1),
+            fixed(f.get(f"{kind}_tool_time_fraction_mean"), 2),
         ]
         for kind, label in KINDS
     ]
