@@ -69,42 +69,14 @@ lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
-# Every benchmark script in bench/ (not the modules they share: common, *_support, *_worker,
-# and the helpers named in BENCH_HELPERS), in name order; `make bench` prints each one's time.
-# lora_parity trains a LoRA demo run first, then checks its adapter (docs/lora.md).
-# elastic_sim is a simulation (deploy/fleet_sim.py, ~20 s) calibrated from actor.json and
-# agentic.json: it plans a 64-replica elastic fleet (docs/benchmarks.md, "elastic_sim").
-# Each script's wall seconds and the 1-minute load before and after it go to a log that
-# bench/make_bench.py turns into bench/results/make_bench.json; bench/render_docs.py then
-# rewrites docs/benchmarks.md's figures from bench/results/.
-# scale is its own target (bench-scale: ~11 min of real runs up to a 0.5B model), and so is
-# agentic (bench-agentic: ~20 min of runs with slow tools); dynamic_sampling runs by hand
-# (python -m bench.dynamic_sampling: six demo runs, ~10 min; docs/running.md), and so does
-# tasks (python -m bench.tasks: RL vs SFT on 3 reasoning-gym families x 3 seeds, ~30 min),
-# agent_workflow (python -m bench.agent_workflow: the agent walkthrough's run against the
-# demo's, 3 pairs, ~15 min) and token_rule (python -m bench.token_rule: the staleness rule per
-# token against per group with 30 s tool tails, 3 seeds, ~20 min), and elastic (python -m
-# bench.elastic: an elastic fleet against one replica on a 3-node local Ray cluster, ~12 min),
-# and auto_bound (python -m bench.auto_bound: an "auto" staleness bound against fixed ones,
-# ~2 min a run; docs/benchmarks.md says the invocations measured).
-BENCH_HELPERS := __init__ common dense_packing make_bench pass_at_1 peer_breakdown \
-	render_docs tether_run scale agentic dynamic_sampling tasks agent_workflow \
-	token_rule elastic auto_bound
+# Every benchmark bench/runner.py finds declared for this target (`BENCHMARK = Benchmark(...,
+# target="bench")` in its module), in name order, each one's wall time and load recorded in
+# bench/results/make_bench.json; then docs/benchmarks.md's figures are rendered from
+# bench/results/. `python -m bench.runner list` shows every benchmark with its target
+# (bench-scale, bench-agentic, or by hand: `python -m bench.NAME`) and rough cost.
 bench: install
 	@mkdir -p bench/results
-	@set -e; log=$$(mktemp); trap 'rm -f $$log' EXIT; \
-	for script in bench/*.py; do \
-	  name=$$(basename $$script .py); \
-	  case " $(BENCH_HELPERS) " in *" $$name "*) continue;; esac; \
-	  case $$name in *_support|*_worker) continue;; esac; \
-	  echo "== $$script"; read load_before _ < /proc/loadavg; started=$$(date +%s); \
-	  $(PY) -m bench.$$name; \
-	  took=$$(( $$(date +%s) - started )); read load_after _ < /proc/loadavg; \
-	  echo "$$name $$took $$load_before $$load_after" >> $$log; \
-	  echo "== $$script took $$took s"; \
-	done; \
-	$(PY) -m bench.make_bench $$log; \
-	$(PY) -m bench.render_docs
+	$(PY) -m bench.runner run bench
 
 # The scale ladder (docs/benchmarks.md, "Scale"): the demo's run at random models from 10M
 # parameters to Qwen2-0.5B's shape over a real 151k vocabulary; then the docs' figures.

@@ -58,7 +58,13 @@ from bench.actor_support import (
     start_env_server,
     wait_for_env_server,
 )
-from bench.common import print_table, write_results
+from bench.common import Benchmark, print_table, write_results
+
+BENCHMARK = Benchmark(
+    measures="actor throughput: the whole rollout actor against raw vLLM, same tokens",
+    target="bench",
+    minutes=2.5,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 

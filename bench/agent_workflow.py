@@ -29,8 +29,14 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from bench.common import load_average, report
+from bench.common import Benchmark, load_average, report
 from bench.tether_run import RunRecord, actor_counter_at, watch_run
+
+BENCHMARK = Benchmark(
+    measures="an agent's own openai loop through the endpoint against the stepped env",
+    target="by hand",
+    minutes=15,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 SECTION = "## Bring your agent"

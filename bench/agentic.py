@@ -37,7 +37,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.async_support import mode_figures, workload_overrides
-from bench.common import load_average, report
+from bench.common import Benchmark, load_average, report
+
+BENCHMARK = Benchmark(
+    measures="asynchrony's speedup where agents wait on slow tools",
+    target="bench-agentic",
+    minutes=20,
+)
 
 EVAL_ROWS, EVAL_SAMPLES = 64, 2
 CORRECTION = ["learner.algorithm.ratio_anchor=proximal", "learner.algorithm.importance_weight=tis"]

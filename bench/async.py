@@ -36,7 +36,13 @@ import tempfile
 from pathlib import Path
 
 from bench.async_support import gpu_model, mode_figures, workload_overrides
-from bench.common import load_average, report
+from bench.common import Benchmark, load_average, report
+
+BENCHMARK = Benchmark(
+    measures="asynchrony's speedup over the synchronous mode, same workload and steps",
+    target="bench",
+    minutes=3,
+)
 
 
 def combine(sync: dict, asynchronous: dict, args, loads: dict[str, float]) -> dict:

@@ -1,6 +1,6 @@
-"""Shared helpers of the benchmark scripts: print a table, write bench/results/<name>.json,
-note the machine's load around a measurement, build a random-weight model, time the
-loopback TCP a weight transfer is measured against."""
+"""Shared helpers of the benchmark scripts: the declaration each one makes of itself, print
+a table, write bench/results/<name>.json, note the machine's load around a measurement,
+build a random-weight model, time the loopback TCP a weight transfer is measured against."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,28 @@ CHUNK = 16 * 2**20
 """Bytes per socket write and read of the loopback stream."""
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                    "chat_template.jinja")  # fmt: skip
+
+
+TARGETS = ("bench", "bench-scale", "bench-agentic", "by hand")
+"""The make target that runs a benchmark, or `by hand`: `python -m bench.NAME`, for one that
+takes long, needs a GPU, or is measured with arguments docs/benchmarks.md names."""
+
+
+@dataclass(frozen=True)
+class Benchmark:
+    """What a benchmark module declares of itself, as `BENCHMARK = Benchmark(...)` with
+    literal arguments (bench/runner.py reads it from the file, without importing it)."""
+
+    measures: str
+    """What it measures, in a line."""
+    target: str
+    """One of TARGETS."""
+    minutes: float
+    """About how long it takes on 2 cores."""
+
+    def __post_init__(self) -> None:
+        if self.target not in TARGETS:
+            raise ValueError(f"target: expected one of {TARGETS}, got {self.target!r}")
 
 
 def machine() -> str:

@@ -30,8 +30,14 @@ import statistics
 import time
 from pathlib import Path
 
-from bench.common import load_average, report
+from bench.common import Benchmark, load_average, report
 from bench.engine_update_memory import QWEN2_0_5B, SMALL, build_model
+
+BENCHMARK = Benchmark(
+    measures="weight updates as bf16 deltas at the 0.5B shape",
+    target="by hand",
+    minutes=3,
+)
 
 ENCODINGS = ("xor", "sparse")
 LEARNING_RATES = {"rl": 1e-6, "demo": 1e-4}

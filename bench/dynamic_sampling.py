@@ -20,7 +20,13 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from bench.common import load_average, report
+from bench.common import Benchmark, load_average, report
+
+BENCHMARK = Benchmark(
+    measures="dynamic sampling against none on `make run`'s job",
+    target="by hand",
+    minutes=10,
+)
 
 TARGET = 0.85
 PROMPTS_PER_STEP = 8  # configs/demo.toml's learner.prompts_per_step

@@ -28,10 +28,16 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.common import load_average, report
+from bench.common import Benchmark, load_average, report
 from common.supervision import read_events
 from deploy.ray_testbed import FITS_THE_TESTBED, GPU_NODE, HEAD, local_cluster
 from deploy.run_ledger import RunLedger, read_jsonl
+
+BENCHMARK = Benchmark(
+    measures="an elastic fleet against one replica on a 3-node local Ray cluster",
+    target="by hand",
+    minutes=12,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 IMAGE = REPO / "docs" / "images" / "elastic.png"

@@ -31,13 +31,19 @@ import json
 import tomllib
 from pathlib import Path
 
-from bench.common import RESULTS_DIR, print_table, write_results
+from bench.common import RESULTS_DIR, Benchmark, print_table, write_results
 from bench.render.agentic import DEFAULT_BOUND
 from common.fleet import ElasticConfig
 from deploy.fleet_sim import compare, summary_table
 from deploy.fleet_sim_model import Learner, Result, Workload
 from envservers.config import EnvServerConfig
 from envservers.latency import LoadStep
+
+BENCHMARK = Benchmark(
+    measures="an elastic fleet planned past this machine (deploy/fleet_sim.py's simulator)",
+    target="bench",
+    minutes=0.5,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 PLOT = REPO / "docs" / "images" / "elastic_sim.png"

@@ -40,8 +40,14 @@ import time
 from pathlib import Path
 from statistics import median
 
-from bench.common import load_average, random_qwen2, report
+from bench.common import Benchmark, load_average, random_qwen2, report
 from common.environ import environ_set
+
+BENCHMARK = Benchmark(
+    measures="an engine's host memory during one weight update, streamed against staged",
+    target="bench",
+    minutes=2,
+)
 
 MB = 2**20
 CACHE = Path(__file__).resolve().parents[1] / ".cache" / "bench"

@@ -21,8 +21,14 @@ import sys
 import time
 from pathlib import Path
 
-from bench.common import load_average, print_table, write_results
+from bench.common import Benchmark, load_average, print_table, write_results
 from common.procs import free_port
+
+BENCHMARK = Benchmark(
+    measures="env server overhead: a no-op tool step beside a bare gRPC echo",
+    target="bench",
+    minutes=0.3,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 

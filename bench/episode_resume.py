@@ -25,8 +25,14 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench.common import load_average, report
+from bench.common import Benchmark, load_average, report
 from bench.resume_support import run_scenario
+
+BENCHMARK = Benchmark(
+    measures="a replica killed mid-episode, with and without turn checkpoints",
+    target="by hand",
+    minutes=3,
+)
 
 MODES = {"checkpoints": False, "before": True}  # mode -> the dead replica's checkpoints purged
 

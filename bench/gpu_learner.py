@@ -21,8 +21,14 @@ import argparse
 import multiprocessing
 import time
 
-from bench.common import status_mib, write_results
+from bench.common import Benchmark, status_mib, write_results
 from bench.scale_support import LADDER, Shape
+
+BENCHMARK = Benchmark(
+    measures="the learner's step on one GPU at real sizes (needs a GPU)",
+    target="by hand",
+    minutes=5,
+)
 
 SHAPES = {shape.name: shape for shape in LADDER} | {
     "1.5B": Shape("1.5B", hidden=1536, layers=28, intermediate=8960, heads=12, kv_heads=2),

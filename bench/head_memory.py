@@ -27,7 +27,13 @@ import argparse
 import multiprocessing
 import time
 
-from bench.common import reset_peak_rss, status_mib, write_results
+from bench.common import Benchmark, reset_peak_rss, status_mib, write_results
+
+BENCHMARK = Benchmark(
+    measures="the language-model head's peak memory, plain against chunked",
+    target="by hand",
+    minutes=5,
+)
 
 HIDDEN, VOCAB = 896, 152_064
 

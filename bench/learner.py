@@ -33,7 +33,13 @@ import threading
 import time
 from pathlib import Path
 
-from bench.common import load_average, print_table, write_results
+from bench.common import Benchmark, load_average, print_table, write_results
+
+BENCHMARK = Benchmark(
+    measures="learner throughput: the whole learner loop against a bare torch loop",
+    target="bench",
+    minutes=0.5,
+)
 
 VOCAB_LOW = 5
 

@@ -19,7 +19,13 @@ import statistics
 import threading
 from pathlib import Path
 
-from bench.common import load_average, print_table, write_results
+from bench.common import Benchmark, load_average, print_table, write_results
+
+BENCHMARK = Benchmark(
+    measures="an adapter update's cost to an engine against a full-weight update",
+    target="bench",
+    minutes=1,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 

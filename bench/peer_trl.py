@@ -41,8 +41,14 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.common import load_average, print_table, write_results
+from bench.common import Benchmark, load_average, print_table, write_results
 from bench.peer_breakdown import tether_breakdown, trl_breakdown
+
+BENCHMARK = Benchmark(
+    measures="Tether's `make run` against TRL's GRPOTrainer on the same task",
+    target="bench",
+    minutes=8.5,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 TRL_PACKAGES = ("torch==2.13.0", "trl==1.16.0")

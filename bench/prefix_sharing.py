@@ -43,7 +43,13 @@ import subprocess
 import sys
 import time
 
-from bench.common import print_table, reset_peak_rss, status_mib, write_results
+from bench.common import Benchmark, print_table, reset_peak_rss, status_mib, write_results
+
+BENCHMARK = Benchmark(
+    measures="the learner's step with and without shared-prefix training",
+    target="bench",
+    minutes=4,
+)
 
 WORKLOADS = {  # groups x samples, prompt, suffix range
     "demo": dict(num_groups=8, group_size=8, prompt_len=148, min_suffix=30, max_suffix=150),

@@ -27,9 +27,15 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench.common import load_average, print_table, write_results
+from bench.common import Benchmark, load_average, print_table, write_results
 from bench.profile_support import mean_step_s, parse_raw, per_step, profile
 from bench.tether_run import REPO, RunRecord, watch_run
+
+BENCHMARK = Benchmark(
+    measures="where a learner step and an actor step go, now and before (py-spy)",
+    target="bench",
+    minutes=6,
+)
 
 ROLES_SHOWN = ("learner", "actor", "engine")
 

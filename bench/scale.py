@@ -39,7 +39,14 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.common import RESULTS_DIR, load_average, loopback_bytes_per_s, report, status_mib
+from bench.common import (
+    RESULTS_DIR,
+    Benchmark,
+    load_average,
+    loopback_bytes_per_s,
+    report,
+    status_mib,
+)
 from bench.scale_support import (
     LADDER,
     RolePeaks,
@@ -50,6 +57,12 @@ from bench.scale_support import (
 )
 from bench.tether_run import watch_run
 from learner.trainer.checkpoint import STATE_FILE
+
+BENCHMARK = Benchmark(
+    measures="the same short real run at random models from 10M to 0.5B parameters",
+    target="bench-scale",
+    minutes=14,
+)
 
 STEPS = 3
 MICRO_TOKENS = 1024

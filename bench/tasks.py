@@ -48,8 +48,14 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench.common import load_average, report
+from bench.common import Benchmark, load_average, report
 from bench.render.tasks import tasks as render_tasks
+
+BENCHMARK = Benchmark(
+    measures="RL on reasoning-gym families against plain SFT",
+    target="by hand",
+    minutes=30,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 PLOT = REPO / "docs" / "images" / "tasks_pass_at_1.png"

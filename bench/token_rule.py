@@ -38,8 +38,14 @@ from pathlib import Path
 
 from bench.agentic import CORRECTION, EVAL_ROWS, EVAL_SAMPLES, WORKLOADS
 from bench.async_support import GENERATED, mode_figures, workload_overrides
-from bench.common import RESULTS_DIR, load_average, machine, report
+from bench.common import RESULTS_DIR, Benchmark, load_average, machine, report
 from bench.tether_run import RunRecord, actor_counter_at, watch_run
+
+BENCHMARK = Benchmark(
+    measures="the staleness rule per token against per group, by workload and bound",
+    target="by hand",
+    minutes=20,
+)
 
 RULES = ("group", "token")
 TAIL = WORKLOADS["agentic-30s"]

@@ -17,7 +17,13 @@ import multiprocessing as mp
 import tempfile
 import time
 
-from bench.common import load_average, print_table, write_results
+from bench.common import Benchmark, load_average, print_table, write_results
+
+BENCHMARK = Benchmark(
+    measures="trajectory transport: the JetStream path against core NATS",
+    target="bench",
+    minutes=0.3,
+)
 
 SUBJECT_CORE = "bench.core"
 

@@ -30,7 +30,7 @@ import tempfile
 from pathlib import Path
 from statistics import median
 
-from bench.common import load_average, random_qwen2, report
+from bench.common import Benchmark, load_average, random_qwen2, report
 from bench.weightsync import (
     decode_arrivals,
     follow,
@@ -38,6 +38,12 @@ from bench.weightsync import (
     one_round,
     sender_main,
     width_config,
+)
+
+BENCHMARK = Benchmark(
+    measures="the generation stall per update: streamed, staged and swapped",
+    target="by hand",
+    minutes=3,
 )
 
 MODES = {  # the engine settings of each way to take an update

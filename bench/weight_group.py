@@ -20,7 +20,13 @@ import sys
 import time
 from pathlib import Path
 
-from bench.common import load_average, print_table, write_results
+from bench.common import Benchmark, load_average, print_table, write_results
+
+BENCHMARK = Benchmark(
+    measures="what a long-lived weight communicator saves per update (gloo)",
+    target="bench",
+    minutes=0.1,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -41,7 +41,20 @@ from collections.abc import Callable
 from pathlib import Path
 from statistics import median
 
-from bench.common import load_average, loopback_bytes_per_s, random_qwen2, report, send_bytes
+from bench.common import (
+    Benchmark,
+    load_average,
+    loopback_bytes_per_s,
+    random_qwen2,
+    report,
+    send_bytes,
+)
+
+BENCHMARK = Benchmark(
+    measures="weight broadcast bytes/s against loopback TCP, and the generation stall",
+    target="bench",
+    minutes=1.5,
+)
 
 MAX_MODEL_LEN = 4096
 

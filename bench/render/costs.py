@@ -1,4 +1,4 @@
-"""Renderer of bench/results/make_bench.json (written by bench/make_bench.py at the end of
+"""Renderer of bench/results/make_bench.json (written by bench/runner.py at the end of
 `make bench`): each script's wall time and the load it ran under, and the total against the
 budget."""
 

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from bench import make_bench, render_docs
+from bench import render_docs, runner
+from bench.common import Benchmark
 from bench.render import actor, costs, parts, peer, prefix, projection, system
 from bench.render.markdown import check, fixed, provenance
 from bench.render.markers import blocks, outside_blocks, replace_blocks
@@ -63,12 +64,36 @@ def test_the_doc_has_a_block_for_every_section_and_links_the_history():
     assert (REPO / "docs" / "benchmark-history.md").read_text().count("Not regenerated") == 1
 
 
-def test_make_bench_skips_its_helpers_and_renders_the_doc_last():
-    makefile = (REPO / "Makefile").read_text()
-    helpers = re.search(r"BENCH_HELPERS := ((?:.*\\\n)*.*)", makefile).group(1).split()
-    assert {"render_docs", "make_bench"} <= set(helpers)
-    recipe = makefile[makefile.index("\nbench:") :]
-    assert recipe.index("-m bench.make_bench") < recipe.index("-m bench.render_docs")
+def test_make_bench_runs_the_declared_benchmarks_through_the_runner():
+    recipe = (REPO / "Makefile").read_text().split("\nbench:", 1)[1].split("\n\n", 1)[0]
+    assert "-m bench.runner run bench" in recipe
+    benchmarks = runner.declared()
+    assert "render_docs" not in benchmarks and "runner" not in benchmarks
+    assert {"actor", "transport", "weightsync"} <= {
+        name for name, b in benchmarks.items() if b.target == "bench"
+    }
+    assert benchmarks["gpu_learner"].target == "by hand"  # needs a GPU: never in `make bench`
+
+
+def test_every_module_that_runs_is_a_declared_benchmark_or_a_tool():
+    """A script run as `python -m bench.NAME` is run by the runner only if it says so; one
+    that says nothing would be a benchmark nobody runs."""
+    tools = {"render_docs", "runner"}  # they run benchmarks' output, and benchmarks
+    for path in sorted((REPO / "bench").glob("*.py")):
+        source = path.read_text()
+        runs = 'if __name__ == "__main__":' in source
+        if runs and path.stem not in tools and not path.stem.endswith("_worker"):
+            assert runner.declaration(source, path.name) is not None, path.name
+
+
+def test_a_declaration_is_read_without_importing_and_checked():
+    source = 'import torch\nBENCHMARK = Benchmark(measures="m", target="by hand", minutes=2)\n'
+    assert runner.declaration(source) == Benchmark(measures="m", target="by hand", minutes=2)
+    assert runner.declaration("import torch\n") is None
+    with pytest.raises(ValueError, match="target"):
+        runner.declaration('BENCHMARK = Benchmark(measures="m", target="nightly", minutes=1)')
+    with pytest.raises(ValueError, match="literal"):
+        runner.declaration('BENCHMARK = Benchmark(measures=M, target="bench", minutes=1)')
 
 
 # --- every section from the committed results -----------------------------------------------
@@ -332,8 +357,8 @@ def test_engine_update_memory_counts_growth_in_the_largest_bucket():
 # --- make bench's costs --------------------------------------------------------------------
 
 
-def test_make_bench_summarises_the_loop_log():
-    figures = make_bench.summarise(["actor 300 1.5 2.0", "", "async 240 2.0 3.5"])
+def test_make_bench_summarises_the_runners_timings():
+    figures = runner.summarise([("actor", 300.0, 1.5, 2.0), ("async", 240.0, 2.0, 3.5)])
     assert figures == {
         "scripts": "actor async",
         "actor_s": 300.0,
@@ -346,15 +371,13 @@ def test_make_bench_summarises_the_loop_log():
         "load_avg_1m_before": 1.5,
         "load_avg_1m_after": 3.5,
     }
-    with pytest.raises(ValueError, match="no lines"):
-        make_bench.summarise([""])
-    with pytest.raises(ValueError, match="expected"):
-        make_bench.summarise(["actor 300"])
+    with pytest.raises(ValueError, match="no benchmark ran"):
+        runner.summarise([])
 
 
 @pytest.mark.parametrize(("total_s", "verdict"), [(30 * 60, "met"), (50 * 60, "missed")])
 def test_make_bench_costs(total_s, verdict):
-    figures = make_bench.summarise([f"actor {total_s} 1.0 2.0"])
+    figures = runner.summarise([("actor", float(total_s), 1.0, 2.0)])
     text = costs.make_bench(figures)
     assert f"| `bench/actor.py` | {total_s / 60:.1f} min | 1.0 → 2.0 |" in text
     assert f"(target ≤ 45.0 min): **{verdict}**" in text
