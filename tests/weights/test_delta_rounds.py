@@ -135,7 +135,11 @@ def test_a_receiver_that_missed_a_delta_fails_that_round_then_takes_a_keyframe()
     missed it). Round 3, a delta, fails: that receiver refuses it before loading anything,
     the sender's round fails. Round 4 goes out as a keyframe on a new group and both
     receivers hold it bit for bit."""
-    sender = _delta_sender(keyframe_interval=100)
+    # The steady receiver learns of round 3's failure only when its transfer times out (3 s)
+    # and then asks for a seat again: round 4 waits for it that long, where the tests' 2 s
+    # join timeout let a loaded machine send round 4 without it (it then waited for a
+    # version that never came).
+    sender = _delta_sender(keyframe_interval=100, join_timeout_s=15.0)
     versions = _versions(4, lr=1e-5)
     lossy = _start_receiver(sender.config, 3, "lose", "2")
     # Round 3 may reach the steady receiver whole before the lossy one breaks it, or not:
