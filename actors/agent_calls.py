@@ -91,11 +91,16 @@ class AgentCalls:
         return self._checked(CallPlan(len(self.segments), prompt, prompt, normal, tools))
 
     def record(
-        self, plan: CallPlan, generation: Generation, tool_calls: list[dict[str, Any]]
+        self,
+        plan: CallPlan,
+        generation: Generation,
+        tool_calls: list[dict[str, Any]],
+        text: str | None = None,
     ) -> dict[str, Any]:
         """Add the planned prompt part and the generated turn to the segment; returns the
         assistant message the agent gets (`tool_calls` in OpenAI form, parsed by the caller
-        from the text with the model family's format)."""
+        from the text with the model family's format). `text`: the turn's assistant text,
+        when the caller has decoded it already."""
         if plan.index == len(self.segments):
             segment = Segment(messages=[], tools=plan.tools)
             segment.result.prompt_len = len(plan.new_ids)
@@ -113,7 +118,9 @@ class AgentCalls:
         ended = bool(generation.token_ids) and generation.token_ids[-1] == self.chat.eos_token_id
         if not ended:
             result.append([self.chat.eos_token_id])  # close the cut turn as the template does
-        message = {"role": "assistant", "content": self.chat.assistant_text(generation.token_ids)}
+        if text is None:
+            text = self.chat.assistant_text(generation.token_ids)
+        message = {"role": "assistant", "content": text}
         if tool_calls:
             message["tool_calls"] = tool_calls
         segment.messages = [*plan.messages, normalise(message, len(plan.messages))]

@@ -177,7 +177,7 @@ class AgentEndpoint:
             episode.calls.generate_s += time.perf_counter() - started
             text = self.chat.assistant_text(generation.token_ids)
             tool_calls = self._tool_calls(text) if plan.tools else []
-            message = episode.calls.record(plan, generation, tool_calls)
+            message = episode.calls.record(plan, generation, tool_calls, text)
         finish = "tool_calls" if tool_calls else generation.finish_reason
         return web.json_response({
             "id": f"chatcmpl-{secrets.token_hex(12)}",

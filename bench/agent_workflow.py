@@ -15,7 +15,13 @@ alternates), and each is read from outside (bench/tether_run.py):
 - the staleness bound the demo's "auto" reached and the share of episode time in tools it
   reads (learner/bound.py): a bound above 1 trains with the correction's extra forward.
 
-    python -m bench.agent_workflow [--repeats 3] [--steps 30]
+Each placement runs its own pairs: `shared`, every process on every core (`make run` on
+one machine), and `apart`, the env server alone on the last core and the rest on the
+others, as in a deployment where env servers (and the agents' own code: its `openai`
+client, its tools) have machines of their own. The stepped run is placed the same way, so
+each pair gets the same cores.
+
+    python -m bench.agent_workflow [--repeats 3] [--steps 30] [--placements shared,apart]
 
 Writes bench/results/agent_workflow.json and prints the table. About 3 minutes a run on 2
 cores.
@@ -24,6 +30,7 @@ cores.
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import statistics
 import tempfile
@@ -39,6 +46,7 @@ BENCHMARK = Benchmark(
 )
 
 REPO = Path(__file__).resolve().parents[1]
+PLACEMENTS = ("shared", "apart")
 SECTION = "## Bring your agent"
 AGENT = [
     'envserver.envs=["calculator=workflow:my_agent.calculator:solve"]',
@@ -54,6 +62,25 @@ def write_agent(home: Path) -> Path:
         (home / path).parent.mkdir(parents=True, exist_ok=True)
         (home / path).write_text(body)
     return home / "my-agent"
+
+
+def pin_env_servers_apart(launcher_pid: int) -> None:
+    """Every thread of the run's env servers onto the last CPU, every other thread of the
+    run onto the others. Called on every poll: threads and processes started since then
+    (the engine's, gRPC's) inherit their creator's CPUs and are moved on the next."""
+    cpus = sorted(os.sched_getaffinity(0))
+    apart, rest = {cpus[-1]}, set(cpus[:-1])
+    pending = [launcher_pid]
+    while pending:
+        pid = pending.pop()
+        try:
+            command = Path(f"/proc/{pid}/cmdline").read_bytes()
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                children = Path(f"/proc/{pid}/task/{tid}/children").read_text().split()
+                pending += map(int, children)
+                os.sched_setaffinity(int(tid), apart if b"envservers.cli" in command else rest)
+        except (FileNotFoundError, ProcessLookupError):  # ended while we looked
+            continue
 
 
 def figures(run: RunRecord) -> dict[str, float]:
@@ -79,32 +106,53 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--placements", default="shared,apart")
     args = parser.parse_args(argv)
-    steps = [f"learner.total_steps={args.steps}"]
+    placements = args.placements.split(",")
+    if not set(placements) <= set(PLACEMENTS) or len(os.sched_getaffinity(0)) < 2:
+        parser.error(f"--placements: a list of {', '.join(PLACEMENTS)} (apart needs 2 CPUs)")
     out: dict[str, float | int | str] = {"repeats": args.repeats, "steps": args.steps}
-    rows: dict[str, list[dict[str, float]]] = {"stepped": [], "agent": []}
     with tempfile.TemporaryDirectory() as work, load_average() as loads:
         agent_dir = write_agent(Path(work))
-        for repeat in range(args.repeats):
-            order = ["stepped", "agent"] if repeat % 2 == 0 else ["agent", "stepped"]
-            for kind in order:
-                run_dir = Path(work) / f"{kind}{repeat}"
-                overrides = steps + (AGENT if kind == "agent" else [])
-                pythonpath = (agent_dir,) if kind == "agent" else ()
-                run = watch_run(overrides, run_dir, pythonpath=pythonpath)
-                rows[kind].append(figures(run))
-                print(f"repeat {repeat} {kind}: {rows[kind][-1]}", flush=True)
+        for placement in placements:
+            out.update(measure_pairs(placement, args, agent_dir, Path(work) / placement))
+    out.update(loads)
+    report("agent_workflow", "agent workflow vs stepped environment (same demo run)", out)
+
+
+def measure_pairs(
+    placement: str, args: argparse.Namespace, agent_dir: Path, work: Path
+) -> dict[str, float]:
+    """`args.repeats` pairs under one placement: each figure's mean, min and max per run
+    kind, and the agent's tokens/s over the stepped run's (worst pair, mean), keyed
+    `<placement>_...`."""
+    steps = [f"learner.total_steps={args.steps}"]
+    on_poll = (
+        (lambda run, launcher, t: pin_env_servers_apart(launcher.pid))
+        if placement == "apart"
+        else None
+    )
+    rows: dict[str, list[dict[str, float]]] = {"stepped": [], "agent": []}
+    for repeat in range(args.repeats):
+        for kind in ["stepped", "agent"] if repeat % 2 == 0 else ["agent", "stepped"]:
+            overrides = steps + (AGENT if kind == "agent" else [])
+            pythonpath = (agent_dir,) if kind == "agent" else ()
+            run = watch_run(overrides, work / f"{kind}{repeat}", pythonpath=pythonpath,
+                            on_poll=on_poll)  # fmt: skip
+            rows[kind].append(figures(run))
+            print(f"{placement} repeat {repeat} {kind}: {rows[kind][-1]}", flush=True)
+    out = {}
     for kind, measured in rows.items():
         for name in measured[0]:
             values = [m[name] for m in measured]
-            out[f"{kind}_{name}_mean"] = statistics.fmean(values)
-            out[f"{kind}_{name}_min"], out[f"{kind}_{name}_max"] = min(values), max(values)
+            key = f"{placement}_{kind}_{name}"
+            out[f"{key}_mean"] = statistics.fmean(values)
+            out[f"{key}_min"], out[f"{key}_max"] = min(values), max(values)
     pairs = zip(rows["agent"], rows["stepped"], strict=True)
     ratios = [agent["tokens_per_s"] / stepped["tokens_per_s"] for agent, stepped in pairs]
-    out["tokens_per_s_ratio_min"] = min(ratios)
-    out["tokens_per_s_ratio_mean"] = statistics.fmean(ratios)
-    out.update(loads)
-    report("agent_workflow", "agent workflow vs stepped environment (same demo run)", out)
+    out[f"{placement}_tokens_per_s_ratio_min"] = min(ratios)
+    out[f"{placement}_tokens_per_s_ratio_mean"] = statistics.fmean(ratios)
+    return out
 
 
 if __name__ == "__main__":

@@ -115,3 +115,10 @@ def test_tokenizer_without_chat_template_is_refused(tokenizer):
             ChatTemplate(tokenizer)
     finally:
         tokenizer.chat_template = old
+
+
+def test_a_repeated_prompt_gives_the_same_ids_and_a_caller_cannot_change_them(chat):
+    first = chat.prompt_ids(PROMPT, DEMO_TOOLS)
+    first.append(-1)  # a caller extending its sequence in place
+    assert chat.prompt_ids(PROMPT, DEMO_TOOLS) == first[:-1]
+    assert chat.prompt_ids(PROMPT) != first[:-1]  # other tools, another prompt
