@@ -88,7 +88,9 @@ def test_a_fixed_bound_stays_and_leaves_the_algorithm_alone():
 
 
 def test_an_auto_bound_rises_when_starved_and_resumes_from_its_state():
-    config = _config(max_staleness="auto", max_staleness_limit=3)
+    # Rises stay untried here (tests/learner/test_adaptive_bound.py tries them).
+    config = _config(max_staleness="auto", max_staleness_limit=3,
+                     max_staleness_auto={"trial_steps": 0})  # fmt: skip
     bound = StalenessBound(config)
     assert bound.current == 1 and bound.algorithm().ratio_anchor == "behaviour"
     # The first step waited for the engines to start: not counted.
