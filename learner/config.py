@@ -49,7 +49,7 @@ class BoundLimits(StrictModel):
     of their time in env steps (tools) rather than generating (`rollout/all/
     tool_time_fraction`). Below it the engines are the bottleneck: more episodes in flight
     would queue in them, and the older data would cost the correction's extra forward."""
-    trial_steps: int = pydantic.Field(default=4, ge=0)
+    trial_steps: int = pydantic.Field(default=2, ge=0)
     """A rise is on trial for this many steps: it stays only if their mean step time (data
     wait + train) is at least `min_rise_gain` shorter than the starved window's before it.
     A learner can starve with every engine busy (agents' own code, their HTTP and the

@@ -187,9 +187,9 @@ class AdaptiveBound:
             self.bound, self.window, self.trial = max(self.bound - 1, 1), [], None
             return self.bound
         self.hold = max(self.hold - 1, 0)
+        self.window = [*self.window, (wait_s, train_s)][-limits.starved_steps :]
         if self.trial is not None and not self._judge_trial(wait_s + train_s):
             return self.bound
-        self.window = [*self.window, (wait_s, train_s)][-limits.starved_steps :]
         waited = sum(wait for wait, _ in self.window)
         busy = waited + sum(train for _, train in self.window)
         full = len(self.window) == limits.starved_steps
@@ -202,8 +202,9 @@ class AdaptiveBound:
         return self.bound
 
     def _judge_trial(self, step_s: float) -> bool:
-        """Count a step of the rise on trial; True once it is judged and stayed (this step
-        then counts as usual), False while it is on trial or when it went back down."""
+        """Count a step of the rise on trial; True once it is judged and stayed (its steps
+        are the window that decides the next rise), False while it is on trial or when it
+        went back down."""
         assert self.trial is not None
         before, since = self.trial[0], [*self.trial[1], step_s]
         if len(since) < self.limits.trial_steps:

@@ -91,35 +91,36 @@ def test_a_rise_on_trial_and_a_hold_come_back_from_a_checkpoint():
     on_trial = AdaptiveBound(ceiling=4)
     _run(on_trial, [(STARVED, HEALTHY)] * 3)  # risen to 2, one step of its trial counted
     resumed = AdaptiveBound.from_state(on_trial.state(), ceiling=4)
-    assert _run(resumed, [(STARVED, HEALTHY)] * 3) == _run(on_trial, [(STARVED, HEALTHY)] * 3)
-    assert (resumed.bound, resumed.hold) == (on_trial.bound, on_trial.hold) == (1, 20)
+    assert _run(resumed, [(STARVED, HEALTHY)] * 2) == _run(on_trial, [(STARVED, HEALTHY)] * 2)
+    assert (resumed.bound, resumed.hold) == (on_trial.bound, on_trial.hold) == (1, 19)
     # A checkpoint written before rises were tried holds the bound and the window alone.
     older = AdaptiveBound.from_state({"bound": 3, "window": [[6.0, 2.0]]}, ceiling=4)
     assert (older.bound, older.trial, older.hold) == (3, None, 0)
 
 
-def test_a_rise_that_shortens_the_steps_stays_and_the_next_is_tried_from_there():
-    bound = AdaptiveBound(ceiling=4)  # trial of 4 steps, 10% shorter to stay
+def test_a_rise_that_shortens_the_steps_stays_and_its_trial_decides_the_next():
+    bound = AdaptiveBound(ceiling=4)  # a trial of 2 steps, 10% shorter to stay
     before = _run(bound, [(STARVED, HEALTHY)] * 2)  # 8 s steps, 75% waiting: rise to 2
     halved = {"wait_s": 2.0, "train_s": 2.0}  # more in flight: 4 s steps, still half waiting
-    assert before + _run(bound, [(halved, HEALTHY)] * 8) == [1, 2, 2, 2, 2, 2, 3, 3, 3, 3]
+    # The trial's 2 steps paid, and they starved: the next rise comes as soon as before.
+    assert before + _run(bound, [(halved, HEALTHY)] * 2) == [1, 2, 2, 3]
     # The rise to 3 is judged against the 4 s steps: the same 4 s does not pay for it.
-    assert _run(bound, [(halved, HEALTHY)]) == [2]
+    assert _run(bound, [(halved, HEALTHY)] * 2) == [3, 2]
 
 
 def test_a_rise_that_shortens_nothing_goes_back_and_the_next_try_waits_longer_each_time():
     # Every engine busy: more in flight does not bring the data sooner, steps stay 8 s.
     bound = AdaptiveBound(ceiling=4)
     bounds = _run(bound, [(STARVED, HEALTHY)] * 100)
-    assert bounds[:6] == [1, 2, 2, 2, 2, 1]  # risen, 4 steps on trial, back down
+    assert bounds[:4] == [1, 2, 2, 1]  # risen, 2 steps on trial, back down
     tries = [i for i in range(1, 100) if bounds[i] > bounds[i - 1]]
-    assert tries == [1, 25, 69]  # held 20 steps after the first failure, then 40
+    assert tries == [1, 23, 65]  # held 20 steps after the first failure, then 40
     assert max(bounds) == 2 and not bound.needs_correction()
 
 
 def test_a_rise_on_trial_that_turns_unhealthy_falls_at_once():
     bound = AdaptiveBound(ceiling=4)
-    _run(bound, [(STARVED, HEALTHY)] * 3)
+    _run(bound, [(STARVED, HEALTHY)] * 2)
     assert _run(bound, [(STARVED, {"clip_fraction": 0.5})]) == [1]
     assert bound.trial is None and bound.hold == 0
 
