@@ -1,7 +1,8 @@
 """The rendered blocks of a doc: the text between `<!-- figures:NAME -->` and
-`<!-- /figures:NAME -->` belongs to the renderer NAME and is replaced whole. Markers are
-checked strictly: every block opened and closed once, in order, and the set of names equal
-to the set of renderers, so a typo or a forgotten section is an error, not a stale block."""
+`<!-- /figures:NAME -->` belongs to the section NAME (its template,
+docs/benchmarks/NAME.md.j2) and is replaced whole. Markers are checked strictly: every block
+opened and closed once, in order, and the set of names equal to the set of sections, so a
+typo or a forgotten section is an error, not a stale block."""
 
 from __future__ import annotations
 
@@ -36,10 +37,10 @@ def blocks(doc: str) -> list[tuple[str, int, int]]:
 
 
 def check_names(doc: str, known: Collection[str]) -> None:
-    """Every marker names a renderer and every renderer has its marker."""
+    """Every marker names a section and every section has its marker."""
     names = {name for name, _, _ in blocks(doc)}
     if unknown := sorted(names - set(known)):
-        raise ValueError(f"unknown figures markers (no renderer): {unknown}")
+        raise ValueError(f"unknown figures markers (no section): {unknown}")
     if missing := sorted(set(known) - names):
         raise ValueError(f"missing figures markers in the doc: {missing}")
 
@@ -55,10 +56,9 @@ def replace_blocks(doc: str, rendered: Mapping[str, str]) -> str:
     return "".join(pieces) + doc[cursor:]
 
 
-def outside_blocks(doc: str) -> str:
-    """The doc's hand-written text: everything but the rendered blocks' contents."""
-    pieces, cursor = [], 0
-    for _, start, end in blocks(doc):
-        pieces.append(doc[cursor:start])
-        cursor = end
-    return "".join(pieces) + doc[cursor:]
+def changed_blocks(doc: str, rendered: str) -> list[str]:
+    """The names of the blocks whose content differs between two versions of a doc."""
+    before = {name: doc[start:end] for name, start, end in blocks(doc)}
+    return [
+        name for name, start, end in blocks(rendered) if before.get(name) != rendered[start:end]
+    ]

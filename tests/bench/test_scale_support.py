@@ -1,6 +1,7 @@
 """What bench/scale.py divides by and sums up, checked without a run: the ladder's
 parameter counts (each ratio's denominator) against transformers' own model, the probes of
-the machine's bandwidth, the roles told apart by their command lines, and the rendered table."""
+the machine's bandwidth, and the roles told apart by their command lines (the rendered table
+is checked in test_render_docs.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ import torch
 from transformers import Qwen2ForCausalLM
 
 from bench.common import loopback_bytes_per_s
-from bench.render.scale import scale
 from bench.scale import CheckpointTimes
 from bench.scale_support import (
     LADDER,
@@ -60,26 +60,6 @@ def test_a_checkpoint_is_timed_from_its_directory_to_its_state_file(tmp_path):
     times.poll(tmp_path, 3.5)
     times.poll(tmp_path, 9.0)  # seen again: not re-timed
     assert times.seconds() == [2.5]
-
-
-def test_the_table_shows_each_size_and_checks_the_top_one():
-    sizes = {"10M": 9_847_360, "0.5B": 494_032_768}
-    figures = {"loopback_mb_per_s": 3000.0, "disk_write_mb_per_s": 370.0}
-    for size, params in sizes.items():
-        figures.update({
-            f"{size}/params": params, f"{size}/weights_gb": 4 * params / 1e9,
-            f"{size}/learner_tokens_per_s": 100.0, f"{size}/learner_vs_bare": 0.9,
-            f"{size}/learner_peak_gb": 9.0, f"{size}/learner_rss_x_state": 1.1,
-            f"{size}/bare_activation_gb": 1.0, f"{size}/wire_of_loopback": 0.4,
-        })  # fmt: skip
-    text = scale(figures)
-    assert text.index("| 10M |") < text.index("| 0.5B |")
-    assert (
-        "0.5B: the broadcast on the wire over loopback bandwidth: 0.40 (target ≥ 0.50): **missed**"
-        in text
-    )
-    # 9.0 / (1.3 * 7.9 + 1.0) = 0.80
-    assert "(1.3 x training state + the bare loop's activations): 0.80" in text
 
 
 def test_the_stall_per_update_is_read_from_the_actors_histogram():
