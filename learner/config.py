@@ -49,17 +49,6 @@ class BoundLimits(StrictModel):
     of their time in env steps (tools) rather than generating (`rollout/all/
     tool_time_fraction`). Below it the engines are the bottleneck: more episodes in flight
     would queue in them, and the older data would cost the correction's extra forward."""
-    trial_steps: int = pydantic.Field(default=2, ge=0)
-    """A rise is on trial for this many steps: it stays only if their mean step time (data
-    wait + train) is at least `min_rise_gain` shorter than the starved window's before it.
-    A learner can starve with every engine busy (agents' own code, their HTTP and the
-    engines sharing the cores): more episodes in flight then shorten nothing, and the older
-    data would cost the correction's forward pass for no gain. 0: a rise stays untried."""
-    min_rise_gain: float = pydantic.Field(default=0.1, ge=0, lt=1)
-    """How much shorter (a fraction) a rise must make the steps to stay."""
-    retry_after_steps: int = pydantic.Field(default=20, ge=1)
-    """After a rise that did not pay, the steps before the bound may rise again; doubled
-    after each further one in a row, so a run whose cores are the limit tries seldom."""
     max_clip_fraction: float = pydantic.Field(default=0.2, gt=0)
     """The share of loss tokens whose ratio the PPO clip cut, above which the bound falls."""
     max_approx_kl: float = pydantic.Field(default=0.05, gt=0)

@@ -160,12 +160,6 @@ class AdaptiveBound:
         self.bound = min(max(bound, 1), ceiling)
         self.window: list[tuple[float, float]] = []
         """(wait s, train s) of the last healthy steps since the bound last moved."""
-        self.trial: tuple[float, list[float]] | None = None
-        """After a rise: (mean step s of the window that raised it, step s of each since)."""
-        self.hold = 0
-        """Steps left before the bound may rise again (after a rise that did not pay)."""
-        self.failed_rises = 0
-        """Rises in a row that did not pay (each doubles the next hold)."""
 
     def observe(
         self,
@@ -184,40 +178,17 @@ class AdaptiveBound:
             health.get("clip_fraction", 0.0) > limits.max_clip_fraction
             or health.get("approx_kl", 0.0) > limits.max_approx_kl
         ):
-            self.bound, self.window, self.trial = max(self.bound - 1, 1), [], None
+            self.bound, self.window = max(self.bound - 1, 1), []
             return self.bound
-        self.hold = max(self.hold - 1, 0)
         self.window = [*self.window, (wait_s, train_s)][-limits.starved_steps :]
-        if self.trial is not None and not self._judge_trial(wait_s + train_s):
-            return self.bound
         waited = sum(wait for wait, _ in self.window)
         busy = waited + sum(train for _, train in self.window)
         full = len(self.window) == limits.starved_steps
         starved = full and busy > 0 and waited / busy >= limits.starved_wait_fraction
         tool_bound = tool_fraction is None or tool_fraction >= limits.min_tool_fraction
-        if starved and tool_bound and self.hold == 0 and self.bound < self.ceiling:
-            if limits.trial_steps:
-                self.trial = (busy / len(self.window), [])
-            self.bound, self.window = self.bound + 1, []
+        if starved and tool_bound:
+            self.bound, self.window = min(self.bound + 1, self.ceiling), []
         return self.bound
-
-    def _judge_trial(self, step_s: float) -> bool:
-        """Count a step of the rise on trial; True once it is judged and stayed (its steps
-        are the window that decides the next rise), False while it is on trial or when it
-        went back down."""
-        assert self.trial is not None
-        before, since = self.trial[0], [*self.trial[1], step_s]
-        if len(since) < self.limits.trial_steps:
-            self.trial = (before, since)
-            return False
-        self.trial = None
-        if sum(since) / len(since) <= before * (1 - self.limits.min_rise_gain):
-            self.failed_rises = 0
-            return True
-        self.bound, self.window = max(self.bound - 1, 1), []
-        self.failed_rises += 1
-        self.hold = self.limits.retry_after_steps * 2 ** (self.failed_rises - 1)
-        return False
 
     def needs_correction(self) -> bool:
         """Past bound 1 the behaviour policy may be several updates old: the configured
@@ -225,9 +196,7 @@ class AdaptiveBound:
         return self.bound > 1
 
     def state(self) -> dict:
-        trial = None if self.trial is None else [self.trial[0], list(self.trial[1])]
-        return {"bound": self.bound, "window": [list(step) for step in self.window],
-                "trial": trial, "hold": self.hold, "failed_rises": self.failed_rises}  # fmt: skip
+        return {"bound": self.bound, "window": [list(step) for step in self.window]}
 
     @classmethod
     def from_state(
@@ -237,8 +206,4 @@ class AdaptiveBound:
         above a lowered ceiling comes down to it)."""
         restored = cls(ceiling, limits, state["bound"])
         restored.window = [(wait, train) for wait, train in state["window"]]
-        if state.get("trial") is not None:  # absent from checkpoints of older releases
-            restored.trial = (state["trial"][0], list(state["trial"][1]))
-        restored.hold = state.get("hold", 0)
-        restored.failed_rises = state.get("failed_rises", 0)
         return restored

@@ -1,7 +1,6 @@
 """The adaptive staleness bound (learner/staleness.py `AdaptiveBound`): it rises while the
-learner starves with healthy metrics, keeps a rise only if it made the steps shorter, falls
-when health crosses a limit, keeps within [1, ceiling], moves by one a step at most, and
-comes back the same from a checkpoint."""
+learner starves with healthy metrics, falls when health crosses a limit, keeps within
+[1, ceiling], moves by one a step at most, and comes back the same from a checkpoint."""
 
 import pytest
 
@@ -11,8 +10,6 @@ from learner.staleness import AdaptiveBound
 HEALTHY = {"clip_fraction": 0.05, "approx_kl": 0.01}
 STARVED = {"wait_s": 6.0, "train_s": 2.0}  # 75% of the step waiting on data
 FED = {"wait_s": 0.1, "train_s": 2.0}
-# Where a test is about when the bound rises, not whether a rise pays: rises stay untried.
-UNTRIED = BoundLimits(trial_steps=0)
 
 
 def _run(bound: AdaptiveBound, steps: list[tuple[dict, dict]]) -> list[int]:
@@ -20,7 +17,7 @@ def _run(bound: AdaptiveBound, steps: list[tuple[dict, dict]]) -> list[int]:
 
 
 def test_it_rises_by_one_every_two_starved_healthy_steps_up_to_the_ceiling():
-    bound = AdaptiveBound(ceiling=3, limits=UNTRIED)
+    bound = AdaptiveBound(ceiling=3)
     assert _run(bound, [(STARVED, HEALTHY)] * 7) == [1, 2, 2, 3, 3, 3, 3]
 
 
@@ -34,7 +31,7 @@ def test_a_fed_learner_keeps_its_bound():
 def test_data_that_arrives_in_bursts_counts_over_the_window():
     # A step that waited 2 s, then one whose groups were all there: neither alone says
     # much, together the learner waited half its time.
-    bound = AdaptiveBound(ceiling=4, limits=UNTRIED)
+    bound = AdaptiveBound(ceiling=4)
     burst = [({"wait_s": 2.0, "train_s": 1.0}, HEALTHY), ({"wait_s": 0.0, "train_s": 1.0}, HEALTHY)]
     assert _run(bound, burst * 3) == [1, 2, 2, 3, 3, 4]
 
@@ -46,7 +43,7 @@ def test_a_starved_learner_raises_the_bound_only_while_its_episodes_wait_on_tool
         return [bound.observe(**STARVED, health=HEALTHY, tool_fraction=tool_fraction)
                 for _ in range(steps)]  # fmt: skip
 
-    limits = BoundLimits(min_tool_fraction=0.2, trial_steps=0)
+    limits = BoundLimits(min_tool_fraction=0.2)
     engine_bound = AdaptiveBound(ceiling=4, limits=limits)
     assert starved(0.05, 6, engine_bound) == [1] * 6
     assert starved(0.6, 3, engine_bound) == [2, 2, 3]  # tools took over: the window was full
@@ -62,15 +59,14 @@ def test_it_falls_at_once_when_health_crosses_a_limit_but_not_below_one(sick):
 
 
 def test_off_policy_correction_is_needed_past_bound_one():
-    bound = AdaptiveBound(ceiling=4, limits=UNTRIED)
+    bound = AdaptiveBound(ceiling=4)
     assert not bound.needs_correction()
     _run(bound, [(STARVED, HEALTHY)] * 2)
     assert bound.bound == 2 and bound.needs_correction()
 
 
 def test_the_limits_are_the_callers():
-    strict = BoundLimits(starved_wait_fraction=0.9, starved_steps=1, max_clip_fraction=0.01,
-                         trial_steps=0)  # fmt: skip
+    strict = BoundLimits(starved_wait_fraction=0.9, starved_steps=1, max_clip_fraction=0.01)
     bound = AdaptiveBound(ceiling=4, limits=strict)
     assert _run(bound, [(STARVED, {"clip_fraction": 0.0})]) == [1]  # 75% < 90%: not starved
     assert _run(bound, [({"wait_s": 10.0, "train_s": 0.5}, {"clip_fraction": 0.0})]) == [2]
@@ -78,51 +74,13 @@ def test_the_limits_are_the_callers():
 
 
 def test_a_checkpointed_controller_continues_where_it_stopped():
-    bound = AdaptiveBound(ceiling=4, limits=UNTRIED)
+    bound = AdaptiveBound(ceiling=4)
     _run(bound, [(STARVED, HEALTHY)] * 3)  # bound 2, one starved step in its window
-    resumed = AdaptiveBound.from_state(bound.state(), ceiling=4, limits=UNTRIED)
+    resumed = AdaptiveBound.from_state(bound.state(), ceiling=4)
     assert (resumed.bound, resumed.window) == (2, [(6.0, 2.0)])
     assert _run(resumed, [(STARVED, HEALTHY)]) == _run(bound, [(STARVED, HEALTHY)]) == [3]
     lowered = AdaptiveBound.from_state(bound.state(), ceiling=2)
     assert lowered.bound == 2
-
-
-def test_a_rise_on_trial_and_a_hold_come_back_from_a_checkpoint():
-    on_trial = AdaptiveBound(ceiling=4)
-    _run(on_trial, [(STARVED, HEALTHY)] * 3)  # risen to 2, one step of its trial counted
-    resumed = AdaptiveBound.from_state(on_trial.state(), ceiling=4)
-    assert _run(resumed, [(STARVED, HEALTHY)] * 2) == _run(on_trial, [(STARVED, HEALTHY)] * 2)
-    assert (resumed.bound, resumed.hold) == (on_trial.bound, on_trial.hold) == (1, 19)
-    # A checkpoint written before rises were tried holds the bound and the window alone.
-    older = AdaptiveBound.from_state({"bound": 3, "window": [[6.0, 2.0]]}, ceiling=4)
-    assert (older.bound, older.trial, older.hold) == (3, None, 0)
-
-
-def test_a_rise_that_shortens_the_steps_stays_and_its_trial_decides_the_next():
-    bound = AdaptiveBound(ceiling=4)  # a trial of 2 steps, 10% shorter to stay
-    before = _run(bound, [(STARVED, HEALTHY)] * 2)  # 8 s steps, 75% waiting: rise to 2
-    halved = {"wait_s": 2.0, "train_s": 2.0}  # more in flight: 4 s steps, still half waiting
-    # The trial's 2 steps paid, and they starved: the next rise comes as soon as before.
-    assert before + _run(bound, [(halved, HEALTHY)] * 2) == [1, 2, 2, 3]
-    # The rise to 3 is judged against the 4 s steps: the same 4 s does not pay for it.
-    assert _run(bound, [(halved, HEALTHY)] * 2) == [3, 2]
-
-
-def test_a_rise_that_shortens_nothing_goes_back_and_the_next_try_waits_longer_each_time():
-    # Every engine busy: more in flight does not bring the data sooner, steps stay 8 s.
-    bound = AdaptiveBound(ceiling=4)
-    bounds = _run(bound, [(STARVED, HEALTHY)] * 100)
-    assert bounds[:4] == [1, 2, 2, 1]  # risen, 2 steps on trial, back down
-    tries = [i for i in range(1, 100) if bounds[i] > bounds[i - 1]]
-    assert tries == [1, 23, 65]  # held 20 steps after the first failure, then 40
-    assert max(bounds) == 2 and not bound.needs_correction()
-
-
-def test_a_rise_on_trial_that_turns_unhealthy_falls_at_once():
-    bound = AdaptiveBound(ceiling=4)
-    _run(bound, [(STARVED, HEALTHY)] * 2)
-    assert _run(bound, [(STARVED, {"clip_fraction": 0.5})]) == [1]
-    assert bound.trial is None and bound.hold == 0
 
 
 def test_a_ceiling_under_one_is_refused():

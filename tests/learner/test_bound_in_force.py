@@ -88,9 +88,7 @@ def test_a_fixed_bound_stays_and_leaves_the_algorithm_alone():
 
 
 def test_an_auto_bound_rises_when_starved_and_resumes_from_its_state():
-    # Rises stay untried here (tests/learner/test_adaptive_bound.py tries them).
-    config = _config(max_staleness="auto", max_staleness_limit=3,
-                     max_staleness_auto={"trial_steps": 0})  # fmt: skip
+    config = _config(max_staleness="auto", max_staleness_limit=3)
     bound = StalenessBound(config)
     assert bound.current == 1 and bound.algorithm().ratio_anchor == "behaviour"
     # The first step waited for the engines to start: not counted.

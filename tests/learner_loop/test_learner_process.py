@@ -170,8 +170,7 @@ async def test_an_auto_bound_rises_while_the_learner_starves_and_each_group_keep
     # model's, so its PPO health is always off: these limits let the rise be seen. The
     # learner is killed at version 5 and resumes from its checkpoint at 4, bound and all.
     run = learner_run(total_steps=10, max_staleness="auto", max_staleness_limit=3,
-                      max_staleness_auto={"max_clip_fraction": 1.0, "max_approx_kl": 1e9,
-                                          "trial_steps": 0},  # a rise stays untried
+                      max_staleness_auto={"max_clip_fraction": 1.0, "max_approx_kl": 1e9},
                       eval_interval=None)  # fmt: skip
     actor = ScriptedActor(nats_server.url, bus_names, actor_id="slow", delay_s=0.4, seed=5,
                           **RESUMABLE)  # fmt: skip
