@@ -1,6 +1,7 @@
 """Shared helpers of the benchmark scripts: the declaration each one makes of itself, print
 a table, write bench/results/<name>.json, note the machine's load around a measurement,
-build a random-weight model, time the loopback TCP a weight transfer is measured against."""
+time the loopback TCP a weight transfer is measured against. (Random-weight models of a
+given shape: demo/random_model.py.)"""
 
 from __future__ import annotations
 
@@ -8,21 +9,16 @@ import contextlib
 import json
 import os
 import platform
-import shutil
 import socket
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 RESULTS_DIR = Path(__file__).parent / "results"
 CHUNK = 16 * 2**20
 """Bytes per socket write and read of the loopback stream."""
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-                   "chat_template.jinja")  # fmt: skip
 
 
 TARGETS = ("bench", "bench-scale", "bench-agentic", "by hand")
@@ -117,30 +113,6 @@ def reset_peak_rss() -> float:
     peak, across fork + exec) hides what the measured code adds."""
     Path("/proc/self/clear_refs").write_text("5")
     return status_mib("VmRSS")
-
-
-def random_qwen2(out: Path, config: Any, tokenizer_dir: Path | None = None) -> Path:
-    """A random-init fp32 Qwen2 of `config` (a `Qwen2Config`; seed 0) with the tokenizer of
-    `tokenizer_dir` (the demo's by default), saved once at `out`: built beside it and renamed
-    into place, so an interrupted build leaves nothing to reuse. Random weights measure
-    memory and speed, not quality."""
-    if (out / "config.json").is_file():
-        return out
-    import torch
-    from transformers import Qwen2ForCausalLM
-
-    from demo.tinymodel import shipped_model_dir
-
-    tokenizer_dir = tokenizer_dir or shipped_model_dir()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    partial = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
-    torch.manual_seed(0)
-    Qwen2ForCausalLM(config).to(torch.float32).save_pretrained(partial)
-    for name in TOKENIZER_FILES:
-        if (tokenizer_dir / name).is_file():
-            shutil.copy(tokenizer_dir / name, partial / name)
-    os.rename(partial, out)
-    return out
 
 
 def send_bytes(port: int, nbytes: int) -> int:

@@ -1,7 +1,7 @@
 """Weight updates as bf16 deltas at the 0.5B shape: bytes on the wire per update
 over the full bf16 bytes, encode and decode seconds, and bit-exactness along a chain.
 
-    model:    the random-init Qwen2 of Qwen2-0.5B's shape of bench/engine_update_memory.py
+    model:    the random-init Qwen2 of Qwen2-0.5B's shape of demo/random_model.py
               (494 M parameters, tied embeddings, vocabulary 151,936), fp32 master weights.
     updates:  `--updates` real AdamW steps (betas 0.9/0.999, no weight decay) on random
               token batches (`--tokens`), at lr 1e-6 (RL fine-tuning of a large model) and at
@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 from bench.common import Benchmark, load_average, report
-from bench.engine_update_memory import QWEN2_0_5B, SMALL, build_model
+from demo.random_model import QWEN2_0_5B, SMALL, build_model
 
 BENCHMARK = Benchmark(
     measures="weight updates as bf16 deltas at the 0.5B shape",

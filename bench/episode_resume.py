@@ -1,5 +1,5 @@
 """What an actor replica killed mid-episode costs, with turn-level episode checkpoints and
-without them, on the same work: bench/resume_support.py's scenario (real
+without them, on the same work: deploy/resume_scenario.py's scenario (real
 nats-server, the calculator env server with ~1.5 s tool calls, two replicas with real vLLM
 engines on the shipped warm-start model; one prompt task of `--group-size` samples; the
 replica holding it SIGKILLed when `--kill-at` of its episodes have recorded a turn).
@@ -26,7 +26,7 @@ import tempfile
 from pathlib import Path
 
 from bench.common import Benchmark, load_average, report
-from bench.resume_support import run_scenario
+from deploy.resume_scenario import run_scenario
 
 BENCHMARK = Benchmark(
     measures="a replica killed mid-episode, with and without turn checkpoints",

@@ -10,7 +10,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.common import CHUNK, random_qwen2, status_mib
+from bench.common import CHUNK, status_mib
+from demo.random_model import random_qwen2
 
 
 @dataclass(frozen=True)

@@ -30,15 +30,16 @@ import tempfile
 from pathlib import Path
 from statistics import median
 
-from bench.common import Benchmark, load_average, random_qwen2, report
+from bench.common import Benchmark, load_average, report
 from bench.weightsync import (
-    decode_arrivals,
     follow,
     max_model_len,
     one_round,
     sender_main,
     width_config,
 )
+from demo.engine import decode_arrivals
+from demo.random_model import random_qwen2
 
 BENCHMARK = Benchmark(
     measures="the generation stall per update: streamed, staged and swapped",

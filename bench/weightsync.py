@@ -19,10 +19,11 @@ the engine worker, resume).
                sending every bucket; joining is not counted). Engines are pinned one per
                core (the machine's two), the sender and this process float.
     stall:     during each round every receiving engine decodes one long request
-               (DELTA outputs, one token per engine step); the stall is the longest gap
-               between two tokens that overlaps the update, the decode step the median gap
-               before it. Also the engine's own account (`WeightUpdate`: the whole stall
-               and its parts: pausing, receiving the buckets, loading them).
+               (demo/engine.py `decode_arrivals`: DELTA outputs, one token per engine
+               step); the stall is the longest gap between two tokens that overlaps the
+               update, the decode step the median gap before it. Also the engine's own
+               account (`WeightUpdate`: the whole stall and its parts: pausing, receiving
+               the buckets, loading them).
 
 Medians over rounds. Writes bench/results/weightsync.json: `ratio_vs_loopback` (the
 smaller of K = 1 and K = 2; target >= 0.5), `stall_ms`, `decode_step_ms` (target: stall
@@ -45,10 +46,11 @@ from bench.common import (
     Benchmark,
     load_average,
     loopback_bytes_per_s,
-    random_qwen2,
     report,
     send_bytes,
 )
+from demo.engine import decode_arrivals
+from demo.random_model import random_qwen2
 
 BENCHMARK = Benchmark(
     measures="weight broadcast bytes/s against loopback TCP, and the generation stall",
@@ -124,26 +126,6 @@ def sender_writes(conn) -> Callable[[int, int], object]:
 
 
 # ---- the engines ------------------------------------------------------------------------------
-
-
-async def decode_arrivals(engine, stop: asyncio.Event, arrivals: list[float]) -> None:
-    """Decode one long request on `engine`, recording each token's arrival, until `stop`."""
-    import uuid
-
-    from vllm.sampling_params import RequestOutputKind, SamplingParams
-
-    params = SamplingParams(
-        max_tokens=engine.config.max_model_len - 8,
-        ignore_eos=True,
-        detokenize=False,
-        output_kind=RequestOutputKind.DELTA,
-    )
-    async for output in engine.llm.generate(
-        {"prompt_token_ids": [1, 2, 3]}, params, uuid.uuid4().hex
-    ):
-        arrivals += [time.monotonic()] * len(output.outputs[0].token_ids)
-        if stop.is_set() or output.finished:
-            return  # closing the generator aborts the request
 
 
 def stall_of(arrivals: list[float], update_start: float, update_end: float) -> tuple[float, float]:

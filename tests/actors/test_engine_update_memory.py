@@ -1,14 +1,16 @@
 """Host memory of a vLLM engine worker during a weight round (docs/weights.md, "Memory of an
-update"), measured by bench/engine_update_memory.py on its small model (174 MB of fp32,
-16 MB buckets): VmHWM of the process after its peak was reset, less its VmRSS before the
-round. The receive path holds one bucket at a time; a streamed engine adds vLLM's
-layer-by-layer reload; a staged one holds the whole model."""
+update"), measured by deploy/engine_memory.py (the measurement bench/engine_update_memory.py
+reports) on demo/random_model.py's small model (174 MB of fp32), in 16 MB buckets: VmHWM of
+the process after its peak was reset, less its VmRSS before the round. The receive path
+holds one bucket at a time; a streamed engine adds vLLM's layer-by-layer reload; a staged
+one holds the whole model."""
 
 from __future__ import annotations
 
 import pytest
 
-from bench.engine_update_memory import SMALL, build_model, measure
+from demo.random_model import SMALL, build_model
+from deploy.engine_memory import measure
 
 BUCKET_MB = 16.0
 RELOAD_MARGIN_MB = 48.0

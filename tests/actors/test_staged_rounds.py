@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from bench.weightsync import decode_arrivals
+from demo.engine import decode_arrivals
 from demo.reference import hf_greedy
 from tests.actors.test_vllm_engine import (
     _loads,

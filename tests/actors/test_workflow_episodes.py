@@ -96,9 +96,7 @@ async def test_an_agent_loop_with_tools_is_trained_on_the_engines_own_tokens(tok
     assert results[0].loss_mask == stepped.loss_mask
 
 
-async def test_an_agents_model_calls_are_timed_as_generating_not_as_tool_time(
-    tokenizer, server
-):
+async def test_an_agents_model_calls_are_timed_as_generating_not_as_tool_time(tokenizer, server):
     # The auto staleness bound rises on time in tools: an agent whose run is mostly its model
     # calls must not read as a tool-bound episode.
     results, _, _ = await _group(tokenizer, server, "calculator", TOOL_CALL,

@@ -1,5 +1,5 @@
 """An actor replica SIGKILLed mid-episode (docs/reliability.md), on real parts only
-(bench/resume_support.py: a nats-server, the calculator env server with a slow tool, so an
+(deploy/resume_scenario.py: a nats-server, the calculator env server with a slow tool, so an
 episode spans seconds, `actor --replicas 2` with real vLLM engines on the shipped
 warm-start model, which calls the `add` tool). The replica that recorded the first episode
 checkpoint with a turn is killed. Its tasks come back after the ack wait; each of its
@@ -20,8 +20,8 @@ import signal
 import numpy as np
 import pytest
 
-from bench.resume_support import run_scenario
 from broker.codec import token_arrays
+from deploy.resume_scenario import run_scenario
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 

@@ -15,6 +15,11 @@ comes back at once. With `forget`,
 the dead replica's checkpoints are purged as it dies: its tasks are played as they were
 before turn-level checkpoints existed (from their first token, stored samples again), the
 baseline the benchmark compares with on the same work.
+
+It lives in deploy/ beside deploy/chaos.py, the harness the fault suite's other runs and
+`make soak` are built on: like it, it starts the roles as processes (on deploy/local.py's
+ports) and hurts one. The fault test and the benchmark both run it from here, so what the
+test holds to and what the benchmark measures is one scenario.
 """
 
 from __future__ import annotations
