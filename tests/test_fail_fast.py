@@ -100,6 +100,27 @@ def taken_port():
         yield s.getsockname()[1]
 
 
+@pytest.fixture
+def taken_port_above_a_free_one():
+    """A held port whose neighbour below was free when looked at: replica 0 of an actor
+    started on the neighbour binds it, and replica 1 meets the held one. Other tests bind
+    ports of their own meanwhile, so any one neighbour may be taken: look until one is not."""
+    for _ in range(100):
+        with socket.socket() as held:
+            held.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            held.bind(("127.0.0.1", 0))
+            held.listen()
+            port = held.getsockname()[1]
+            with socket.socket() as probe:
+                try:
+                    probe.bind(("127.0.0.1", port - 1))
+                except OSError:
+                    continue
+            yield port
+            return
+    raise RuntimeError("no free port below a free one in 100 tries")
+
+
 @pytest.fixture(scope="module")
 def data(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("data")
@@ -208,7 +229,8 @@ def test_actor_a_model_path_that_does_not_exist():
     )
 
 
-def test_actor_a_taken_metrics_port_names_the_key_and_the_replica(taken_port):
+def test_actor_a_taken_metrics_port_names_the_key_and_the_replica(taken_port_above_a_free_one):
+    taken_port = taken_port_above_a_free_one
     _fails_at_once(
         [*ACTOR, "2", MODEL, f"actor.metrics_port={taken_port - 1}"],
         f"actor: port {taken_port} on 127.0.0.1 is not free (Address already in use): set "
