@@ -10,6 +10,7 @@ import json
 import os
 import platform
 import socket
+import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -76,10 +77,31 @@ def write_results(name: str, figures: dict[str, float | int | str]) -> Path:
     path = RESULTS_DIR / f"{name}.json"
     record = dict(figures)
     record["measured_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    if commit := source_commit():
+        record["commit"] = commit
     record["machine"] = machine()
     path.write_text(json.dumps(record, indent=2) + "\n")
     print(f"\nwrote {path}")
     return path
+
+
+def source_commit() -> str | None:
+    """The checkout's commit (`+changes` when tracked files differ from it): which code a
+    figure came from. None outside a git checkout."""
+    repo = Path(__file__).resolve().parents[1]
+
+    def git(*args: str) -> str:
+        done = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True)
+        if done.returncode != 0:
+            raise OSError(done.stderr)
+        return done.stdout.strip()
+
+    try:
+        head = git("rev-parse", "--short=12", "HEAD")
+        changed = git("status", "--porcelain", "--untracked-files=no")
+    except OSError:
+        return None
+    return head + ("+changes" if changed else "")
 
 
 def report(name: str, title: str, figures: dict[str, float | int | str]) -> Path:

@@ -99,6 +99,8 @@ def check(
 def provenance(figures: Figures) -> str:
     """When, where and under what load the figures were measured, from the results file."""
     parts = [f"Measured {figures.get('measured_at', 'at an unrecorded time')}"]
+    if figures.get("commit"):
+        parts.append(f"from commit {figures['commit']}")
     if figures.get("machine"):
         parts.append(f"on {figures['machine']};")  # a host's description has commas
     before, after = figures.get("load_avg_1m_before"), figures.get("load_avg_1m_after")

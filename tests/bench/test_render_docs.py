@@ -162,7 +162,7 @@ MISSED = {
                         tools_b1_s_per_step=2.2, agentic_b4_pass_at_1=0.3),
 }  # fmt: skip
 EDGE = {
-    "transport": {"measured_at": "T", "load_avg_1m": 11.94},
+    "transport": {"measured_at": "T", "commit": "0123abcd+changes", "load_avg_1m": 11.94},
     "envserver": {"seconds_per_point": 3.0},
     "learner": {"ratio_vs_bare_torch": 0.95},
     "weightsync": {"stall_in_decode_steps": 2.0},
@@ -293,7 +293,7 @@ missed transport: | 4.0 M |\n| core NATS, same bytes, tokens/s | — |
 missed transport: : 4.0 M tokens/s (target ≥ 5.0 M tokens/s): **missed**
 met transport: _Measured T on m; (load average not recorded)._
 missed transport: _Measured at an unrecorded time at 1-minute load average 1.0 before and 2.2
-edge transport: _Measured T at 1-minute load average 11.9._
+edge transport: _Measured T from commit 0123abcd+changes at 1-minute load average 11.9._
 met envserver: | 64 | 2,500 | 3,000 | 0.80 | — / — | — / — |
 met envserver: - steps/s at 64 sessions: 2,500 (target ≥ 2,000): **met**\n- ratio vs echo
 met envserver: - ratio vs echo at 64 sessions: 0.80 (target ≥ 0.70): **met**
