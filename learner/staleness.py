@@ -30,6 +30,7 @@ groups are consumed by the bound in force when each was released, which they car
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Iterable
 
 import numpy as np
@@ -158,8 +159,9 @@ class AdaptiveBound:
         self.ceiling = ceiling
         self.limits = limits if limits is not None else BoundLimits()
         self.bound = min(max(bound, 1), ceiling)
-        self.window: list[tuple[float, float]] = []
-        """(wait s, train s) of the last healthy steps since the bound last moved."""
+        self.window: list[tuple[float, float, float | None]] = []
+        """(wait s, train s, tool fraction or None) of the last healthy steps since the
+        bound last moved."""
 
     def observe(
         self,
@@ -180,12 +182,15 @@ class AdaptiveBound:
         ):
             self.bound, self.window = max(self.bound - 1, 1), []
             return self.bound
-        self.window = [*self.window, (wait_s, train_s)][-limits.starved_steps :]
-        waited = sum(wait for wait, _ in self.window)
-        busy = waited + sum(train for _, train in self.window)
+        self.window = [*self.window, (wait_s, train_s, tool_fraction)][-limits.starved_steps :]
+        waited = sum(wait for wait, _, _ in self.window)
+        busy = waited + sum(train for _, train, _ in self.window)
         full = len(self.window) == limits.starved_steps
         starved = full and busy > 0 and waited / busy >= limits.starved_wait_fraction
-        tool_bound = tool_fraction is None or tool_fraction >= limits.min_tool_fraction
+        # Judged over the same window as the wait: one step's episodes can read high (a tail
+        # of slow tool calls, a pause in the agent's own process) while the window's do not.
+        known = [fraction for _, _, fraction in self.window if fraction is not None]
+        tool_bound = not known or statistics.fmean(known) >= limits.min_tool_fraction
         if starved and tool_bound:
             self.bound, self.window = min(self.bound + 1, self.ceiling), []
         return self.bound
@@ -205,5 +210,6 @@ class AdaptiveBound:
         """The controller a checkpoint saved, under the config's `ceiling` now (a bound
         above a lowered ceiling comes down to it)."""
         restored = cls(ceiling, limits, state["bound"])
-        restored.window = [(wait, train) for wait, train in state["window"]]
+        # A checkpoint from before tool fractions were kept holds (wait, train): not known.
+        restored.window = [(step[0], step[1], (step[2:] or [None])[0]) for step in state["window"]]
         return restored

@@ -51,6 +51,21 @@ def test_a_starved_learner_raises_the_bound_only_while_its_episodes_wait_on_tool
     assert starved(None, 2, AdaptiveBound(ceiling=4, limits=limits)) == [1, 2]  # not known
 
 
+def test_time_in_tools_counts_over_the_same_window_as_the_wait():
+    # One step whose episodes read high (a tail of slow calls) beside one that did not: the
+    # window's episodes spent 0.25 of their time in tools, under the limit, so no rise.
+    bound = AdaptiveBound(ceiling=4, limits=BoundLimits(min_tool_fraction=0.35))
+    steps = [bound.observe(**STARVED, health=HEALTHY, tool_fraction=f) for f in (0.05, 0.45)]
+    assert steps == [1, 1]
+    assert bound.observe(**STARVED, health=HEALTHY, tool_fraction=0.45) == 2  # 0.45 and 0.45
+
+
+def test_a_checkpoint_without_tool_fractions_resumes_with_them_unknown():
+    restored = AdaptiveBound.from_state({"bound": 2, "window": [[6.0, 2.0]]}, ceiling=4)
+    assert restored.window == [(6.0, 2.0, None)]
+    assert restored.observe(**STARVED, health=HEALTHY, tool_fraction=0.5) == 3
+
+
 @pytest.mark.parametrize("sick", [{"clip_fraction": 0.3}, {"approx_kl": 0.2}])
 def test_it_falls_at_once_when_health_crosses_a_limit_but_not_below_one(sick):
     bound = AdaptiveBound(ceiling=4, bound=3)
@@ -77,7 +92,7 @@ def test_a_checkpointed_controller_continues_where_it_stopped():
     bound = AdaptiveBound(ceiling=4)
     _run(bound, [(STARVED, HEALTHY)] * 3)  # bound 2, one starved step in its window
     resumed = AdaptiveBound.from_state(bound.state(), ceiling=4)
-    assert (resumed.bound, resumed.window) == (2, [(6.0, 2.0)])
+    assert (resumed.bound, resumed.window) == (2, [(6.0, 2.0, None)])
     assert _run(resumed, [(STARVED, HEALTHY)]) == _run(bound, [(STARVED, HEALTHY)]) == [3]
     lowered = AdaptiveBound.from_state(bound.state(), ceiling=2)
     assert lowered.bound == 2
