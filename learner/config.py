@@ -47,8 +47,9 @@ class BoundLimits(StrictModel):
     min_tool_fraction: float = pydantic.Field(default=0.35, ge=0, le=1)
     """A starved learner raises the bound only while its episodes spend at least this share
     of their time in env steps (tools) rather than generating (`rollout/all/
-    tool_time_fraction`, averaged over the steps of the starved window). Below it the engines are the bottleneck: more episodes in flight
-    would queue in them, and the older data would cost the correction's extra forward."""
+    tool_time_fraction`, averaged over the steps of the starved window). Below it the
+    engines are the bottleneck: more episodes in flight would queue in them, and the older
+    data would cost the correction's extra forward."""
     max_clip_fraction: float = pydantic.Field(default=0.2, gt=0)
     """The share of loss tokens whose ratio the PPO clip cut, above which the bound falls."""
     max_approx_kl: float = pydantic.Field(default=0.05, gt=0)
