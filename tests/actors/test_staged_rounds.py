@@ -64,7 +64,11 @@ async def test_a_staged_round_arrives_while_the_engine_generates(vllm_engine, hf
     assert len(while_staging) >= 3 and longest_gap < GATHER_S / 2, (
         len(while_staging), longest_gap, paused_at - started
     )  # fmt: skip
-    assert update.receive_s > GATHER_S * 0.9 > update.stall_s
+    # The paused time holds no receive: beyond the pause and the load (both slower on a
+    # loaded machine, and the load alone took over a second once) there is only the relabel
+    # and the resume, far less than the receive that staging took out of it.
+    assert update.receive_s > GATHER_S * 0.9
+    assert update.stall_s - update.pause_s - update.load_s < GATHER_S / 2, update
     assert update.version == version == vllm_engine.version
     expected, got = checksum(named), await vllm_engine.weights_checksum()
     assert got["num_tensors"] == expected["num_tensors"]
