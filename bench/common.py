@@ -1,7 +1,7 @@
 """Shared helpers of the benchmark scripts: the declaration each one makes of itself, print
 a table, write bench/results/<name>.json, note the machine's load around a measurement,
 time the loopback TCP a weight transfer is measured against. (Random-weight models of a
-given shape: demo/random_model.py.)"""
+given shape: demo/random_model.py; a process's memory: common/proc_memory.py.)"""
 
 from __future__ import annotations
 
@@ -118,23 +118,6 @@ def load_average() -> Iterator[dict[str, float]]:
     loads = {"load_avg_1m_before": os.getloadavg()[0]}
     yield loads
     loads["load_avg_1m_after"] = os.getloadavg()[0]
-
-
-def status_mib(field: str, pid: int | str = "self") -> float:
-    """A `VmRSS`/`VmHWM` line of /proc/PID/status (this process's by default), in MiB."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(f"{field}:"):
-            return int(line.split()[1]) / 1024
-    raise RuntimeError(f"no {field} in /proc/{pid}/status")
-
-
-def reset_peak_rss() -> float:
-    """Reset this process's resident high-water mark (VmHWM) to its current resident size
-    (Linux: `/proc/self/clear_refs` 5) and return that size, MiB. Not `getrusage`: its
-    `ru_maxrss` cannot be reset, so a temporary freed before the measurement (or a parent's
-    peak, across fork + exec) hides what the measured code adds."""
-    Path("/proc/self/clear_refs").write_text("5")
-    return status_mib("VmRSS")
 
 
 def send_bytes(port: int, nbytes: int) -> int:

@@ -21,8 +21,9 @@ import argparse
 import multiprocessing
 import time
 
-from bench.common import Benchmark, status_mib, write_results
-from bench.scale_support import LADDER, Shape
+from bench.common import Benchmark, write_results
+from common.proc_memory import status_mib
+from demo.random_model import LADDER, Shape
 
 BENCHMARK = Benchmark(
     measures="the learner's step on one GPU at real sizes (needs a GPU)",

@@ -27,7 +27,8 @@ import argparse
 import multiprocessing
 import time
 
-from bench.common import Benchmark, reset_peak_rss, status_mib, write_results
+from bench.common import Benchmark, write_results
+from common.proc_memory import reset_peak, status_mib
 
 BENCHMARK = Benchmark(
     measures="the language-model head's peak memory, plain against chunked",
@@ -80,7 +81,7 @@ def _measure(rows: int, chunk_mb: float | None, queue, device="cpu", dtype="floa
         torch.cuda.reset_peak_memory_stats()
         before = torch.cuda.memory_allocated() / 2**20
     else:
-        before = reset_peak_rss()
+        before = reset_peak()["VmRSS"] / 1024  # MiB
     started = time.perf_counter()
     try:
         _head_step(hidden, weight, token_row, targets, chunk_mb)

@@ -43,7 +43,8 @@ import subprocess
 import sys
 import time
 
-from bench.common import Benchmark, print_table, reset_peak_rss, status_mib, write_results
+from bench.common import Benchmark, print_table, write_results
+from common.proc_memory import reset_peak, status_mib
 
 BENCHMARK = Benchmark(
     measures="the learner's step with and without shared-prefix training",
@@ -237,7 +238,7 @@ def measure_memory(args) -> None:
     if segmented:
         use_segment_attention(model)
     samples = workload(args.memory_workload, **WORKLOADS[args.memory_workload])
-    before = reset_peak_rss()
+    before = reset_peak()["VmRSS"] / 1024  # MiB
     step(model, samples)
     peak = status_mib("VmHWM")
     print(json.dumps({"peak_rss_mib": peak, "step_rss_growth_mib": peak - before}))

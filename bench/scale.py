@@ -45,17 +45,16 @@ from bench.common import (
     load_average,
     loopback_bytes_per_s,
     report,
-    status_mib,
 )
 from bench.scale_support import (
-    LADDER,
     RolePeaks,
-    Shape,
     bare_loop_tokens_per_s,
     disk_bytes_per_s,
     resume_seconds,
 )
 from bench.tether_run import watch_run
+from common.proc_memory import status_mib
+from demo.random_model import LADDER, Shape
 from learner.trainer.checkpoint import STATE_FILE
 
 BENCHMARK = Benchmark(

@@ -1,75 +1,16 @@
-"""What bench/scale.py measures around a run, kept apart from the run itself: the ladder of
-model shapes, random models of those shapes over a real 151k-token vocabulary, the bare
-torch loop the learner is compared with, the machine's disk bandwidth, and the
-peak resident memory of each role's processes."""
+"""What bench/scale.py measures around a run, kept apart from the run itself: the bare torch
+loop the learner is compared with, the machine's disk bandwidth, and the peak resident
+memory of each role's processes. (The ladder of model shapes and their random models:
+demo/random_model.py.)"""
 
 from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
-from bench.common import CHUNK, status_mib
-from demo.random_model import random_qwen2
-
-
-@dataclass(frozen=True)
-class Shape:
-    """A Qwen2 shape (head_dim = hidden / heads: vLLM's CPU attention needs >= 32)."""
-
-    name: str
-    hidden: int
-    layers: int
-    intermediate: int
-    heads: int
-    kv_heads: int
-    vocab: int = 151_936  # Qwen2's embedding rows (more than its tokenizer's entries)
-
-    def config(self, **extra):
-        """The transformers config of this shape (tied embeddings), plus `extra` fields."""
-        from transformers import Qwen2Config
-
-        return Qwen2Config(
-            vocab_size=self.vocab,
-            hidden_size=self.hidden,
-            intermediate_size=self.intermediate,
-            num_hidden_layers=self.layers,
-            num_attention_heads=self.heads,
-            num_key_value_heads=self.kv_heads,
-            tie_word_embeddings=True,
-            **extra,
-        )
-
-    def build(self, tokenizer_dir: Path, cache_root: Path) -> Path:
-        """A random model of this shape with the tokenizer in `tokenizer_dir`, built once
-        into `cache_root/<name>-<hidden>x<layers>`."""
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
-        config = self.config(max_position_embeddings=4096, eos_token_id=tokenizer.eos_token_id,
-                             pad_token_id=tokenizer.pad_token_id, bos_token_id=None)  # fmt: skip
-        out = cache_root / f"{self.name}-{self.hidden}x{self.layers}"
-        return random_qwen2(out, config, tokenizer_dir)
-
-    @property
-    def num_params(self) -> int:
-        """Parameters with tied embeddings (what `model.parameters()` counts)."""
-        head_dim = self.hidden // self.heads
-        attention = self.hidden * head_dim * (self.heads * 2 + self.kv_heads * 2)
-        attention += head_dim * (self.heads + 2 * self.kv_heads)  # q, k, v biases
-        mlp = 3 * self.hidden * self.intermediate
-        per_layer = attention + mlp + 2 * self.hidden
-        return self.vocab * self.hidden + self.layers * per_layer + self.hidden
-
-
-LADDER = (
-    Shape("10M", hidden=64, layers=2, intermediate=256, heads=2, kv_heads=1),
-    Shape("45M", hidden=256, layers=4, intermediate=1024, heads=4, kv_heads=2),
-    Shape("120M", hidden=512, layers=8, intermediate=2048, heads=8, kv_heads=2),
-    Shape("0.5B", hidden=896, layers=24, intermediate=4864, heads=14, kv_heads=2),
-)
-"""From embedding-dominated to Qwen2-0.5B's shape (494M parameters, 1.98 GB in fp32)."""
+from bench.common import CHUNK
+from common.proc_memory import status_mib
 
 
 def bare_loop_tokens_per_s(model_dir: Path, *, step_tokens: int, micro_tokens: int) -> float:

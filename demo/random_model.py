@@ -3,10 +3,12 @@ memory and speed, not quality.
 
 No model can be downloaded here (demo/tinymodel.py), so a measurement at a real model's
 shape builds one of that shape: the benchmarks (the weight broadcast, the update stall, the
-scale ladder, bf16 deltas) and the test that holds an engine's host memory during a weight
-update to its bound (tests/actors/test_engine_update_memory.py, through
-deploy/engine_memory.py) build them here, so a test and a benchmark that name one shape
-measure one model. Each is built once (seed 0) and reused.
+scale ladder, the learner on a GPU, bf16 deltas) and the test that holds an engine's host
+memory during a weight update to its bound (tests/actors/test_engine_update_memory.py,
+through deploy/engine_memory.py) build them here, so a test and a benchmark that name one
+shape measure one model. A shape is a `Shape`; `LADDER` is bench/scale.py's sizes and
+`SHAPES` the ones known by name (Qwen2-0.5B's is both). Each is built once (seed 0) and
+reused.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,19 +25,76 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 CACHE = Path(__file__).resolve().parents[1] / ".cache" / "bench"
 """Where `build_model` keeps the models of `SHAPES`."""
 
+
+@dataclass(frozen=True)
+class Shape:
+    """A Qwen2 shape (head_dim = hidden / heads: vLLM's CPU attention needs >= 32)."""
+
+    name: str
+    hidden: int
+    layers: int
+    intermediate: int
+    heads: int
+    kv_heads: int
+    vocab: int = 151_936  # Qwen2's embedding rows (more than its tokenizer's entries)
+
+    def config(self, **extra):
+        """The transformers config of this shape (tied embeddings), plus `extra` fields."""
+        from transformers import Qwen2Config
+
+        return Qwen2Config(
+            vocab_size=self.vocab,
+            hidden_size=self.hidden,
+            intermediate_size=self.intermediate,
+            num_hidden_layers=self.layers,
+            num_attention_heads=self.heads,
+            num_key_value_heads=self.kv_heads,
+            tie_word_embeddings=True,
+            **extra,
+        )
+
+    def build(self, tokenizer_dir: Path, cache_root: Path) -> Path:
+        """A random model of this shape with the tokenizer in `tokenizer_dir`, built once
+        into `cache_root/<name>-<hidden>x<layers>`."""
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+        config = self.config(max_position_embeddings=4096, eos_token_id=tokenizer.eos_token_id,
+                             pad_token_id=tokenizer.pad_token_id, bos_token_id=None)  # fmt: skip
+        out = cache_root / f"{self.name}-{self.hidden}x{self.layers}"
+        return random_qwen2(out, config, tokenizer_dir)
+
+    @property
+    def num_params(self) -> int:
+        """Parameters with tied embeddings (what `model.parameters()` counts)."""
+        head_dim = self.hidden // self.heads
+        attention = self.hidden * head_dim * (self.heads * 2 + self.kv_heads * 2)
+        attention += head_dim * (self.heads + 2 * self.kv_heads)  # q, k, v biases
+        mlp = 3 * self.hidden * self.intermediate
+        per_layer = attention + mlp + 2 * self.hidden
+        return self.vocab * self.hidden + self.layers * per_layer + self.hidden
+
+
+LADDER = (
+    Shape("10M", hidden=64, layers=2, intermediate=256, heads=2, kv_heads=1),
+    Shape("45M", hidden=256, layers=4, intermediate=1024, heads=4, kv_heads=2),
+    Shape("120M", hidden=512, layers=8, intermediate=2048, heads=8, kv_heads=2),
+    Shape("0.5B", hidden=896, layers=24, intermediate=4864, heads=14, kv_heads=2),
+)
+"""bench/scale.py's sizes, from embedding-dominated to Qwen2-0.5B's shape (494M parameters,
+1.98 GB in fp32)."""
+
 SHAPES = {
-    "qwen2-0.5b-shape": dict(
-        hidden_size=896, num_hidden_layers=24, intermediate_size=4864, num_attention_heads=14,
-        num_key_value_heads=2, vocab_size=151936,
-    ),
+    "qwen2-0.5b-shape": LADDER[-1],
     # Its vocabulary a multiple of 64, as real models' are: vLLM pads another one, and then
     # processes the embedding only at the end of the load (its bucket stays alive till then).
-    "qwen2-1024x4-vocab512": dict(
-        hidden_size=1024, num_hidden_layers=4, intermediate_size=2816, num_attention_heads=16,
-        num_key_value_heads=4, vocab_size=512,
+    "qwen2-1024x4-vocab512": Shape(
+        "1024x4-vocab512", hidden=1024, layers=4, intermediate=2816, heads=16, kv_heads=4,
+        vocab=512,
     ),
 }  # fmt: skip
-"""Qwen2 shapes (`Qwen2Config` fields; tied embeddings, fp32) by name."""
+"""Shapes by name (`build_model`'s cache directory): Qwen2-0.5B's (the ladder's last rung,
+one object under two names) and a small one (174 MB of fp32)."""
 QWEN2_0_5B, SMALL = SHAPES
 
 
@@ -64,8 +124,5 @@ def random_qwen2(out: Path, config: Any, tokenizer_dir: Path | None = None) -> P
 
 def build_model(shape: str, cache: Path = CACHE) -> Path:
     """A random-init Qwen2 of `SHAPES[shape]` with the demo tokenizer, saved once under
-    `cache`."""
-    from transformers import Qwen2Config
-
-    config = Qwen2Config(**SHAPES[shape], max_position_embeddings=4096, tie_word_embeddings=True)
-    return random_qwen2(cache / shape, config)
+    `cache/<shape>` (the name, not the `Shape`'s own: `Shape.build` keeps its models apart)."""
+    return random_qwen2(cache / shape, SHAPES[shape].config(max_position_embeddings=4096))

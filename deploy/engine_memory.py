@@ -44,6 +44,7 @@ from pathlib import Path
 from statistics import median
 
 from common.environ import environ_set
+from common.proc_memory import reset_peak, status_kb
 
 MB = 2**20
 FIXED_MALLOC = {"MALLOC_MMAP_THRESHOLD_": "131072", "MALLOC_TRIM_THRESHOLD_": "131072"}
@@ -53,22 +54,12 @@ FIXED_MALLOC = {"MALLOC_MMAP_THRESHOLD_": "131072", "MALLOC_TRIM_THRESHOLD_": "1
 # ---- the engine-core process's memory -----------------------------------------------------
 
 
-def status_kb(pid: int) -> dict[str, int]:
-    """VmRSS and VmHWM of process `pid`, in kB (/proc/PID/status)."""
-    values = {}
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        field, _, value = line.partition(":")
-        if field in ("VmRSS", "VmHWM"):
-            values[field] = int(value.split()[0])
-    return values
-
-
-def reset_peak(pid: int) -> None:
-    """Reset VmHWM to the current VmRSS (Linux: `echo 5 > /proc/PID/clear_refs`)."""
-    Path(f"/proc/{pid}/clear_refs").write_text("5")
-    memory = status_kb(pid)
-    # Another allocation may land between the two reads; a reset that did nothing would
-    # leave the start-up peak (the model loaded twice), far above.
+def reset_peak_checked(pid: int) -> None:
+    """`reset_peak` of a measured process (the engine core, the plain receiver), checked to
+    have taken: a reset that did nothing would leave the start-up peak (the model loaded
+    twice), far above what a round adds."""
+    memory = reset_peak(pid)
+    # The bound leaves room for an allocation landing between the reset and the read.
     assert memory["VmHWM"] - memory["VmRSS"] < 64 * 1024, f"VmHWM not reset: {memory}"
 
 
@@ -154,7 +145,7 @@ def receive_path_growths(
             time.sleep(0.01)
         for version in range(rounds + 1):
             before = status_kb(pid)["VmRSS"]
-            reset_peak(pid)
+            reset_peak_checked(pid)
             ours.send("round")
             report = sender.broadcast(version, named)
             assert report.ok, report.error
@@ -180,7 +171,7 @@ async def engine_round(engine, sender, subscription, named: list, version: int, 
         return await engine.update_weights(ticket)
 
     before = status_kb(pid)["VmRSS"]
-    reset_peak(pid)
+    reset_peak_checked(pid)
     sent, update = await asyncio.gather(
         asyncio.to_thread(sender.broadcast, version, named), take_round()
     )

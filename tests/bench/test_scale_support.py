@@ -1,38 +1,18 @@
-"""What bench/scale.py divides by and sums up, checked without a run: the ladder's
-parameter counts (each ratio's denominator) against transformers' own model, the probes of
-the machine's bandwidth, and the roles told apart by their command lines (the rendered table
-is checked in test_render_docs.py)."""
+"""What bench/scale.py divides by and sums up, checked without a run: the probes of the
+machine's bandwidth, the roles told apart by their command lines, a checkpoint's and a
+resume's timing (the ladder's parameter counts: tests/demo/test_random_model.py; the
+rendered table: test_render_docs.py)."""
 
 from __future__ import annotations
 
-import pytest
 import torch
-from transformers import Qwen2ForCausalLM
 
 from bench.common import loopback_bytes_per_s
 from bench.scale import CheckpointTimes
-from bench.scale_support import (
-    LADDER,
-    disk_bytes_per_s,
-    evict,
-    resume_seconds,
-    role_of,
-)
+from bench.scale_support import disk_bytes_per_s, evict, resume_seconds, role_of
 from learner.trainer.checkpoint import STATE_FILE, TrainingState
 from learner.trainer.trainer import Trainer
 from tests.learner.builders import learner_config, random_samples, tiny_qwen2
-
-
-@pytest.mark.parametrize("shape", LADDER, ids=lambda s: s.name)
-def test_each_shape_counts_the_parameters_transformers_builds(shape):
-    with torch.device("meta"):
-        model = Qwen2ForCausalLM(shape.config())  # the config Shape.build saves
-    assert shape.num_params == sum(p.numel() for p in model.parameters())
-    assert shape.hidden // shape.heads >= 32  # vLLM's CPU attention
-
-
-def test_the_ladder_ends_at_qwen2_0_5b():
-    assert LADDER[-1].num_params == 494_032_768
 
 
 def test_the_bandwidth_probes_move_every_byte(tmp_path):
