@@ -211,5 +211,5 @@ class AdaptiveBound:
         above a lowered ceiling comes down to it)."""
         restored = cls(ceiling, limits, state["bound"])
         # A checkpoint from before tool fractions were kept holds (wait, train): not known.
-        restored.window = [(step[0], step[1], (step[2:] or [None])[0]) for step in state["window"]]
+        restored.window = [tuple([*step, None][:3]) for step in state["window"]]
         return restored
